@@ -1,0 +1,19 @@
+# The two set-up commands of the README: `make run` (the main job) and `make test` (lint, types, tests).
+# Each creates .venv and installs what it needs (scripts/setup.sh).
+.PHONY: setup run test bench
+VENV := .venv/bin
+
+setup:
+	bash scripts/setup.sh
+
+run: setup
+	$(VENV)/gyre quickstart --model models/tiny
+
+test: setup
+	$(VENV)/ruff check src tests benchmarks
+	$(VENV)/ruff format --check src tests benchmarks
+	$(VENV)/mypy
+	$(VENV)/python -m pytest -q
+
+bench: setup
+	$(VENV)/python benchmarks/engine.py

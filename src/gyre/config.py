@@ -1,0 +1,119 @@
+"""Configuration: msgspec Structs loaded from one TOML file, with dotted-key overrides.
+
+Every field with a unit carries it in its name (``timeout_s``, ``kv_cache_mem_gib``); bounds are ``msgspec.Meta``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+
+from gyre.errors import ConfigError
+
+Positive = Annotated[int, msgspec.Meta(gt=0)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+
+
+class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The embedded inference engine."""
+
+    model_path: str = ""  # Hugging Face model directory (config.json, safetensors, tokenizer)
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when available, else cpu
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = (
+        "auto"  # auto: float32 on cpu, bfloat16 on cuda
+    )
+    num_threads: NonNegative = 0  # torch intra-op threads on cpu; 0 keeps torch's default
+    kv_cache_mem_gib: Annotated[float, msgspec.Meta(gt=0)] = 1.0  # memory for the KV cache pool
+    max_running_requests: Positive = 256  # requests decoded together in one batch
+    max_prefill_tokens: Positive = 2048  # prompt tokens computed per engine step (chunked prefill)
+    context_length: NonNegative = 0  # longest input+output; 0 uses the model's max_position_embeddings
+    enable_prefix_cache: bool = True  # reuse the KV of earlier requests' tokens
+    seed: int = 0  # seed of the sampling generator
+    weight_version: str = "0"  # reported until the first weight update sets another
+    host: str = "127.0.0.1"
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 30000
+
+
+class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """One run's whole configuration: one TOML file."""
+
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+
+
+T = TypeVar("T", bound=msgspec.Struct)
+
+
+def _parse_value(text: str) -> Any:
+    """A TOML literal (``3``, ``true``, ``"x"``, ``[1, 2]``), else the bare string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply ``section.key=value`` overrides to a TOML-shaped dict (in place) and return it."""
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form section.key=value")
+        *parents, leaf = key.strip().split(".")
+        node = data
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is a value, not a section")
+            node = child
+        node[leaf] = _parse_value(value.strip())
+    return data
+
+
+def convert(data: dict[str, Any], type_: type[T], source: str = "config") -> T:
+    """Validate a TOML-shaped dict into a config Struct; the error names the offending field."""
+    try:
+        return msgspec.convert(data, type_)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> GyreConfig:
+    """Load a run's config from TOML (or defaults when ``path`` is None) and apply dotted overrides."""
+    data: dict[str, Any] = {}
+    source = "defaults"
+    if path is not None:
+        source = str(path)
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    apply_overrides(data, overrides or [])
+    return convert(data, GyreConfig, source)
+
+
+def dump_config(config: msgspec.Struct) -> str:
+    """The resolved config as TOML text (what a run directory keeps as ``config.toml``)."""
+    return _to_toml(msgspec.to_builtins(config))
+
+
+def _to_toml(data: dict[str, Any], prefix: str = "") -> str:
+    scalars = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    text = (f"[{prefix}]\n" if prefix and scalars else "") + "".join(line + "\n" for line in scalars)
+    for key, value in data.items():
+        if isinstance(value, dict):
+            text += ("\n" if text else "") + _to_toml(value, f"{prefix}.{key}" if prefix else key)
+    return text
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return msgspec.json.encode(value).decode()
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)

@@ -1,0 +1,126 @@
+"""Start inference engine servers as child processes and wait until they serve.
+
+``embedded``: ``gyre serve-engine`` (CPU or GPU). ``sglang``: ``python -m sglang.launch_server`` with the memory
+saver enabled so release/resume work (needs ``pip install gyre[gpu]`` and a GPU).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from gyre.errors import EngineUnavailable
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """A running engine server; ``stop()`` (or leaving the ``with`` block) terminates it."""
+
+    def __init__(
+        self, args: list[str], port: int, log_path: Path | None, env: dict[str, str] | None = None
+    ) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.log_path = log_path
+        out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - lives as long as the child
+        self.proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
+
+    def wait_ready(self, timeout_s: float) -> ServerProcess:
+        """Block until ``/health`` answers 200; raise EngineUnavailable if the process dies or time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise EngineUnavailable(
+                    f"engine exited with code {self.proc.returncode} before serving{self._tail()}"
+                )
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise EngineUnavailable(f"engine did not serve within {timeout_s:.0f} s{self._tail()}")
+
+    def _tail(self) -> str:
+        if self.log_path and self.log_path.exists():
+            return "; its log ends with:\n" + self.log_path.read_text(errors="replace")[-2000:]
+        return ""
+
+    def kill(self) -> None:
+        """Kill the process at once (as a crash would)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Terminate gracefully, then kill."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def launch_embedded(
+    model_path: str | Path,
+    port: int | None = None,
+    overrides: list[str] | None = None,
+    log_path: Path | None = None,
+    timeout_s: float = 120.0,
+) -> ServerProcess:
+    """Start ``gyre serve-engine`` on ``model_path`` and wait for it to serve."""
+    port = port or free_port()
+    args = [sys.executable, "-m", "gyre", "serve-engine", "--model", str(model_path), "--port", str(port)]
+    for item in overrides or []:
+        args += ["--set", item]
+    return ServerProcess(args, port, log_path).wait_ready(timeout_s)
+
+
+def launch_sglang(
+    model_path: str | Path,
+    port: int | None = None,
+    tp_size: int = 1,
+    mem_fraction_static: float = 0.8,
+    extra_args: list[str] | None = None,
+    log_path: Path | None = None,
+    timeout_s: float = 900.0,
+) -> ServerProcess:
+    """Start a real SGLang server with the memory saver enabled and wait for it to serve."""
+    try:
+        import sglang  # noqa: F401
+    except ImportError:
+        raise EngineUnavailable("the sglang backend needs the gpu extra: pip install 'gyre[gpu]'") from None
+    port = port or free_port()
+    args = [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", str(model_path),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--tp-size", str(tp_size),
+        "--mem-fraction-static", str(mem_fraction_static),
+        "--enable-memory-saver",
+        *(extra_args or []),
+    ]  # fmt: skip
+    return ServerProcess(args, port, log_path).wait_ready(timeout_s)

@@ -1,0 +1,100 @@
+"""Weight transfer groups between a trainer (rank 0) and inference engines over torch.distributed.
+
+Groups are built from a ``TCPStore`` directly, never through the default process group, so a trainer that already
+runs data parallelism and an engine process can both join any number of them. Gloo on CPU, NCCL on GPU.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from gyre.errors import ConfigError
+
+if TYPE_CHECKING:
+    from gyre.engine.client import EngineClient
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"`` (the form the update request carries)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """``"bfloat16"`` or ``"torch.bfloat16"`` -> ``torch.bfloat16``."""
+    dtype = DTYPES.get(name.removeprefix("torch."))
+    if dtype is None:
+        raise ConfigError(f"unsupported weight dtype {name!r}; use one of {sorted(DTYPES)}")
+    return dtype
+
+
+def create_group(
+    master_address: str,
+    master_port: int,
+    rank: int,
+    world_size: int,
+    group_name: str,
+    backend: str = "gloo",
+    timeout_s: float = 120.0,
+) -> Any:
+    """Join (rank 0: host) a weight-transfer group; blocks until all ``world_size`` ranks arrived."""
+    timeout = timedelta(seconds=timeout_s)
+    store = dist.TCPStore(
+        master_address, master_port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
+    )
+    prefixed = dist.PrefixStore(group_name, store)
+    pg: Any
+    if backend == "gloo":
+        pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+    elif backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
+    else:
+        raise ConfigError(f"weight update backend {backend!r} is not supported; use gloo or nccl")
+    pg._gyre_store = store  # the store must outlive the group
+    barrier = torch.zeros(1)
+    pg.allreduce([barrier]).wait()  # every rank has joined when this returns
+    return pg
+
+
+def broadcast(pg: Any, tensor: torch.Tensor) -> None:
+    """Broadcast ``tensor`` from rank 0 into every rank's tensor of the same shape."""
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    pg.broadcast([tensor], opts).wait()
+
+
+async def push_weights(
+    client: EngineClient,
+    pg: Any,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    weight_version: str,
+    group_name: str = "weight_update_group",
+) -> None:
+    """Trainer side: send weights to one engine through an initialised group (rank 0 here).
+
+    The engine is told what to expect over HTTP while the tensors are broadcast from a worker thread.
+    """
+    tensors = [(name, t.detach().contiguous()) for name, t in named_tensors]
+    request = client.update_weights_from_distributed(
+        names=[n for n, _ in tensors],
+        dtypes=[dtype_name(t.dtype) for _, t in tensors],
+        shapes=[list(t.shape) for _, t in tensors],
+        group_name=group_name,
+        weight_version=weight_version,
+    )
+    task = asyncio.ensure_future(request)
+
+    def send() -> None:
+        for _, t in tensors:
+            broadcast(pg, t)
+
+    await asyncio.gather(task, asyncio.to_thread(send))

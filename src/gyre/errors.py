@@ -1,0 +1,64 @@
+"""The error tree. A failed execution is data recorded on the execution; everything else propagates.
+
+::
+
+    GyreError
+    ├── ConfigError            a config file, override or model directory is wrong; says which field
+    ├── ProtocolError          a message between processes could not be decoded
+    ├── EngineError            an inference engine failed or refused a request
+    │   ├── EngineRequestError     the engine rejected the request (HTTP 4xx): the caller's input is wrong
+    │   ├── EngineUnavailable      the engine cannot be reached, crashed, timed out or answered 5xx
+    │   └── EngineCapacityError    the request can never fit (longer than the context or the KV cache)
+    ├── SandboxError           a sandbox could not be created, used or cleaned up
+    ├── AgentError             an agent broke its contract (recorded on the execution)
+    └── TaskError              a task directory or task suite is malformed; says which file and field
+"""
+
+from __future__ import annotations
+
+
+class GyreError(Exception):
+    """Root of every error Gyre raises on purpose."""
+
+
+class ConfigError(GyreError):
+    """A config file, a dotted-key override or a model directory is wrong."""
+
+
+class ProtocolError(GyreError):
+    """A message between processes could not be encoded or decoded."""
+
+
+class EngineError(GyreError):
+    """An inference engine failed or refused a request."""
+
+
+class EngineRequestError(EngineError):
+    """The engine rejected a request as invalid (HTTP 4xx). ``status`` is the HTTP status."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class EngineUnavailable(EngineError):
+    """The engine cannot serve: connection refused, crashed, timed out or answered 5xx."""
+
+
+class EngineCapacityError(EngineRequestError):
+    """The request can never fit in this engine (context length or KV cache size); HTTP 413."""
+
+    def __init__(self, message: str, status: int = 413) -> None:
+        super().__init__(message, status)
+
+
+class SandboxError(GyreError):
+    """A sandbox could not be created, used or cleaned up."""
+
+
+class AgentError(GyreError):
+    """An agent broke its contract; recorded on its execution, never raised into the driver."""
+
+
+class TaskError(GyreError):
+    """A task directory or suite is malformed; the message names the file and field."""
