@@ -34,10 +34,17 @@ class ServerProcess:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_path
-        out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115 - lives as long as the child
-        self.proc = subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
-        )
+        out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - the child keeps its own descriptor
+        try:
+            self.proc = subprocess.Popen(
+                args,
+                stdout=out or subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+            )
+        finally:
+            if out is not None:
+                out.close()
 
     def wait_ready(self, timeout_s: float) -> ServerProcess:
         """Block until ``/health`` answers 200; raise EngineUnavailable if the process dies or time runs out."""

@@ -43,7 +43,7 @@ def create_group(
     group_name: str,
     backend: str = "gloo",
     timeout_s: float = 120.0,
-) -> Any:
+) -> WeightGroup:
     """Join (rank 0: host) a weight-transfer group; blocks until all ``world_size`` ranks arrived."""
     timeout = timedelta(seconds=timeout_s)
     store = dist.TCPStore(
@@ -59,22 +59,27 @@ def create_group(
         pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
     else:
         raise ConfigError(f"weight update backend {backend!r} is not supported; use gloo or nccl")
-    pg._gyre_store = store  # the store must outlive the group
-    barrier = torch.zeros(1)
-    pg.allreduce([barrier]).wait()  # every rank has joined when this returns
-    return pg
+    group = WeightGroup(pg, store, rank, world_size)
+    group.broadcast(torch.zeros(1))  # every rank has joined when this returns
+    return group
 
 
-def broadcast(pg: Any, tensor: torch.Tensor) -> None:
-    """Broadcast ``tensor`` from rank 0 into every rank's tensor of the same shape."""
-    opts = dist.BroadcastOptions()
-    opts.rootRank = 0
-    pg.broadcast([tensor], opts).wait()
+class WeightGroup:
+    """A joined weight-transfer group; keeps its rendezvous store alive as long as the group."""
+
+    def __init__(self, pg: Any, store: Any, rank: int, world_size: int) -> None:
+        self.pg, self.store, self.rank, self.world_size = pg, store, rank, world_size
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        """Broadcast ``tensor`` from rank 0 into every rank's tensor of the same shape (blocking)."""
+        opts = dist.BroadcastOptions()
+        opts.rootRank = 0
+        self.pg.broadcast([tensor], opts).wait()
 
 
 async def push_weights(
     client: EngineClient,
-    pg: Any,
+    group: WeightGroup,
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     weight_version: str,
     group_name: str = "weight_update_group",
@@ -95,6 +100,6 @@ async def push_weights(
 
     def send() -> None:
         for _, t in tensors:
-            broadcast(pg, t)
+            group.broadcast(t)
 
     await asyncio.gather(task, asyncio.to_thread(send))

@@ -118,7 +118,7 @@ class EmbeddedEngine:
         self.weight_version = cfg.weight_version
         self._weights_source = (cfg.model_path, cfg.weight_version)  # what a memory resume reloads
         self._released: set[str] = set()
-        self._groups: dict[str, Any] = {}
+        self._groups: dict[str, weight_sync.WeightGroup] = {}
         self._incoming: deque[Request] = deque()
         self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
         self._inflight: dict[str, Request] = {}
@@ -408,7 +408,7 @@ class EmbeddedEngine:
         """Join the trainer's weight-transfer group as rank ``rank_offset`` (blocks until all ranks joined)."""
         if body.group_name in self._groups:
             raise EngineRequestError(f"weight update group {body.group_name!r} already exists", status=409)
-        pg = await asyncio.to_thread(
+        group = await asyncio.to_thread(
             weight_sync.create_group,
             body.master_address,
             body.master_port,
@@ -417,12 +417,12 @@ class EmbeddedEngine:
             body.group_name,
             body.backend,
         )
-        self._groups[body.group_name] = pg
+        self._groups[body.group_name] = group
 
     async def update_weights_from_distributed(self, body: UpdateWeightsFromDistributedRequest) -> str:
         """Receive the named tensors broadcast by rank 0 of the group, in order; returns the new version."""
-        pg = self._groups.get(body.group_name)
-        if pg is None:
+        group = self._groups.get(body.group_name)
+        if group is None:
             raise EngineRequestError(
                 f"no weight update group {body.group_name!r}; call init_weights_update_group"
             )
@@ -446,7 +446,7 @@ class EmbeddedEngine:
                 buf = torch.empty(
                     shape, dtype=dtype, device=self.device if self.device.type == "cuda" else "cpu"
                 )
-                weight_sync.broadcast(pg, buf)
+                group.broadcast(buf)
                 self.model.update_tensor(name, buf)
             if body.flush_cache:
                 self.scheduler.cache.invalidate()

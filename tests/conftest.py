@@ -1,0 +1,23 @@
+"""Shared fixtures: one tiny model directory per test session, built locally (nothing is downloaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A freshly initialised tiny Qwen3 model directory."""
+    from gyre.models import init_model
+
+    return init_model(tmp_path_factory.mktemp("models") / "tiny", preset="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second tiny model with other weights (for weight updates)."""
+    from gyre.models import init_model
+
+    return init_model(tmp_path_factory.mktemp("models") / "tiny-b", preset="tiny", seed=1)

@@ -1,0 +1,135 @@
+"""The embedded engine computes what the model computes: greedy tokens, logprobs, cache and batching invariance."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+from typing import Any
+
+from gyre.config import EngineConfig
+from gyre.engine.embedded.engine import EmbeddedEngine
+from gyre.protocol import GenerateRequest, GenerateResponse, SamplingParams
+from reference import hf_greedy, hf_logprobs
+
+GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
+
+
+def _prompts(n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(256) for _ in range(rng.randrange(3, 60))] for _ in range(n)]
+
+
+def _run(engine: EmbeddedEngine, reqs: list[GenerateRequest]) -> list[GenerateResponse]:
+    async def go() -> list[GenerateResponse]:
+        return list(await asyncio.gather(*(engine.generate(r) for r in reqs)))
+
+    return asyncio.run(go())
+
+
+def test_greedy_matches_hugging_face_generate_token_for_token(engine: EmbeddedEngine, hf_model: Any) -> None:
+    prompts = _prompts(6)
+    outs = _run(engine, [GenerateRequest(input_ids=p, sampling_params=GREEDY) for p in prompts])
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert out.output_ids == hf_greedy(hf_model, prompt, 24)
+        assert out.finish_type == "length"
+        assert out.meta_info.prompt_tokens == len(prompt)
+        assert out.meta_info.completion_tokens == 24
+
+
+def test_logprobs_equal_teacher_forced_forward(engine: EmbeddedEngine, hf_model: Any) -> None:
+    prompts = _prompts(4, seed=1)
+    for temperature in (0.0, 1.0, 0.7):
+        params = SamplingParams(max_new_tokens=20, temperature=temperature, ignore_eos=True, sampling_seed=3)
+        reqs = [GenerateRequest(input_ids=p, sampling_params=params, return_logprob=True) for p in prompts]
+        for prompt, out in zip(prompts, _run(engine, reqs), strict=True):
+            ref = hf_logprobs(hf_model, prompt, out.output_ids, temperature or 1.0)
+            assert len(out.output_logprobs) == len(out.output_ids) == 20
+            assert max(abs(a - b) for a, b in zip(out.output_logprobs, ref, strict=True)) < 1e-4
+            assert [t for _, t, _ in out.meta_info.output_token_logprobs or []] == out.output_ids
+
+
+def test_prefix_cache_reuses_kv_without_changing_outputs(tiny_model: Path) -> None:
+    base = _prompts(1, seed=7)[0] * 4
+    follow_ups = [base + [i, i + 1, i + 2] for i in range(5)]
+
+    def outputs(enable: bool) -> tuple[list[list[int]], list[int]]:
+        eng = EmbeddedEngine(EngineConfig(model_path=str(tiny_model), enable_prefix_cache=enable))
+        try:
+            first = _run(eng, [GenerateRequest(input_ids=base, sampling_params=GREEDY)])[0]
+            rest = _run(eng, [GenerateRequest(input_ids=f, sampling_params=GREEDY) for f in follow_ups])
+            # a multi-turn agent resends its history with the reply and a new message
+            turn = _run(
+                eng, [GenerateRequest(input_ids=base + first.output_ids + [9, 9], sampling_params=GREEDY)]
+            )
+        finally:
+            eng.close()
+        outs = [first.output_ids] + [r.output_ids for r in rest] + [turn[0].output_ids]
+        cached = [r.meta_info.cached_tokens for r in rest] + [turn[0].meta_info.cached_tokens]
+        return outs, cached
+
+    with_cache, cached = outputs(True)
+    without_cache, uncached = outputs(False)
+    assert with_cache == without_cache
+    assert all(c >= len(base) - 1 for c in cached[:-1])
+    assert cached[-1] == len(base) + 24 - 1  # the whole history except the last sampled token
+    assert uncached == [0] * len(uncached)
+
+
+def test_requests_join_a_running_batch_and_match_solo_runs(engine: EmbeddedEngine) -> None:
+    prompts = _prompts(5, seed=3)
+    solo = [
+        _run(engine, [GenerateRequest(input_ids=p, sampling_params=GREEDY)])[0].output_ids for p in prompts
+    ]
+
+    async def staggered() -> list[GenerateResponse]:
+        async def one(i: int) -> GenerateResponse:
+            await asyncio.sleep(0.01 * i)  # arrive while others are decoding
+            return await engine.generate(GenerateRequest(input_ids=prompts[i], sampling_params=GREEDY))
+
+        return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+
+    steps_before = engine.statistics().steps
+    together = asyncio.run(staggered())
+    assert [o.output_ids for o in together] == solo
+    assert engine.statistics().steps - steps_before < 5 * 24  # they shared steps
+
+
+def test_sampling_seed_reproduces_and_top_k_one_is_greedy(engine: EmbeddedEngine) -> None:
+    prompt = _prompts(1, seed=11)[0]
+    seeded = SamplingParams(max_new_tokens=30, temperature=1.0, sampling_seed=42, ignore_eos=True)
+    a, b = _run(engine, [GenerateRequest(input_ids=prompt, sampling_params=seeded)] * 2)
+    assert a.output_ids == b.output_ids
+    other = SamplingParams(max_new_tokens=30, temperature=1.0, sampling_seed=43, ignore_eos=True)
+    assert (
+        _run(engine, [GenerateRequest(input_ids=prompt, sampling_params=other)])[0].output_ids != a.output_ids
+    )
+    top1 = SamplingParams(max_new_tokens=30, temperature=1.0, top_k=1, ignore_eos=True)
+    greedy = SamplingParams(max_new_tokens=30, temperature=0.0, ignore_eos=True)
+    t, g = _run(engine, [GenerateRequest(input_ids=prompt, sampling_params=p) for p in (top1, greedy)])
+    assert t.output_ids == g.output_ids
+
+
+def test_stop_conditions(engine: EmbeddedEngine) -> None:
+    prompt = _prompts(1, seed=5)[0]
+    free = _run(engine, [GenerateRequest(input_ids=prompt, sampling_params=GREEDY)])[0].output_ids
+    stop_token = free[5]
+    by_token = SamplingParams(
+        max_new_tokens=24, temperature=0.0, stop_token_ids=[stop_token], ignore_eos=True
+    )
+    out = _run(engine, [GenerateRequest(input_ids=prompt, sampling_params=by_token)])[0]
+    assert out.output_ids == free[: free.index(stop_token) + 1]  # the stop token is included, as SGLang does
+    assert out.meta_info.finish_reason == {"type": "stop", "matched": stop_token}
+
+    text = "Hello, wor"
+    params = SamplingParams(max_new_tokens=24, temperature=0.0, ignore_eos=True)
+    full = _run(engine, [GenerateRequest(text=text, sampling_params=params)])[0]
+    stop = full.text[3:6]
+    if stop:
+        with_stop = SamplingParams(max_new_tokens=24, temperature=0.0, stop=stop, ignore_eos=True)
+        out = _run(engine, [GenerateRequest(text=text, sampling_params=with_stop)])[0]
+        assert out.meta_info.finish_reason == {"type": "stop", "matched": stop}
+        assert out.text == full.text[: full.text.find(stop)]
+    short = SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True)
+    out = _run(engine, [GenerateRequest(input_ids=prompt, sampling_params=short)])[0]
+    assert out.meta_info.finish_reason == {"type": "length", "length": 3}

@@ -1,0 +1,100 @@
+"""Weight updates (disk, torch.distributed over gloo) and memory release/resume leave the engine serving."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from gyre.engine import weight_sync
+from gyre.engine.client import EngineClient
+from gyre.engine.launch import ServerProcess, free_port
+from gyre.protocol import SamplingParams
+from reference import hf_greedy
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+GREEDY = SamplingParams(max_new_tokens=20, temperature=0.0, ignore_eos=True)
+
+
+def _hf(model_dir: Path) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
+
+
+def test_update_weights_from_disk_serves_new_weights_and_version(
+    server: ServerProcess, tiny_model: Path, tiny_model_b: Path
+) -> None:
+    async def go() -> tuple[list[int], list[int], str]:
+        async with EngineClient(server.url) as client:
+            before = (await client.generate(PROMPT, GREEDY)).output_ids
+            await client.update_weights_from_disk(str(tiny_model_b), weight_version="5")
+            after = await client.generate(PROMPT, GREEDY)
+            await client.update_weights_from_disk(
+                str(tiny_model), weight_version="6"
+            )  # back, for other tests
+            return before, after.output_ids, after.meta_info.weight_version
+
+    before, after, version = asyncio.run(go())
+    assert before == hf_greedy(_hf(tiny_model), PROMPT, 20)
+    assert after == hf_greedy(_hf(tiny_model_b), PROMPT, 20) != before
+    assert version == "5"
+
+
+def test_weight_update_through_distributed_group(server: ServerProcess, tiny_model_b: Path) -> None:
+    weights = load_file(str(tiny_model_b / "model.safetensors"))
+    port = free_port()
+
+    async def go() -> tuple[list[int], str]:
+        async with EngineClient(server.url) as client:
+            group = asyncio.to_thread(weight_sync.create_group, "127.0.0.1", port, 0, 2, "wug")
+            init = client.init_weights_update_group("127.0.0.1", port, 1, 2, group_name="wug", backend="gloo")
+            pg, _ = await asyncio.gather(group, init)
+            await weight_sync.push_weights(client, pg, sorted(weights.items()), "42", group_name="wug")
+            out = await client.generate(PROMPT, GREEDY)
+            return out.output_ids, await client.get_weight_version()
+
+    ids, version = asyncio.run(go())
+    assert version == "42"
+    assert ids == hf_greedy(_hf(tiny_model_b), PROMPT, 20)
+
+
+def test_release_then_resume_keeps_serving(server: ServerProcess, tiny_model: Path) -> None:
+    async def go() -> tuple[dict[str, Any], list[int], str]:
+        async with EngineClient(server.url) as client:
+            await client.update_weights_from_disk(str(tiny_model), weight_version="7")
+            await client.release_memory_occupation()
+            released = await client.statistics()
+            pending = asyncio.create_task(client.generate(PROMPT, GREEDY))  # waits while memory is released
+            await asyncio.sleep(0.3)
+            assert not pending.done()
+            await client.resume_memory_occupation()
+            out = await pending
+            return released, out.output_ids, out.meta_info.weight_version
+
+    released, ids, version = asyncio.run(go())
+    assert released["released"] == ["kv_cache", "weights"] and released["kv_slots_free"] == 0
+    assert ids == hf_greedy(_hf(tiny_model), PROMPT, 20)
+    assert version == "7"  # weights came back from the checkpoint version 7 was loaded from
+
+
+def test_release_refuses_while_requests_run(server: ServerProcess) -> None:
+    async def go() -> str:
+        async with EngineClient(server.url) as client:
+            task = asyncio.create_task(
+                client.generate(PROMPT, SamplingParams(max_new_tokens=3000, ignore_eos=True))
+            )
+            await asyncio.sleep(0.3)
+            try:
+                await client.release_memory_occupation()
+                return "released"
+            except Exception as exc:
+                return str(exc)
+            finally:
+                await client.abort(abort_all=True)
+                await task
+
+    assert "pause_generation" in asyncio.run(go())

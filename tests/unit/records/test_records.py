@@ -1,0 +1,112 @@
+"""gyre.records: a CallRecord survives its journal line token for token; output ids and logprobs stay paired."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gyre.records import CallRecord, CallTiming, decode_record, encode_record
+
+
+def _record(**changes: object) -> CallRecord:
+    fields: dict[str, object] = {
+        "call_id": "run-1/c0",
+        "session": "s0",
+        "role": "main",
+        "input_ids": [151644, 872, 198],
+        "output_ids": [9707, 151645],
+        "output_logprobs": [-0.125, -1e-9],
+        "finish_reason": "stop",
+        "weight_version": 3,
+        "cell": "engine-0",
+        "timing": CallTiming(submitted_s=1700000000.25, first_token_s=1700000000.5, finished_s=1700000001.0),
+    }
+    fields.update(changes)
+    return CallRecord(**fields)  # type: ignore[arg-type]
+
+
+def test_round_trip_keeps_every_field() -> None:
+    record = _record(parent_call_id="run-1/cprev")
+    line = encode_record(record)
+    assert b"\n" not in line  # one journal line
+    assert decode_record(line) == record
+    assert decode_record(line.decode()) == record  # str lines decode too
+
+
+def test_round_trip_with_nothing_generated() -> None:
+    timing = CallTiming(submitted_s=1.0, first_token_s=None, finished_s=2.0)
+    record = _record(output_ids=[], output_logprobs=[], finish_reason="abort", timing=timing)
+    decoded = decode_record(encode_record(record))
+    assert decoded == record
+    assert decoded.timing.first_token_s is None
+    assert decoded.parent_call_id is None
+
+
+@given(
+    input_ids=st.lists(st.integers(0, 2**31 - 1), max_size=50),
+    pairs=st.lists(
+        st.tuples(st.integers(0, 2**31 - 1), st.floats(max_value=0.0, allow_nan=False, allow_infinity=False)),
+        max_size=50,
+    ),
+    role=st.sampled_from(["main", "main-summary", "sub-agent", "sub-agent-summary"]),
+)
+def test_round_trip_is_exact_for_any_tokens_and_logprobs(
+    input_ids: list[int], pairs: list[tuple[int, float]], role: str
+) -> None:
+    record = _record(
+        input_ids=input_ids,
+        output_ids=[t for t, _ in pairs],
+        output_logprobs=[lp for _, lp in pairs],
+        role=role,
+    )
+    decoded = decode_record(encode_record(record))
+    assert decoded.token_ids == input_ids + [t for t, _ in pairs]
+    # bit-exact floats: a behaviour logprob that drifts in the last ulp breaks importance ratios
+    assert [x.hex() for x in decoded.output_logprobs] == [x.hex() for x in record.output_logprobs]
+    assert decoded == record
+
+
+def test_mismatched_lengths_raise_on_construction() -> None:
+    with pytest.raises(ValueError, match=r"run-1/c0: 2 output ids but 1 logprobs"):
+        _record(output_ids=[1, 2], output_logprobs=[-0.5])
+    with pytest.raises(ValueError, match="0 output ids but 1 logprobs"):
+        _record(output_ids=[], output_logprobs=[-0.5])
+
+
+def test_mismatched_lengths_raise_on_decode() -> None:
+    fields = msgspec.to_builtins(_record())
+    fields["output_logprobs"] = fields["output_logprobs"][:1]
+    line = msgspec.json.encode(fields)
+    with pytest.raises(msgspec.ValidationError, match="2 output ids but 1 logprobs"):
+        decode_record(line)
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (b'"role":"main"', b'"role":"critic"'),
+        (b'"finish_reason":"stop"', b'"finish_reason":"done"'),
+        (b'"weight_version":3', b'"weight_version":"3"'),
+    ],
+)
+def test_decode_rejects_invalid_fields(old: bytes, new: bytes) -> None:
+    line = encode_record(_record())
+    assert old in line
+    with pytest.raises(msgspec.ValidationError):
+        decode_record(line.replace(old, new))
+
+
+def test_token_ids_is_input_then_output_and_a_fresh_list() -> None:
+    record = _record(input_ids=[1, 2, 3], output_ids=[4, 5], output_logprobs=[-0.1, -0.2])
+    assert record.token_ids == [1, 2, 3, 4, 5]
+    record.token_ids.append(6)
+    assert record.input_ids == [1, 2, 3]
+    assert record.output_ids == [4, 5]
+
+
+def test_record_is_frozen() -> None:
+    record = _record()
+    with pytest.raises(AttributeError):
+        record.weight_version = 4  # type: ignore[misc]
