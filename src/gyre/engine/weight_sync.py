@@ -49,19 +49,22 @@ def create_group(
     store = dist.TCPStore(
         master_address, master_port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
     )
-    prefixed = dist.PrefixStore(group_name, store)
+    # The key layout SGLang's init_custom_process_group produces (group name, then torch's group and device
+    # prefixes), so a trainer built on this module also meets a real SGLang server.
+    device = {"gloo": "cpu", "nccl": "cuda"}.get(backend)
+    if device is None:
+        raise ConfigError(f"weight update backend {backend!r} is not supported; use gloo or nccl")
+    prefixed = dist.PrefixStore(
+        f"{device}/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store))
+    )
     pg: Any
     if backend == "gloo":
         pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
-    elif backend == "nccl":
+    else:
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
-    else:
-        raise ConfigError(f"weight update backend {backend!r} is not supported; use gloo or nccl")
-    group = WeightGroup(pg, store, rank, world_size)
-    group.broadcast(torch.zeros(1))  # every rank has joined when this returns
-    return group
+    return WeightGroup(pg, store, rank, world_size)
 
 
 class WeightGroup:

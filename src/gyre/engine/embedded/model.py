@@ -286,6 +286,8 @@ class TransformerLM:
         return self._cos[positions].to(self.dtype), self._sin[positions].to(self.dtype)
 
     def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op; the same arithmetic as below
+            return F.rms_norm(x, weight.shape, weight, self.spec.rms_norm_eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
         return weight * xf.to(self.dtype)
@@ -313,19 +315,20 @@ class TransformerLM:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             kp, vp = k_pool[li], v_pool[li]
-            kp[batch.out_slots] = k
-            vp[batch.out_slots] = v
+            kp.index_copy_(0, batch.out_slots, k)
+            vp.index_copy_(0, batch.out_slots, v)
             attn = torch.empty(n_tok, nh * hd, dtype=x.dtype, device=x.device)
             if nd:
                 assert batch.decode_slots is not None
-                kd = kp[batch.decode_slots].transpose(1, 2)  # [B, kvh, L, hd]
-                vd = vp[batch.decode_slots].transpose(1, 2)
+                flat = batch.decode_slots.view(-1)  # index_select: several times faster than fancy indexing
+                kd = kp.index_select(0, flat).view(nd, -1, kvh, hd).transpose(1, 2)  # [B, kvh, L, hd]
+                vd = vp.index_select(0, flat).view(nd, -1, kvh, hd).transpose(1, 2)
                 qd = q[:nd].view(nd, kvh, group, hd)  # query heads grouped by the kv head they share
                 od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=batch.decode_mask)
                 attn[:nd] = od.reshape(nd, nh * hd)
             for start, length, slots in batch.prefills:
-                ks = kp[slots].transpose(0, 1).unsqueeze(0)  # [1, kvh, L, hd]
-                vs = vp[slots].transpose(0, 1).unsqueeze(0)
+                ks = kp.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # [1, kvh, L, hd]
+                vs = vp.index_select(0, slots).transpose(0, 1).unsqueeze(0)
                 qs = q[start : start + length].view(length, kvh, group, hd).permute(1, 2, 0, 3)
                 qs = qs.reshape(1, kvh, group * length, hd)
                 total = slots.shape[0]

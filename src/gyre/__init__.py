@@ -1,0 +1,34 @@
+"""Gyre: elastic online reinforcement learning for long-horizon LLM agents.
+
+The Python API a user scripts against. Heavy modules (torch) load on first use of the names that need them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "CallRecord": "gyre.records",
+    "EmbeddedEngine": "gyre.engine.embedded.engine",
+    "EngineClient": "gyre.engine.client",
+    "EngineConfig": "gyre.config",
+    "GyreConfig": "gyre.config",
+    "GyreError": "gyre.errors",
+    "SamplingParams": "gyre.protocol",
+    "init_model": "gyre.models",
+    "launch_embedded": "gyre.engine.launch",
+    "launch_sglang": "gyre.engine.launch",
+    "load_config": "gyre.config",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gyre' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
