@@ -25,14 +25,16 @@ class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = (
         "auto"  # auto: float32 on cpu, bfloat16 on cuda
     )
-    num_threads: NonNegative = 0  # torch intra-op threads on cpu; 0 keeps torch's default
+    num_threads: NonNegative = (
+        0  # torch threads on cpu; 0: 1 for models under 50 M parameters, else torch's default
+    )
     kv_cache_mem_gib: Annotated[float, msgspec.Meta(gt=0)] = 1.0  # memory for the KV cache pool
     max_running_requests: Positive = 256  # requests decoded together in one batch
     max_prefill_tokens: Positive = 2048  # prompt tokens computed per engine step (chunked prefill)
     context_length: NonNegative = 0  # longest input+output; 0 uses the model's max_position_embeddings
     enable_prefix_cache: bool = True  # reuse the KV of earlier requests' tokens
     seed: int = 0  # seed of the sampling generator
-    weight_version: str = "0"  # reported until the first weight update sets another
+    weight_version: NonNegative = 0  # reported until the first weight update sets another
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 30000
 
@@ -86,9 +88,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     if path is not None:
         source = str(path)
         try:
-            data = tomllib.loads(Path(path).read_text())
+            data = tomllib.loads(Path(path).read_bytes().decode("utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config file {path} does not exist") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"{path} is not UTF-8 text (TOML must be): {exc.reason} at byte {exc.start}"
+            ) from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path} is not valid TOML: {exc}") from None
     apply_overrides(data, overrides or [])
@@ -112,8 +120,8 @@ def _to_toml(data: dict[str, Any], prefix: str = "") -> str:
 def _toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, str):
-        return msgspec.json.encode(value).decode()
+    if isinstance(value, str):  # JSON escaping is valid TOML, except DEL which TOML also forbids raw
+        return msgspec.json.encode(value).decode().replace("\x7f", "\\u007f")
     if isinstance(value, list):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
     return repr(value)

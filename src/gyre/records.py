@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import msgspec
@@ -46,6 +47,8 @@ class CallRecord(msgspec.Struct, frozen=True, kw_only=True):
                 f"CallRecord {self.call_id}: {len(self.output_ids)} output ids but "
                 f"{len(self.output_logprobs)} logprobs"
             )
+        if not all(math.isfinite(lp) for lp in self.output_logprobs):  # JSON cannot carry them back
+            raise ValueError(f"CallRecord {self.call_id}: a behaviour logprob is NaN or infinite")
 
     @property
     def token_ids(self) -> list[int]:

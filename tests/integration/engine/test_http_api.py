@@ -55,7 +55,7 @@ def test_abort_returns_partial_output_and_other_requests_finish(server: ServerPr
 
 
 def test_pause_in_place_then_continue_finishes_identically(server: ServerProcess) -> None:
-    params = SamplingParams(max_new_tokens=200, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=2000, temperature=0.0, ignore_eos=True)
 
     async def go() -> tuple[GenerateResponse, GenerateResponse, int]:
         async with EngineClient(server.url) as client:

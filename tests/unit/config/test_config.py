@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def test_overrides_create_nested_sections() -> None:
 
 @pytest.mark.parametrize("override", ["engine.port", "=3", "  =3", ""])
 def test_override_without_key_or_equals_is_an_error(override: str) -> None:
-    with pytest.raises(ConfigError, match="section.key=value"):
+    with pytest.raises(ConfigError, match=r"section\.key=value"):
         load_config(overrides=[override])
 
 
@@ -95,7 +96,7 @@ def test_override_through_a_value_is_an_error(tmp_path: Path) -> None:
     ],
 )
 def test_wrong_type_or_out_of_bounds_names_the_field(override: str, field: str) -> None:
-    with pytest.raises(ConfigError, match=field):
+    with pytest.raises(ConfigError, match=re.escape(field)):
         load_config(overrides=[override])
 
 
@@ -127,7 +128,6 @@ def test_invalid_toml_names_the_path(tmp_path: Path) -> None:
     assert str(path) in str(info.value)
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: load_config lets UnicodeDecodeError escape instead of ConfigError")
 def test_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
     path = tmp_path / "run.toml"
     path.write_bytes(b'[engine]\nmodel_path = "\xff"\n')
@@ -145,19 +145,18 @@ def test_dump_parses_back_into_an_equal_config(tmp_path: Path) -> None:
     assert load_config(path) == config  # a run directory's config.toml reproduces the run
 
 
-# Strings without DEL (U+007F): see test_dump_escapes_delete for that one.
-_text = st.text(st.characters(exclude_characters="\x7f", exclude_categories=["Cs"]), max_size=20)
+_text = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)
 
 
 @given(
     model_path=_text,
-    weight_version=_text,
+    weight_version=st.integers(0, 2**63 - 1),
     kv_cache_mem_gib=st.floats(min_value=1e-300, allow_nan=False),
     seed=st.integers(-(2**63), 2**63 - 1),
     enable_prefix_cache=st.booleans(),
 )
 def test_dump_round_trips_any_values(
-    model_path: str, weight_version: str, kv_cache_mem_gib: float, seed: int, enable_prefix_cache: bool
+    model_path: str, weight_version: int, kv_cache_mem_gib: float, seed: int, enable_prefix_cache: bool
 ) -> None:
     engine = EngineConfig(
         model_path=model_path,
@@ -170,7 +169,6 @@ def test_dump_round_trips_any_values(
     assert msgspec.convert(tomllib.loads(dump_config(config)), GyreConfig) == config
 
 
-@pytest.mark.xfail(strict=True, reason="src bug: _toml_value leaves DEL unescaped, which TOML forbids")
 def test_dump_escapes_delete() -> None:
     config = GyreConfig(engine=EngineConfig(model_path="a\x7fb"))
     assert msgspec.convert(tomllib.loads(dump_config(config)), GyreConfig) == config

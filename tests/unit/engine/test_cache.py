@@ -139,7 +139,9 @@ def test_invalidate_frees_unlocked_entries_and_never_matches_old_ones() -> None:
     assert pool.available == 64 - 3 and cache.cached_tokens == 3
     assert _matched(cache, [1, 2, 3]) == []
     assert _matched(cache, [4, 5]) == []
-    assert cache.insert([1, 9], torch.tensor([40, 41])) == 2  # a stale path still in use: the tree takes nothing
+    assert (
+        cache.insert([1, 9], torch.tensor([40, 41])) == 2
+    )  # a stale path still in use: the tree takes nothing
     cache.unlock(node)
     assert cache.evictable_tokens == 3
     fresh = _add(pool, cache, [1, 2, 3])  # replaces the stale, now unlocked entry

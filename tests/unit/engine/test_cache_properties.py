@@ -52,7 +52,9 @@ class CacheMachine(RuleBasedStateMachine):
 
     def _blocked(self, ids: list[int]) -> bool:
         """A request from an older generation still locks a path starting with ids[0]."""
-        return any(r.generation != self.cache.generation and r.cached and r.ids[0] == ids[0] for r in self.running)
+        return any(
+            r.generation != self.cache.generation and r.cached and r.ids[0] == ids[0] for r in self.running
+        )
 
     def _check_match(self, ids: list[int]) -> torch.Tensor:
         slots, node = self.cache.match(ids)

@@ -110,3 +110,10 @@ def test_record_is_frozen() -> None:
     record = _record()
     with pytest.raises(AttributeError):
         record.weight_version = 4  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("-inf")])
+def test_non_finite_logprob_is_refused_at_construction(bad: float) -> None:
+    # JSON cannot carry NaN or infinities back, so such a record would be written but never read again
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        _record(output_ids=[1], output_logprobs=[bad])

@@ -89,10 +89,10 @@ class EmbeddedEngine:
         if not cfg.model_path:
             raise ConfigError("engine.model_path is empty: point it at a Hugging Face model directory")
         self.cfg = cfg
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
         self.device, self.dtype = resolve_device(cfg)
         self.spec = ModelSpec.from_dir(cfg.model_path)
+        if self.device.type == "cpu":
+            torch.set_num_threads(cfg.num_threads or _auto_threads(self.spec))
         self.model = TransformerLM(self.spec, self.device, self.dtype)
         self.model.load_dir(cfg.model_path)
         self.tokenizer = _load_tokenizer(cfg.model_path)
@@ -115,8 +115,8 @@ class EmbeddedEngine:
             seed=cfg.seed,
             decode_text=self._decode if self.tokenizer is not None else None,
         )
-        self.weight_version = cfg.weight_version
-        self._weights_source = (cfg.model_path, cfg.weight_version)  # what a memory resume reloads
+        self.weight_version = str(cfg.weight_version)  # SGLang's API carries versions as strings
+        self._weights_source = (cfg.model_path, self.weight_version)  # what a memory resume reloads
         self._released: set[str] = set()
         self._groups: dict[str, weight_sync.WeightGroup] = {}
         self._incoming: deque[Request] = deque()
@@ -152,6 +152,7 @@ class EmbeddedEngine:
             except Exception as exc:  # a bug or device failure: fail the batch, keep serving
                 log.exception("engine step failed")
                 news = self._fail_all(f"engine step failed: {exc!r}")
+            news = [r for r in news if r.stream or r.finish is not None]  # others need no wake-up per token
             if news:
                 self._publish(news)
 
@@ -552,6 +553,14 @@ class EmbeddedEngine:
         self._closed = True
         self._wake.set()
         self._thread.join(timeout=10)
+
+
+def _auto_threads(spec: ModelSpec) -> int:
+    """Intra-op threads only pay off when matmuls are large; a small model runs fastest on one."""
+    params = spec.num_layers * (
+        4 * spec.hidden_size * spec.num_heads * spec.head_dim + 3 * spec.hidden_size * spec.intermediate_size
+    )
+    return 1 if params < 50_000_000 else torch.get_num_threads()
 
 
 def _wake_sinks(news: list[Request]) -> None:

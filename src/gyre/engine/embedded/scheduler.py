@@ -103,7 +103,7 @@ class Scheduler:
     def allocate_kv(self) -> None:
         """Create the KV pools, the slot table and an empty prefix cache."""
         s, dev = self.model.spec, self.model.device
-        shape = (s.num_layers, self.kv_slots, s.num_kv_heads, s.head_dim)
+        shape = (s.num_layers, self.kv_slots, s.num_kv_heads * s.head_dim)
         self.k_pool = torch.zeros(shape, dtype=self.model.dtype, device=dev)
         self.v_pool = torch.zeros(shape, dtype=self.model.dtype, device=dev)
         self.req_to_token = torch.zeros(self.max_running, self.context_length, dtype=torch.int32, device=dev)
