@@ -133,3 +133,34 @@ def test_stop_conditions(engine: EmbeddedEngine) -> None:
     short = SamplingParams(max_new_tokens=3, temperature=0.0, ignore_eos=True)
     out = _run(engine, [GenerateRequest(input_ids=prompt, sampling_params=short)])[0]
     assert out.meta_info.finish_reason == {"type": "length", "length": 3}
+
+
+def test_sampled_tokens_follow_the_model_distribution(engine: EmbeddedEngine, hf_model: Any) -> None:
+    import torch
+
+    prompt = [72, 101, 108, 108, 111]
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([prompt])).logits[0, -1].float()
+    n = 3000
+    for temperature, top_p in ((1.0, 1.0), (0.5, 1.0), (1.0, 0.5)):
+        probs = torch.softmax(logits / temperature, dim=-1)
+        if top_p < 1.0:  # the nucleus: smallest set of top tokens whose mass reaches top_p
+            sorted_p, order = probs.sort(descending=True)
+            keep = (sorted_p.cumsum(0) - sorted_p) <= top_p
+            probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_p[keep])
+            probs /= probs.sum()
+        params = SamplingParams(max_new_tokens=1, temperature=temperature, top_p=top_p)
+        outs = _run(engine, [GenerateRequest(input_ids=prompt, sampling_params=params)] * n)
+        counts = torch.bincount(
+            torch.tensor([o.output_ids[0] for o in outs]), minlength=probs.numel()
+        ).double()
+        assert counts[probs == 0].sum() == 0  # nothing outside the nucleus is ever drawn
+        # Pearson's chi-square over bins expecting >= 5 draws (the rest pooled): far below 5 sigma of chance
+        expected = probs.double() * n
+        big = expected >= 5
+        observed = torch.cat([counts[big], counts[~big].sum()[None]])
+        wanted = torch.cat([expected[big], expected[~big].sum()[None]])
+        keep = wanted > 0
+        chi2 = float(((observed[keep] - wanted[keep]) ** 2 / wanted[keep]).sum())
+        dof = int(keep.sum()) - 1
+        assert chi2 < dof + 5 * (2 * dof) ** 0.5, (temperature, top_p, chi2, dof)

@@ -327,11 +327,16 @@ class Scheduler:
         choice = logits.argmax(dim=-1)
         if not bool(greedy.all()):
             filtered = self._filter(reqs, scaled)
-            probs = torch.softmax(filtered, dim=-1)
-            drawn = torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+            # inverse-CDF sampling: one uniform draw per row instead of multinomial's one per vocabulary entry
+            cdf = torch.softmax(filtered, dim=-1).cumsum_(dim=-1)
+            u = torch.rand(len(reqs), 1, generator=self.generator, device=dev)
             for i, req in enumerate(reqs):
-                if req.generator is not None and not bool(greedy[i]):
-                    drawn[i] = torch.multinomial(probs[i], 1, generator=req.generator)[0]
+                if req.generator is not None:
+                    u[i, 0] = torch.rand(1, generator=req.generator, device=dev)[0]
+            u.mul_(cdf[:, -1:])  # the cumulative sum ends a rounding error away from 1
+            drawn = (
+                torch.searchsorted(cdf, u, side="right").squeeze(1).clamp_(max=cdf.shape[1] - 1)
+            )  # never a 0-prob token
             choice = torch.where(greedy, choice, drawn)
         picked = logprobs.gather(1, choice[:, None]).squeeze(1)
         top_k = max(r.top_logprobs_num for r in reqs)
