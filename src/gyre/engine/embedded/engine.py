@@ -92,8 +92,8 @@ class EmbeddedEngine:
         self.cfg = cfg
         self.device, self.dtype = resolve_device(cfg)
         self.spec = ModelSpec.from_dir(cfg.model_path)
+        self.num_threads = cfg.num_threads or _auto_threads(self.spec)
         if self.device.type == "cpu":
-            torch.set_num_threads(cfg.num_threads or _auto_threads(self.spec))
             _keep_freed_memory_in_heap()
         self.model = TransformerLM(self.spec, self.device, self.dtype)
         self.model.load_dir(cfg.model_path)
@@ -133,6 +133,8 @@ class EmbeddedEngine:
 
     # ---- engine thread --------------------------------------------------------------------------------------
     def _run(self) -> None:
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.num_threads)  # OpenMP's thread count is per calling thread: set it here
         sched = self.scheduler
         while not self._closed:
             if not sched.has_work():
