@@ -57,6 +57,8 @@ class ModelSpec:
         scaling = cfg.get("rope_scaling") or {}
         if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default":
             raise ConfigError(f"{path}: rope_scaling {scaling} is not supported by the embedded engine")
+        if cfg.get("use_sliding_window") or (arch == "MistralForCausalLM" and cfg.get("sliding_window")):
+            raise ConfigError(f"{path}: sliding-window attention is not supported by the embedded engine")
         heads = int(cfg["num_attention_heads"])
         eos = _eos_ids(Path(model_dir), cfg)
         return cls(
