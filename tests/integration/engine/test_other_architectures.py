@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 import torch
-from reference import hf_greedy, hf_logprobs
 
 from gyre.config import EngineConfig
 from gyre.engine.embedded.engine import EmbeddedEngine
 from gyre.errors import ConfigError, EngineRequestError
 from gyre.protocol import GenerateRequest, SamplingParams
+from reference import hf_greedy, hf_logprobs
 
 SMALL = {"vocab_size": 300, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
 
@@ -66,5 +66,5 @@ def test_unsupported_models_are_refused_clearly(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
     with pytest.raises(ConfigError, match="GPT2LMHeadModel"):
         EmbeddedEngine(EngineConfig(model_path=str(tmp_path)))
-    with pytest.raises(ConfigError, match="config.json"):
+    with pytest.raises(ConfigError, match=r"config\.json"):
         EmbeddedEngine(EngineConfig(model_path=str(tmp_path / "missing")))

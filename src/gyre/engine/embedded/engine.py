@@ -133,8 +133,8 @@ class EmbeddedEngine:
 
     # ---- engine thread --------------------------------------------------------------------------------------
     def _run(self) -> None:
-        if self.device.type == "cpu":
-            torch.set_num_threads(self.num_threads)  # OpenMP's thread count is per calling thread: set it here
+        if self.device.type == "cpu":  # OpenMP's thread count belongs to the calling thread: set it here
+            torch.set_num_threads(self.num_threads)
         sched = self.scheduler
         while not self._closed:
             if not sched.has_work():
