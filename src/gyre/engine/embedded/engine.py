@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import ctypes
 import itertools
 import json
 import logging
@@ -26,6 +25,7 @@ import torch
 
 from gyre.config import EngineConfig
 from gyre.engine import weight_sync
+from gyre.engine.embedded.device import auto_threads, keep_freed_memory_in_heap, resolve_device
 from gyre.engine.embedded.model import ModelSpec, TransformerLM
 from gyre.engine.embedded.scheduler import Request, Scheduler
 from gyre.errors import ConfigError, EngineCapacityError, EngineError, EngineRequestError
@@ -71,18 +71,6 @@ class _Sink:
         self.seen = 0
 
 
-def resolve_device(cfg: EngineConfig) -> tuple[torch.device, torch.dtype]:
-    """Device and dtype from the config: cuda when present (bf16), else cpu (fp32)."""
-    device = cfg.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("engine.device = 'cuda' but no CUDA device is available")
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    dtype = dtypes.get(cfg.dtype) or (torch.bfloat16 if device == "cuda" else torch.float32)
-    return torch.device(device), dtype
-
-
 class EmbeddedEngine:
     """In-process inference engine with SGLang's semantics; ``gyre serve-engine`` puts HTTP in front of it."""
 
@@ -92,9 +80,9 @@ class EmbeddedEngine:
         self.cfg = cfg
         self.device, self.dtype = resolve_device(cfg)
         self.spec = ModelSpec.from_dir(cfg.model_path)
-        self.num_threads = cfg.num_threads or _auto_threads(self.spec)
+        self.num_threads = cfg.num_threads or auto_threads(self.spec)
         if self.device.type == "cpu":
-            _keep_freed_memory_in_heap()
+            keep_freed_memory_in_heap()
         self.model = TransformerLM(self.spec, self.device, self.dtype)
         self.model.load_dir(cfg.model_path)
         self.tokenizer = _load_tokenizer(cfg.model_path)
@@ -557,30 +545,6 @@ class EmbeddedEngine:
         self._closed = True
         self._wake.set()
         self._thread.join(timeout=10)
-
-
-def _keep_freed_memory_in_heap() -> None:
-    """Stop glibc from returning large freed buffers to the OS (process-wide).
-
-    Every decode step allocates and frees buffers of megabytes (gathered KV, attention scratch). By default glibc
-    serves those with fresh mmap pages, and faulting them in again each step cost more than the step's arithmetic
-    (5x at 128 concurrent requests, benchmarks/engine.py). Keeping them in the heap trades resident memory for that.
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return  # not glibc: nothing to tune
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    libc.mallopt(m_mmap_threshold, 32 * 2**20)  # glibc's maximum: allocations below 32 MiB come from the heap
-    libc.mallopt(m_trim_threshold, 2**30)  # keep up to 1 GiB of freed heap instead of trimming it
-
-
-def _auto_threads(spec: ModelSpec) -> int:
-    """Intra-op threads only pay off when matmuls are large; a small model runs fastest on one."""
-    params = spec.num_layers * (
-        4 * spec.hidden_size * spec.num_heads * spec.head_dim + 3 * spec.hidden_size * spec.intermediate_size
-    )
-    return 1 if params < 50_000_000 else torch.get_num_threads()
 
 
 def _wake_sinks(news: list[Request]) -> None:
