@@ -87,6 +87,62 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_router(args: argparse.Namespace) -> int:
+    """Serve the OpenAI-compatible router in front of running engines."""
+    from gyre.config import load_config
+    from gyre.router.core import Router
+    from gyre.router.server import serve_router
+
+    overrides = list(args.set or [])
+    if args.engines:
+        urls = [u.strip() for u in args.engines.split(",") if u.strip()]
+        overrides.append("router.engines=[" + ", ".join(f'"{u}"' for u in urls) + "]")
+    for key, value in (("model_path", args.model), ("port", args.port), ("admin_port", args.admin_port)):
+        if value is not None:
+            overrides.append(
+                f"router.{key}={value!s}" if key != "model_path" else f'router.model_path="{value}"'
+            )
+    if args.journal:
+        overrides.append(f'router.journal_dir="{args.journal}"')
+    cfg = load_config(args.config, overrides).router
+
+    async def run() -> None:
+        router = Router(cfg)
+        print(
+            f"gyre router: http://{cfg.host}:{cfg.port}/s/{{session}}/v1 for agents, "
+            f"http://127.0.0.1:{cfg.admin_port}/admin for sessions and engines; "
+            f"engines: {', '.join(cfg.engines) or 'none yet'}",
+            file=sys.stderr,
+        )
+        await serve_router(router)
+
+    _run_loop(run())
+    return 0
+
+
+def cmd_session(args: argparse.Namespace) -> int:
+    """Open a router session and print its OpenAI base URL (for an external scaffold)."""
+    import httpx
+
+    resp = httpx.post(args.admin.rstrip("/") + "/admin/sessions", json={"execution_id": args.execution_id})
+    if resp.status_code != 200:
+        print(f"gyre session: error: {resp.text}", file=sys.stderr)
+        return 2
+    data = resp.json()
+    print(f"OPENAI_BASE_URL={data['base_url']}\nOPENAI_API_KEY={data['token']}")
+    return 0
+
+
+def _run_loop(coro: object) -> None:
+    """Run a coroutine on uvloop where available."""
+    try:
+        import uvloop
+
+        uvloop.run(coro)  # type: ignore[arg-type]
+    except ImportError:
+        asyncio.run(coro)  # type: ignore[arg-type]
+
+
 def cmd_quickstart(args: argparse.Namespace) -> int:
     """The main job for now: make the tiny model if missing, serve it, send it a generation."""
     model = Path(args.model)
@@ -139,6 +195,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--top-p", type=float, default=1.0)
     s.add_argument("--threads", type=int, default=0)
     s.set_defaults(fn=cmd_generate)
+
+    s = sub.add_parser("router", help="serve the OpenAI-compatible router in front of engines")
+    s.add_argument("--engines", help="comma-separated engine base URLs")
+    s.add_argument("--model", help="the served model's directory (chat template, tokenizer)")
+    s.add_argument("--port", type=int, help="agent-facing port (default 8000)")
+    s.add_argument("--admin-port", type=int, help="admin port on 127.0.0.1 (default 8001)")
+    s.add_argument("--journal", help="directory for calls.jsonl")
+    s.add_argument("--config", type=Path, help="TOML config file ([router] section)")
+    s.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="dotted override, e.g. router.retry_budget=3"
+    )
+    s.set_defaults(fn=cmd_router)
+
+    s = sub.add_parser("session", help="open a router session; prints OPENAI_BASE_URL and OPENAI_API_KEY")
+    s.add_argument("--admin", default="http://127.0.0.1:8001", help="the router's admin URL")
+    s.add_argument("--execution-id", help="name the session's records carry")
+    s.set_defaults(fn=cmd_session)
 
     s = sub.add_parser("quickstart", help="init the tiny model if missing, serve it and send it a generation")
     s.add_argument("--model", default="models/tiny")

@@ -39,10 +39,33 @@ class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 30000
 
 
+class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The OpenAI-compatible router in front of the inference engines."""
+
+    engines: list[str] = msgspec.field(default_factory=list)  # engine base URLs (SGLang API)
+    model_path: str = ""  # the served model's directory: chat template and tokenizer
+    model_name: str = ""  # the name clients pass as `model`; empty: the model directory's name
+    host: str = "127.0.0.1"  # agent-facing address; admin operations are never served here
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8000
+    admin_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = (
+        8001  # drain, engines, sessions (127.0.0.1 only)
+    )
+    journal_dir: str = ""  # where calls.jsonl is appended; empty: no journal file
+    journal_fsync: bool = False  # fsync every record (survives power loss, not only a crash)
+    wait_for_engine_s: Annotated[float, msgspec.Meta(ge=0)] = (
+        60.0  # a call waits this long for a serving engine
+    )
+    retry_budget: NonNegative = 8  # engine failures one call survives before it fails with 503
+    request_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0  # one engine request, end to end
+    max_body_mib: Annotated[float, msgspec.Meta(gt=0)] = 64.0  # larger request bodies get 413
+    default_max_tokens: Positive = 4096  # when a chat request gives no max_tokens
+
+
 class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One run's whole configuration: one TOML file."""
 
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
+    router: RouterConfig = msgspec.field(default_factory=RouterConfig)
 
 
 T = TypeVar("T", bound=msgspec.Struct)

@@ -1,0 +1,339 @@
+"""The router's in-process API: OpenAI chat and completions over the engine pool, with token-exact records.
+
+``Router`` is what the HTTP server wraps and what in-driver agents call directly. Every call becomes one
+``CallRecord``, journaled before the response is returned and kept in its session.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from gyre.config import RouterConfig
+from gyre.errors import EngineCapacityError, EngineRequestError
+from gyre.journal import Journal
+from gyre.protocol import SamplingParams
+from gyre.records import ROLE_PRIORITY, CallRecord, CallTiming, Role
+from gyre.router.openai_types import ChatRequest, CompletionRequest, RouterError
+from gyre.router.pool import EnginePool, Generation, NoCapacity
+from gyre.router.render import ChatRenderer, normalize_messages
+from gyre.router.sessions import Session, SessionStore, Turn
+
+ROLES: frozenset[str] = frozenset(ROLE_PRIORITY)
+
+
+class Router:
+    """Sessions + rendering + engine pool + journal."""
+
+    def __init__(
+        self, cfg: RouterConfig, renderer: ChatRenderer | None = None, pool: EnginePool | None = None
+    ):
+        if renderer is None:
+            if not cfg.model_path:
+                raise RouterError("router.model_path is empty: the router needs the model's tokenizer", 500)
+            renderer = ChatRenderer.from_model_dir(cfg.model_path)
+        self.cfg = cfg
+        self.renderer = renderer
+        self.model_name = cfg.model_name or Path(cfg.model_path).name or "gyre"
+        self.pool = pool or EnginePool(cfg.wait_for_engine_s, cfg.retry_budget, cfg.request_timeout_s)
+        for url in cfg.engines:
+            self.pool.add(url)
+        self.sessions = SessionStore()
+        self.journal = Journal(cfg.journal_dir, fsync=cfg.journal_fsync) if cfg.journal_dir else None
+
+    async def aclose(self) -> None:
+        """Close engine clients and the journal."""
+        await self.pool.aclose()
+        if self.journal is not None:
+            self.journal.close()
+
+    # ---- sessions -----------------------------------------------------------------------------------------------
+    def open_session(self, execution_id: str | None = None) -> str:
+        """A new session token for one execution."""
+        return self.sessions.open(execution_id).token
+
+    def session(self, token: str) -> Session:
+        """The session for ``token``; an unknown token is a 401."""
+        session = self.sessions.get(token)
+        if session is None:
+            raise RouterError("unknown session token", 401, "authentication_error")
+        return session
+
+    def records(self, token: str) -> list[CallRecord]:
+        """This session's call records, in call order."""
+        return list(self.session(token).records)
+
+    # ---- chat ---------------------------------------------------------------------------------------------------
+    def _check_model(self, model: str) -> None:
+        if model not in (self.model_name, "default", ""):
+            raise RouterError(f"model {model!r} does not exist; this router serves {self.model_name!r}", 404,
+                              "not_found_error", "model")  # fmt: skip
+
+    def _prepare_chat(
+        self, session: Session, req: ChatRequest
+    ) -> tuple[list[int], Turn | None, list[dict[str, Any]]]:
+        """Input ids for a chat request: an extension of an earlier call where possible, else a fresh render."""
+        self._check_model(req.model)
+        if req.n != 1:
+            raise RouterError("only n=1 is supported", 422, param="n")
+        if not req.messages:
+            raise RouterError("messages must not be empty", 400, param="messages")
+        parent = session.find_extended(req.messages, req.tools)
+        try:
+            if parent is not None:
+                reply = normalize_messages([self._restore(session, req.messages[len(parent.raw_messages)])])[
+                    0
+                ]
+                if reply == parent.reply:
+                    new = normalize_messages(
+                        [self._restore(session, m) for m in req.messages[len(parent.raw_messages) + 1 :]]
+                    )
+                    try:
+                        delta = self.renderer.render_extension(new, req.tools, parent.ended_with_eos)
+                        return parent.input_ids + parent.output_ids + delta, parent, []
+                    except ValueError:
+                        pass  # the template is not prefix-stable here: render the whole conversation
+            normalized = normalize_messages([self._restore(session, m) for m in req.messages])
+            return self.renderer.render_full(normalized, req.tools), None, normalized
+        except ValueError as exc:
+            raise RouterError(f"invalid messages: {exc}", 400, param="messages") from None
+        except Exception as exc:  # a template that raises on this conversation
+            raise RouterError(
+                f"the chat template cannot render these messages: {exc}", 422, param="messages"
+            ) from None
+
+    @staticmethod
+    def _restore(session: Session, message: dict[str, Any]) -> dict[str, Any]:
+        """Put back the exact tool-call payloads we returned (scaffolds re-serialise arguments)."""
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if not calls or message.get("role") != "assistant":
+            return message
+        restored = [
+            session.tool_payloads.get(c.get("id", ""), c) if isinstance(c, dict) else c for c in calls
+        ]
+        return {**message, "tool_calls": restored}
+
+    def _params(self, req: ChatRequest | CompletionRequest, max_tokens: int | None) -> SamplingParams:
+        return SamplingParams(
+            max_new_tokens=max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            stop=req.stop,
+            sampling_seed=req.seed,
+        )
+
+    async def chat(self, token: str, req: ChatRequest, role: Role = "main") -> dict[str, Any]:
+        """One ``chat.completion``, as OpenAI returns it (plus ``prompt_token_ids``/``token_ids`` on request)."""
+        session = self.session(token)
+        submitted = time.time()
+        input_ids, parent, _ = self._prepare_chat(session, req)
+        max_tokens = req.max_completion_tokens or req.max_tokens or self.cfg.default_max_tokens
+        top_n = (req.top_logprobs or 0) if req.logprobs else 0
+        gen = await self._generate(session, input_ids, self._params(req, max_tokens), top_n)
+        parsed = self.renderer.parse_output(gen.output_ids)
+        call_id = f"chatcmpl-{uuid.uuid4().hex}"
+        for tc in parsed.tool_calls:
+            session.tool_payloads[tc["id"]] = tc
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None}
+        if parsed.tool_calls:
+            message["tool_calls"] = parsed.tool_calls
+        ended_with_eos = gen.finish_reason.get("matched") == self.renderer.eos_token_id
+        self._record(session, call_id, role, input_ids, gen, submitted, parent)
+        reply = normalize_messages([message])[0]
+        session.remember(
+            Turn(call_id, list(req.messages), req.tools, reply, input_ids, gen.output_ids, ended_with_eos)
+        )
+        finish = "tool_calls" if parsed.tool_calls else _finish(gen)
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        if req.logprobs:
+            choice["logprobs"] = {"content": self._logprob_content(gen, top_n)}
+        body: dict[str, Any] = {
+            "id": call_id,
+            "object": "chat.completion",
+            "created": int(submitted),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": _usage(len(input_ids), len(gen.output_ids)),
+            "system_fingerprint": f"gyre-w{gen.weight_version}",
+        }
+        if req.return_token_ids:
+            body["prompt_token_ids"] = input_ids
+            choice["token_ids"] = gen.output_ids
+        return body
+
+    async def chat_stream(
+        self, token: str, req: ChatRequest, role: Role = "main"
+    ) -> AsyncIterator[dict[str, Any]]:
+        """The same call as ``chat``, as ``chat.completion.chunk`` objects (the whole reply arrives when done).
+
+        The reply is generated in full before the chunks are sent, so a call moved between engines, tool-call
+        parsing and the record are exactly those of the non-streamed call.
+        """
+        body = await self.chat(token, req, role)
+        choice = body["choices"][0]
+        message = choice["message"]
+        base = {
+            "id": body["id"],
+            "object": "chat.completion.chunk",
+            "created": body["created"],
+            "model": body["model"],
+        }
+        yield {
+            **base,
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+        }
+        if message.get("content"):
+            delta: dict[str, Any] = {"content": message["content"]}
+            yield {
+                **base,
+                "choices": [
+                    {"index": 0, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}
+                ],
+            }
+        if message.get("tool_calls"):
+            calls = [{"index": i, **tc} for i, tc in enumerate(message["tool_calls"])]
+            yield {**base, "choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}]}
+        yield {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}
+        if (req.stream_options or {}).get("include_usage"):
+            yield {**base, "choices": [], "usage": body["usage"]}
+
+    # ---- completions ----------------------------------------------------------------------------------------------
+    async def complete(self, token: str, req: CompletionRequest, role: Role = "main") -> dict[str, Any]:
+        """One ``text_completion`` of a raw prompt (no chat template; a new branch every time)."""
+        session = self.session(token)
+        submitted = time.time()
+        self._check_model(req.model)
+        if req.n != 1:
+            raise RouterError("only n=1 is supported", 422, param="n")
+        if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], str):
+            if len(req.prompt) != 1:
+                raise RouterError("a list of several prompts is not supported; send one", 422, param="prompt")
+            prompt: str | list[int] = req.prompt[0]
+        else:
+            prompt = req.prompt  # type: ignore[assignment]
+        input_ids = self.renderer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not input_ids:
+            raise RouterError("the prompt is empty", 400, param="prompt")
+        gen = await self._generate(session, input_ids, self._params(req, req.max_tokens), req.logprobs or 0)
+        call_id = f"cmpl-{uuid.uuid4().hex}"
+        self._record(session, call_id, role, input_ids, gen, submitted, None)
+        text = self.renderer.decode(gen.output_ids)
+        choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": _finish(gen), "logprobs": None}
+        if req.logprobs is not None:
+            pieces = [self.renderer.decode([t]) for t in gen.output_ids]
+            choice["logprobs"] = {
+                "tokens": pieces,
+                "token_logprobs": gen.logprobs,
+                "top_logprobs": [
+                    {self.renderer.decode([t]): lp for lp, t in top} for top in gen.top_logprobs
+                ] if req.logprobs else None,
+                "text_offset": _offsets(pieces),
+            }  # fmt: skip
+        body: dict[str, Any] = {
+            "id": call_id,
+            "object": "text_completion",
+            "created": int(submitted),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": _usage(len(input_ids), len(gen.output_ids)),
+        }
+        if req.return_token_ids:
+            body["prompt_token_ids"] = input_ids
+            choice["token_ids"] = gen.output_ids
+        return body
+
+    # ---- shared ---------------------------------------------------------------------------------------------------
+    async def _generate(
+        self, session: Session, input_ids: list[int], params: SamplingParams, top: int
+    ) -> Generation:
+        try:
+            gen = await self.pool.generate(input_ids, params, session.affinity, top)
+        except EngineCapacityError as exc:
+            raise RouterError(f"the request does not fit the model: {exc}", 413, param="messages") from None
+        except EngineRequestError as exc:
+            raise RouterError(f"the engine rejected the request: {exc}", 400) from None
+        except NoCapacity as exc:
+            raise RouterError(str(exc), 503, "service_unavailable") from None
+        session.affinity = gen.engine
+        return gen
+
+    def _record(
+        self,
+        session: Session,
+        call_id: str,
+        role: Role,
+        input_ids: list[int],
+        gen: Generation,
+        submitted: float,
+        parent: Turn | None,
+    ) -> CallRecord:
+        finish = str(gen.finish_reason.get("type", "stop"))
+        record = CallRecord(
+            call_id=call_id,
+            session=session.execution_id,
+            role=role,
+            input_ids=input_ids,
+            output_ids=gen.output_ids,
+            output_logprobs=gen.logprobs,
+            finish_reason=finish if finish in ("stop", "length", "abort") else "error",  # type: ignore[arg-type]
+            weight_version=_version(gen.weight_version),
+            cell=gen.engine,
+            timing=CallTiming(submitted_s=submitted, first_token_s=gen.first_token_s, finished_s=time.time()),
+            parent_call_id=parent.call_id if parent else None,
+        )
+        if self.journal is not None:  # journaled before the caller can see the response
+            self.journal.append(record)
+        session.records.append(record)
+        session.calls += 1
+        return record
+
+    def _logprob_content(self, gen: Generation, top_n: int) -> list[dict[str, Any]]:
+        content = []
+        for i, (token, lp) in enumerate(zip(gen.output_ids, gen.logprobs, strict=True)):
+            text = self.renderer.decode([token])
+            entry: dict[str, Any] = {
+                "token": text,
+                "logprob": lp,
+                "bytes": list(text.encode()),
+                "top_logprobs": [],
+            }
+            if top_n and i < len(gen.top_logprobs):
+                entry["top_logprobs"] = [
+                    {"token": (t := self.renderer.decode([tid])), "logprob": tlp, "bytes": list(t.encode())}
+                    for tlp, tid in gen.top_logprobs[i][:top_n]
+                ]
+            content.append(entry)
+        return content
+
+
+def _finish(gen: Generation) -> str:
+    return "length" if gen.finish_reason.get("type") == "length" else "stop"
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _offsets(pieces: list[str]) -> list[int]:
+    offsets, at = [], 0
+    for piece in pieces:
+        offsets.append(at)
+        at += len(piece)
+    return offsets
+
+
+def _version(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        return -1
+
+
+def encode_json(data: Any) -> bytes:
+    """JSON bytes of a response body."""
+    return msgspec.json.encode(data)

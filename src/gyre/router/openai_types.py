@@ -1,0 +1,68 @@
+"""OpenAI request bodies the router accepts (msgspec Structs) and the error type it answers with."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+
+from gyre.errors import GyreError
+
+Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
+TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
+MaxTokens = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class RouterError(GyreError):
+    """An OpenAI-style error answered to the client: HTTP ``status``, ``type`` and optional ``param``."""
+
+    def __init__(
+        self, message: str, status: int = 400, type_: str = "invalid_request_error", param: str | None = None
+    ):
+        super().__init__(message)
+        self.status, self.type, self.param = status, type_, param
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body."""
+        return {"error": {"message": str(self), "type": self.type, "param": self.param, "code": self.status}}
+
+
+class ChatRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/chat/completions``. Unknown fields are ignored, as scaffolds send vendor extras."""
+
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    max_tokens: MaxTokens | None = None
+    max_completion_tokens: MaxTokens | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    n: Annotated[int, msgspec.Meta(ge=1)] = 1
+    logprobs: bool = False
+    top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
+    parallel_tool_calls: bool | None = None
+    user: str | None = None
+    return_token_ids: bool = False  # Gyre extension: prompt_token_ids and token_ids in the response
+
+
+class CompletionRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/completions``: a raw prompt (text or token ids), no chat template."""
+
+    model: str
+    prompt: str | list[int] | list[str]
+    max_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = 16
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    n: Annotated[int, msgspec.Meta(ge=1)] = 1
+    logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
+    echo: bool = False
+    user: str | None = None
+    return_token_ids: bool = False

@@ -1,0 +1,283 @@
+"""The pool of inference engines a router sends calls to, and the one loop that makes a call survive them.
+
+Each engine is ``serving``, ``draining`` or ``gone``. A call sticks to the engine that holds its session's prefix
+while that engine serves, else goes to the least loaded one. When its engine drains or fails mid-generation, the call
+continues on another engine from the tokens generated so far (its KV handed over where both engines can), so the
+caller sees one normal response whose tokens and logprobs are exactly what the engines sampled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import msgspec
+
+from gyre.engine.client import EngineClient
+from gyre.errors import EngineCapacityError, EngineError, EngineRequestError, EngineUnavailable
+from gyre.protocol import GenerateResponse, SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class EngineState(enum.Enum):
+    """Where an engine stands for the router."""
+
+    SERVING = "serving"
+    DRAINING = "draining"
+    GONE = "gone"
+
+
+class NoCapacity(EngineError):
+    """No engine served within the wait, or the call's retry budget is spent (HTTP 503)."""
+
+
+@dataclass(eq=False)
+class Engine:
+    """One engine as the router sees it."""
+
+    name: str
+    url: str
+    client: EngineClient
+    state: EngineState = EngineState.SERVING
+    outstanding_tokens: int = 0  # prompt + budgeted output tokens of calls in flight here
+    inflight: set[str] = field(default_factory=set)  # rids in flight here
+    kv_handover: bool = True  # cleared once the engine shows it lacks the extension
+    calls: int = 0
+    failures: int = 0
+
+
+class PoolStatistics(msgspec.Struct, frozen=True):
+    """Load and history of the pool."""
+
+    engines: dict[str, str]  # name -> state
+    outstanding_tokens: dict[str, int]
+    inflight_calls: int
+    moved_calls: int  # continuations started after a drain or failure
+    kv_handovers: int
+    engine_failures: int
+
+
+@dataclass
+class Generation:
+    """What one call produced, possibly across several engines."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[float, int]]]
+    finish_reason: dict[str, object]
+    weight_version: str
+    engine: str  # the engine that finished it
+    engines: list[str]  # every engine that contributed, in order
+    first_token_s: float | None
+
+
+class EnginePool:
+    """Engines, their states, and call placement with transparent continuation."""
+
+    def __init__(
+        self, wait_for_engine_s: float = 60.0, retry_budget: int = 8, timeout_s: float = 3600.0
+    ) -> None:
+        self.wait_for_engine_s = wait_for_engine_s
+        self.retry_budget = retry_budget
+        self.timeout_s = timeout_s
+        self.engines: dict[str, Engine] = {}
+        self._changed = asyncio.Event()
+        self._names = itertools.count()
+        self._moved = 0
+        self._handovers = 0
+        self._failures = 0
+
+    # ---- membership -----------------------------------------------------------------------------------------
+    def add(self, url: str, name: str | None = None) -> Engine:
+        """Start sending calls to the engine at ``url``."""
+        name = name or f"engine-{next(self._names)}"
+        if name in self.engines and self.engines[name].state is not EngineState.GONE:
+            raise EngineRequestError(f"an engine named {name!r} is already in the pool", status=409)
+        engine = Engine(name, url.rstrip("/"), EngineClient(url, timeout_s=self.timeout_s))
+        self.engines[name] = engine
+        self._notify()
+        return engine
+
+    def get(self, name: str) -> Engine:
+        """The engine called ``name``."""
+        engine = self.engines.get(name)
+        if engine is None:
+            raise EngineRequestError(f"no engine named {name!r}; engines: {sorted(self.engines)}", status=404)
+        return engine
+
+    async def drain(self, name: str) -> None:
+        """Send no new calls to ``name``; move its in-flight calls elsewhere; return when none is left there."""
+        engine = self.get(name)
+        if engine.state is EngineState.SERVING:
+            engine.state = EngineState.DRAINING
+        while engine.inflight and engine.state is EngineState.DRAINING:
+            try:  # the router is the engine's only client: abort everything, until nothing is in flight
+                await engine.client.abort(abort_all=True)
+            except EngineError as exc:
+                log.warning("abort on draining %s failed: %s", name, exc)
+                self._mark_gone(engine)
+                break
+            await asyncio.sleep(0.02)
+
+    def resume(self, name: str) -> None:
+        """Let a drained engine serve again (after it switched back from training, say)."""
+        engine = self.get(name)
+        engine.state = EngineState.SERVING
+        self._notify()
+
+    async def remove(self, name: str) -> None:
+        """Drain ``name`` and forget it."""
+        await self.drain(name)
+        engine = self.engines.pop(name)
+        await engine.client.aclose()
+
+    async def aclose(self) -> None:
+        """Close every engine client."""
+        for engine in self.engines.values():
+            await engine.client.aclose()
+
+    def serving(self) -> list[Engine]:
+        """Engines taking new calls."""
+        return [e for e in self.engines.values() if e.state is EngineState.SERVING]
+
+    def statistics(self) -> PoolStatistics:
+        """A snapshot of states and load."""
+        return PoolStatistics(
+            engines={n: e.state.value for n, e in self.engines.items()},
+            outstanding_tokens={n: e.outstanding_tokens for n, e in self.engines.items()},
+            inflight_calls=sum(len(e.inflight) for e in self.engines.values()),
+            moved_calls=self._moved,
+            kv_handovers=self._handovers,
+            engine_failures=self._failures,
+        )
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def _mark_gone(self, engine: Engine) -> None:
+        if engine.state is not EngineState.GONE:
+            log.warning("engine %s (%s) is gone", engine.name, engine.url)
+            engine.state = EngineState.GONE
+            engine.failures += 1
+            self._failures += 1
+            self._notify()
+
+    async def _pick(self, affinity: str | None) -> Engine:
+        """The session's engine while it serves, else the least loaded serving one; waits for one to appear."""
+        deadline = time.monotonic() + self.wait_for_engine_s
+        while True:
+            sticky = self.engines.get(affinity) if affinity else None
+            if sticky is not None and sticky.state is EngineState.SERVING:
+                return sticky
+            candidates = self.serving()
+            if candidates:
+                return min(candidates, key=lambda e: e.outstanding_tokens)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise NoCapacity(f"no engine is serving (waited {self.wait_for_engine_s:.0f} s)")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), timeout=left)
+
+    # ---- one call ---------------------------------------------------------------------------------------------
+    async def generate(
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        affinity: str | None = None,
+        top_logprobs_num: int = 0,
+    ) -> Generation:
+        """Generate to the end, continuing on another engine whenever the current one drains or fails."""
+        out: list[int] = []
+        logprobs: list[float] = []
+        tops: list[list[tuple[float, int]]] = []
+        engines: list[str] = []
+        version = ""
+        first_token_s: float | None = None
+        failures = 0
+        previous: Engine | None = None
+        limit = params.max_new_tokens
+        while True:
+            engine = await self._pick(affinity)
+            if previous is not None and previous is not engine and out:
+                await self._hand_over(previous, engine, input_ids + out)
+            budget = None if limit is None else limit - len(out)
+            attempt = msgspec.structs.replace(
+                params, max_new_tokens=budget, min_new_tokens=max(params.min_new_tokens - len(out), 0)
+            )
+            rid = uuid.uuid4().hex
+            cost = len(input_ids) + len(out) + (budget or 0)
+            engine.inflight.add(rid)
+            engine.outstanding_tokens += cost
+            engine.calls += 1
+            try:
+                resp = await engine.client.generate(
+                    input_ids + out, attempt, rid=rid, return_logprob=True, top_logprobs_num=top_logprobs_num
+                )
+            except EngineCapacityError:
+                raise
+            except EngineRequestError:
+                raise
+            except EngineUnavailable as exc:
+                self._mark_gone(engine)
+                failures += 1
+                if failures > self.retry_budget:
+                    raise NoCapacity(f"gave up after {failures} engine failures; last: {exc}") from exc
+                previous = None  # nothing can be exported from a dead engine
+                self._moved += 1
+                continue
+            finally:
+                engine.inflight.discard(rid)
+                engine.outstanding_tokens -= cost
+            if resp.output_ids and first_token_s is None:
+                first_token_s = time.time()
+            self._append(resp, out, logprobs, tops, top_logprobs_num)
+            engines.append(engine.name)
+            version = version or resp.meta_info.weight_version
+            moved = resp.finish_type == "abort" and engine.state is not EngineState.SERVING
+            if moved and (budget is None or len(resp.output_ids) < budget):
+                previous = engine
+                self._moved += 1
+                continue
+            finish = dict(resp.meta_info.finish_reason or {"type": "abort"})
+            if moved:
+                finish = {"type": "length", "length": len(out)}
+            return Generation(out, logprobs, tops, finish, version, engine.name, engines, first_token_s)
+
+    @staticmethod
+    def _append(
+        resp: GenerateResponse,
+        out: list[int],
+        logprobs: list[float],
+        tops: list[list[tuple[float, int]]],
+        top_logprobs_num: int,
+    ) -> None:
+        out.extend(resp.output_ids)
+        logprobs.extend(resp.output_logprobs)
+        if top_logprobs_num:
+            for entry in resp.meta_info.output_top_logprobs or []:
+                tops.append([(float(lp), int(t)) for lp, t, _ in entry or []])
+
+    async def _hand_over(self, source: Engine, dest: Engine, ids: list[int]) -> None:
+        """Copy the moved call's KV from the engine it left to the one continuing it, where both can."""
+        if not (source.kv_handover and dest.kv_handover) or source.state is EngineState.GONE:
+            return
+        try:
+            blob = await source.client.export_kv(ids)
+            await dest.client.import_kv(blob)
+            self._handovers += 1
+        except EngineRequestError as exc:
+            if exc.status in (404, 405):  # not an embedded engine: it will recompute the prefix
+                (dest if "import" in str(exc) else source).kv_handover = False
+            log.info("KV hand-over %s -> %s skipped: %s", source.name, dest.name, exc)
+        except EngineError as exc:
+            log.info(
+                "KV hand-over %s -> %s failed, the prefix is recomputed: %s", source.name, dest.name, exc
+            )

@@ -1,0 +1,86 @@
+"""Sessions: one per execution, each with its calls, its token-exact records and what TITO needs to extend them.
+
+A session only ever sees its own records: every lookup goes through the session token.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from gyre.records import CallRecord
+
+
+@dataclass(eq=False)
+class Turn:
+    """A finished chat call that a later request may extend token-exactly."""
+
+    call_id: str
+    raw_messages: list[dict[str, Any]]  # the messages exactly as the client sent them
+    tools: list[dict[str, Any]] | None
+    reply: dict[str, Any]  # our assistant reply, normalised (what the client must echo back)
+    input_ids: list[int]
+    output_ids: list[int]
+    ended_with_eos: bool
+
+
+@dataclass(eq=False)
+class Session:
+    """An execution's router session."""
+
+    token: str
+    execution_id: str
+    records: list[CallRecord] = field(default_factory=list)
+    turns_by_length: dict[int, list[Turn]] = field(default_factory=dict)  # len(raw_messages) -> turns
+    tool_payloads: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool-call id -> what we returned
+    affinity: str | None = None  # engine holding this session's prefix
+    calls: int = 0
+    closed: bool = False
+
+    def remember(self, turn: Turn) -> None:
+        """Index a finished call so the next request can extend it."""
+        self.turns_by_length.setdefault(len(turn.raw_messages), []).append(turn)
+
+    def find_extended(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> Turn | None:
+        """The longest earlier call whose messages are a prefix of ``messages`` followed by our reply.
+
+        The prefix is compared as the client sent it (C-speed equality, no re-normalising the history); the reply
+        is checked by the caller after restoring tool-call payloads.
+        """
+        for length in range(len(messages) - 1, 0, -1):
+            for turn in reversed(self.turns_by_length.get(length, ())):
+                last_matches = messages[length - 1] == turn.raw_messages[-1]  # cheap test before the full one
+                if last_matches and turn.tools == tools and messages[:length] == turn.raw_messages:
+                    return turn
+        return None
+
+
+class SessionStore:
+    """Live sessions by token."""
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, Session] = {}
+
+    def open(self, execution_id: str | None = None) -> Session:
+        """A new session with an unguessable token."""
+        token = "gyre-" + secrets.token_urlsafe(18)
+        session = Session(token=token, execution_id=execution_id or token)
+        self._sessions[token] = session
+        return session
+
+    def get(self, token: str) -> Session | None:
+        """The session for ``token``, or None."""
+        return self._sessions.get(token)
+
+    def close(self, token: str) -> Session | None:
+        """Forget a session (its records stay in the journal); returns it."""
+        session = self._sessions.pop(token, None)
+        if session is not None:
+            session.closed = True
+        return session
+
+    def __len__(self) -> int:
+        return len(self._sessions)
