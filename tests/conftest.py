@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,3 +22,12 @@ def tiny_model_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from gyre.models import init_model
 
     return init_model(tmp_path_factory.mktemp("models") / "tiny-b", preset="tiny", seed=1)
+
+
+@pytest.fixture(scope="session")
+def hf_model(tiny_model: Path) -> Any:
+    """The same weights in Hugging Face transformers, the reference implementation."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model, local_files_only=True, dtype=torch.float32).eval()

@@ -47,7 +47,9 @@ class ScriptedEngine:
         ids = self.tokenizer.encode(self.script(body["input_ids"]), add_special_tokens=False) + [eos]
         limit = body.get("sampling_params", {}).get("max_new_tokens") or len(ids)
         ids = ids[:limit]
-        finish = {"type": "stop", "matched": eos} if ids[-1] == eos else {"type": "length", "length": len(ids)}
+        finish = (
+            {"type": "stop", "matched": eos} if ids[-1] == eos else {"type": "length", "length": len(ids)}
+        )
         meta = {
             "id": body.get("rid") or "x",
             "finish_reason": finish,

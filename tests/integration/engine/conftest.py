@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch
 
 from gyre.config import EngineConfig
 from gyre.engine.embedded.engine import EmbeddedEngine
@@ -28,11 +26,3 @@ def server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     log = tmp_path_factory.mktemp("logs") / "engine.log"
     with launch_embedded(tiny_model, overrides=["engine.kv_cache_mem_gib=0.25"], log_path=log) as proc:
         yield proc
-
-
-@pytest.fixture(scope="session")
-def hf_model(tiny_model: Path) -> Any:
-    """The same weights in Hugging Face transformers, the reference implementation."""
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(tiny_model, local_files_only=True, dtype=torch.float32).eval()
