@@ -108,6 +108,10 @@ def cmd_router(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         router = Router(cfg)
+        import gc
+
+        gc.collect()
+        gc.freeze()  # the model's tokenizer and templates are permanent: keep them out of every collection
         print(
             f"gyre router: http://{cfg.host}:{cfg.port}/s/{{session}}/v1 for agents, "
             f"http://127.0.0.1:{cfg.admin_port}/admin for sessions and engines; "

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 
+from gyre.engine.http import HttpPool, HttpResponse
 from gyre.errors import EngineCapacityError, EngineRequestError, EngineUnavailable
 from gyre.protocol import GenerateRequest, GenerateResponse, SamplingParams
 
@@ -29,7 +30,12 @@ class EngineClient:
         self.base_url = base_url.rstrip("/")
         timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout, limits=limits)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url, timeout=timeout, limits=limits
+        )  # streams, https
+        self._pool = (
+            HttpPool(self.base_url, timeout_s, connect_timeout_s) if base_url.startswith("http:") else None
+        )
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -38,16 +44,22 @@ class EngineClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pools."""
+        if self._pool is not None:
+            self._pool.close()
         await self._http.aclose()
 
     # ---- transport ------------------------------------------------------------------------------------------
     async def _request(
         self, method: str, path: str, body: Any = None, content: bytes | None = None
-    ) -> httpx.Response:
+    ) -> httpx.Response | HttpResponse:
+        if content is None and body is not None:
+            content = _encoder.encode(body)
+        if self._pool is not None:
+            fast = await self._pool.request(method, path, content, json_body=body is not None)
+            _raise_for_status(fast, f"{self.base_url}{path}")
+            return fast
         try:
-            if content is None and body is not None:
-                content = _encoder.encode(body)
             headers = {"content-type": "application/json"} if body is not None else None
             resp = await self._http.request(method, path, content=content, headers=headers)
         except httpx.TimeoutException as exc:
@@ -245,7 +257,7 @@ class EngineClient:
         return data
 
 
-def _raise_for_status(resp: httpx.Response, url: str) -> None:
+def _raise_for_status(resp: httpx.Response | HttpResponse, url: str) -> None:
     if resp.status_code < 400:
         return
     try:

@@ -10,13 +10,13 @@ Admin (127.0.0.1:``router.admin_port``): sessions, engines (add, drain, resume, 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
 
 from gyre.errors import EngineRequestError, GyreError
@@ -52,10 +52,147 @@ def _guard(fn: Handler) -> Handler:
     return wrapped
 
 
-async def _body(request: Request, type_: type[T], limit: int) -> T:
-    raw = await request.body()
-    if len(raw) > limit:
-        raise RouterError(f"the request body has {len(raw)} bytes; the limit is {limit}", 413)
+class AgentApp:
+    """The agent-facing OpenAI-compatible ASGI application.
+
+    A plain ASGI callable rather than a framework app: this path carries every model call of every agent, and
+    routing four paths by hand costs a fraction of a middleware stack (benchmarks/router.py).
+    """
+
+    OPS = frozenset({"chat/completions", "completions", "models", "gyre/records"})
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+        self.limit = int(router.cfg.max_body_mib * 2**20)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        if scope["type"] != "http":
+            return
+        try:
+            await self._dispatch(scope, receive, send)
+        except RouterError as exc:
+            await _send(send, exc.status, msgspec.json.encode(exc.body()))
+        except EngineRequestError as exc:
+            await _send(send, exc.status, msgspec.json.encode(RouterError(str(exc), exc.status).body()))
+        except Exception as exc:
+            log.exception("unexpected error in %s", scope.get("path"))
+            body = RouterError(f"internal error: {exc!r}", 500, "server_error").body()
+            await _send(send, 500, msgspec.json.encode(body))
+
+    async def _dispatch(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        if path == "/health" and method == "GET":
+            await _send(
+                send,
+                200,
+                msgspec.json.encode({"status": "ok", "engines": self.router.pool.statistics().engines}),
+            )
+            return
+        token, role, op = self._parse(path, scope["headers"])
+        expected = "GET" if op in ("models", "gyre/records") else "POST"
+        if method != expected:
+            raise RouterError(f"{method} is not allowed on {path}", 405)
+        router = self.router
+        router.session(token)  # 401 before reading the body
+        if op == "models":
+            model = {"id": router.model_name, "object": "model", "created": 0, "owned_by": "gyre"}
+            await _send(send, 200, msgspec.json.encode({"object": "list", "data": [model]}))
+            return
+        if op == "gyre/records":
+            await _send(send, 200, msgspec.json.encode({"records": router.records(token)}))
+            return
+        raw = await self._read_body(receive)
+        if op == "completions":
+            creq = _decode(raw, CompletionRequest)
+            if creq.stream:
+                raise RouterError(
+                    "streaming completions are not supported; use chat/completions", 422, param="stream"
+                )
+            await _send(send, 200, msgspec.json.encode(await router.complete(token, creq, role)))
+            return
+        req = _decode(raw, ChatRequest)
+        if not req.stream:
+            await _send(send, 200, msgspec.json.encode(await router.chat(token, req, role)))
+            return
+        chunks = router.chat_stream(token, req, role)
+        first = await anext(chunks)  # errors surface as a status code before the stream starts
+        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send(
+            {
+                "type": "http.response.body",
+                "body": b"data: " + msgspec.json.encode(first) + b"\n\n",
+                "more_body": True,
+            }
+        )
+        try:
+            async for chunk in chunks:
+                data = b"data: " + msgspec.json.encode(chunk) + b"\n\n"
+                await send({"type": "http.response.body", "body": data, "more_body": True})
+        except GyreError as exc:
+            err = b"data: " + msgspec.json.encode(RouterError(str(exc), 500, "server_error").body()) + b"\n\n"
+            await send({"type": "http.response.body", "body": err, "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    def _parse(self, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[str, Role, str]:
+        """``/s/{token}[/{role}]/v1/{op}`` or ``/v1/{op}`` with a bearer token -> (token, role, op)."""
+        parts = path.split("/", 5)  # ['', 's', token, 'v1' | role, ...]
+        token = role = None
+        if len(parts) >= 4 and parts[1] == "s":
+            token = parts[2]
+            if parts[3] == "v1":
+                op = "/".join(parts[4:])
+            elif len(parts) >= 5 and parts[4] == "v1":
+                role, op = parts[3], "/".join(parts[5:])
+            else:
+                op = ""
+        elif len(parts) >= 3 and parts[1] == "v1":
+            op = "/".join(parts[2:])
+        else:
+            op = ""
+        if op not in self.OPS:
+            raise RouterError(f"no such path: {path}", 404, "not_found_error")
+        for name, value in headers:
+            if name == b"authorization" and token is None:
+                scheme, _, credential = value.decode("latin-1").partition(" ")
+                if scheme.lower() == "bearer" and credential.strip():
+                    token = credential.strip()
+            elif name == b"x-gyre-role" and role is None:
+                role = value.decode("latin-1")
+        if token is None:
+            raise RouterError("missing session: use /s/{token}/v1 or Authorization: Bearer {token}", 401,
+                              "authentication_error")  # fmt: skip
+        role = role or "main"
+        if role not in ROLES:
+            raise RouterError(f"unknown role {role!r}; roles: {sorted(ROLES)}", 400, param="role")
+        return token, role, op  # type: ignore[return-value]
+
+    async def _read_body(self, receive: Any) -> bytes:
+        parts, size = [], 0
+        while True:
+            message = await receive()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                raise RouterError(f"the request body is larger than the limit of {self.limit} bytes", 413)
+            parts.append(chunk)
+            if not message.get("more_body"):
+                return b"".join(parts)
+
+
+async def _send(send: Any, status: int, body: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _decode(raw: bytes, type_: type[T]) -> T:
     try:
         return msgspec.json.decode(raw, type=type_)
     except msgspec.ValidationError as exc:
@@ -64,78 +201,9 @@ async def _body(request: Request, type_: type[T], limit: int) -> T:
         raise RouterError(f"the body is not valid JSON: {exc}", 400) from None
 
 
-def _session_and_role(request: Request) -> tuple[str, Role]:
-    token = request.path_params.get("token")
-    if token is None:
-        auth = request.headers.get("authorization", "")
-        scheme, _, value = auth.partition(" ")
-        if scheme.lower() != "bearer" or not value.strip():
-            raise RouterError("missing session: use /s/{token}/v1 or Authorization: Bearer {token}", 401,
-                              "authentication_error")  # fmt: skip
-        token = value.strip()
-    role = request.path_params.get("role") or request.headers.get("x-gyre-role") or "main"
-    if role not in ROLES:
-        raise RouterError(f"unknown role {role!r}; roles: {sorted(ROLES)}", 400, param="role")
-    return token, role  # type: ignore[return-value]
-
-
-def build_agent_app(router: Router) -> Starlette:
+def build_agent_app(router: Router) -> AgentApp:
     """The agent-facing OpenAI-compatible application."""
-    limit = int(router.cfg.max_body_mib * 2**20)
-
-    async def chat(request: Request) -> Response:
-        token, role = _session_and_role(request)
-        router.session(token)  # 401 before parsing anything
-        req = await _body(request, ChatRequest, limit)
-        if not req.stream:
-            return _json(await router.chat(token, req, role))
-        chunks = router.chat_stream(token, req, role)
-        first = await anext(chunks)  # errors surface as a status code before the stream starts
-
-        async def events() -> AsyncIterator[bytes]:
-            yield b"data: " + msgspec.json.encode(first) + b"\n\n"
-            try:
-                async for chunk in chunks:
-                    yield b"data: " + msgspec.json.encode(chunk) + b"\n\n"
-            except GyreError as exc:
-                err = RouterError(str(exc), 500, "server_error").body()
-                yield b"data: " + msgspec.json.encode(err) + b"\n\n"
-            yield b"data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
-
-    async def completions(request: Request) -> Response:
-        token, role = _session_and_role(request)
-        router.session(token)
-        req = await _body(request, CompletionRequest, limit)
-        if req.stream:
-            raise RouterError(
-                "streaming completions are not supported; use chat/completions", 422, param="stream"
-            )
-        return _json(await router.complete(token, req, role))
-
-    async def models(request: Request) -> Response:
-        token, _ = _session_and_role(request)
-        router.session(token)
-        model = {"id": router.model_name, "object": "model", "created": 0, "owned_by": "gyre"}
-        return _json({"object": "list", "data": [model]})
-
-    async def records(request: Request) -> Response:
-        token, _ = _session_and_role(request)
-        return _json({"records": router.records(token)})
-
-    async def health(request: Request) -> Response:
-        return _json({"status": "ok", "engines": router.pool.statistics().engines})
-
-    routes: list[Route] = [Route("/health", health, methods=["GET"])]
-    for prefix in ("/s/{token}/v1", "/s/{token}/{role}/v1", "/v1"):
-        routes += [
-            Route(prefix + "/chat/completions", _guard(chat), methods=["POST"]),
-            Route(prefix + "/completions", _guard(completions), methods=["POST"]),
-            Route(prefix + "/models", _guard(models), methods=["GET"]),
-            Route(prefix + "/gyre/records", _guard(records), methods=["GET"]),
-        ]
-    return Starlette(routes=routes, exception_handlers=_http_errors())
+    return AgentApp(router)
 
 
 def build_admin_app(router: Router) -> Starlette:
