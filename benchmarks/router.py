@@ -7,7 +7,9 @@ own process; the router (``gyre router``) runs in another process pinned to one 
 keep-alive HTTP/1.1 over asyncio streams, so it adds as little as possible) sends requests straight to the
 upstream's ``/generate`` and chat requests through the router (one session per connection, every question different,
 so nothing is served from a cache), side by side in one run. Added
-latency is the router path's percentile minus the direct path's. Writes ``benchmarks/results/router.json``.
+latency is the router path's percentile minus the direct path's. A second table gives the router's own time per
+chat call at turns 10, 100 and 500 of one conversation (in-process, engine answered at once): with token-exact
+extension only the new messages are rendered. Writes ``benchmarks/results/router.json``.
 """
 
 from __future__ import annotations
@@ -27,8 +29,12 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from gyre.config import RouterConfig
 from gyre.engine.launch import ServerProcess, free_port
 from gyre.models import init_model
+from gyre.router.core import Router
+from gyre.router.openai_types import ChatRequest
+from gyre.router.pool import EnginePool, Generation
 
 UPSTREAM = r"""
 import asyncio, json, sys
@@ -117,6 +123,59 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+class _InstantPool(EnginePool):
+    """An engine pool that answers every call at once with a fixed 16-token reply (no engine, no network)."""
+
+    async def generate(self, input_ids, params, affinity=None, top_logprobs_num=0):  # type: ignore[no-untyped-def]
+        ids = list(range(100, 115)) + [258]
+        return Generation(
+            ids, [-0.5] * 16, [], {"type": "stop", "matched": 258}, "0", "e", ["e"], time.time()
+        )
+
+
+def turn_costs(model: Path, turns: list[int]) -> dict[str, dict[int, float]]:
+    """Median router time (ms) per chat call at turns of one long conversation, engine time excluded.
+
+    ``render``: matching the earlier call and rendering the new messages (``Router._prepare_chat``);
+    ``call``: the whole in-process call, which also builds the full input ids and the record.
+    """
+    router = Router(RouterConfig(model_path=str(model)), pool=_InstantPool())
+    token = router.open_session()
+    messages: list[dict[str, object]] = [{"role": "system", "content": "You are a coding agent. " * 20}]
+    samples: dict[str, dict[int, list[float]]] = {
+        "render": {t: [] for t in turns},
+        "call": {t: [] for t in turns},
+    }
+    prepare = router._prepare_chat
+    spent: list[float] = []
+
+    def timed_prepare(*args, **kwargs):  # type: ignore[no-untyped-def]
+        start = time.perf_counter()
+        try:
+            return prepare(*args, **kwargs)
+        finally:
+            spent.append(time.perf_counter() - start)
+
+    router._prepare_chat = timed_prepare  # type: ignore[method-assign]
+
+    async def run() -> None:
+        for turn in range(1, max(turns) + 1):
+            messages.append({"role": "user", "content": f"Tool output of step {turn}: " + "x = 1\n" * 40})
+            req = ChatRequest(model="tiny", messages=list(messages))
+            start = time.perf_counter()
+            body = await router.chat(token, req)
+            elapsed = time.perf_counter() - start
+            for t in turns:
+                if t - 2 <= turn <= t + 2:  # five samples around each reported turn
+                    samples["call"][t].append(elapsed)
+                    samples["render"][t].append(spent[-1])
+            messages.append(body["choices"][0]["message"])
+
+    asyncio.run(run())
+    assert all(r.parent_call_id for r in router.records(token)[1:])  # every turn extended the previous one
+    return {k: {t: statistics.median(v) * 1e3 for t, v in per.items()} for k, per in samples.items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -202,8 +261,17 @@ def main() -> None:
             f"{r['router_p50_ms']:.2f} ms", f"{r['router_p99_ms']:.2f} ms",
         )  # fmt: skip
     console.print(table)
+    costs = turn_costs(model, [10, 100, 500])
+    turns = Table(
+        title="Router time per chat call along one conversation (engine excluded, median of 5 turns)"
+    )
+    for col in ("", "turn 10", "turn 100", "turn 500", "500 / 10"):
+        turns.add_column(col, justify="right")
+    for kind, c in costs.items():
+        turns.add_row(kind, *(f"{c[t]:.2f} ms" for t in (10, 100, 500)), f"{c[500] / c[10]:.2f}x")
+    console.print(turns)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(rows, indent=2))
+    args.out.write_text(json.dumps({"throughput": rows, "turn_cost_ms": costs}, indent=2))
     console.print(f"wrote {args.out}")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Literal
 
 import msgspec
@@ -21,7 +22,12 @@ class CallTiming(msgspec.Struct, frozen=True):
 
 
 class CallRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """What the model saw and produced in one call, token for token.
+    """What the model saw and produced in one call, token for token, stored as a delta on the call it extends.
+
+    A call whose input starts with an earlier call's input + output (the next turn of a conversation) stores only
+    the tokens after that prefix, so a session's records grow with the tokens it adds, not with the square of its
+    length: ``input = expand_inputs(...)[parent] + parent.output_ids + new_input_ids``. A new branch (first call,
+    compaction, sub-agent, edited history) has no parent and stores its whole input.
 
     Invariant: ``output_ids`` are exactly the tokens the engine sampled and ``output_logprobs[i]`` is the
     behaviour log-probability of ``output_ids[i]`` under weight version ``weight_version``.
@@ -30,16 +36,15 @@ class CallRecord(msgspec.Struct, frozen=True, kw_only=True):
     call_id: str  # unique per run
     session: str  # the execution's router session
     role: Role
-    input_ids: list[int]
+    parent_call_id: str | None = None  # the earlier call this one extends token-exactly; None: a new branch
+    prefix_len: int = 0  # leading input tokens that are the parent's input + output (0 without a parent)
+    new_input_ids: list[int]  # the input after that prefix
     output_ids: list[int]
     output_logprobs: list[float]
     finish_reason: FinishReason
     weight_version: int  # optimizer step that produced the weights; a rerouted call keeps the first
     cell: str  # engine/cell that produced the output (the last one when a call was moved)
     timing: CallTiming
-    parent_call_id: str | None = (
-        None  # the earlier call this one extends token-exactly, None for a new branch
-    )
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.output_logprobs):
@@ -49,11 +54,30 @@ class CallRecord(msgspec.Struct, frozen=True, kw_only=True):
             )
         if not all(math.isfinite(lp) for lp in self.output_logprobs):  # JSON cannot carry them back
             raise ValueError(f"CallRecord {self.call_id}: a behaviour logprob is NaN or infinite")
+        if (self.parent_call_id is None) != (self.prefix_len == 0):
+            raise ValueError(f"CallRecord {self.call_id}: a parent needs a prefix length and vice versa")
 
-    @property
-    def token_ids(self) -> list[int]:
-        """The full sequence: input followed by output."""
-        return self.input_ids + self.output_ids
+
+def expand_inputs(records: Iterable[CallRecord]) -> dict[str, list[int]]:
+    """The full input ids of each record, given records in call order (parents before children)."""
+    by_id: dict[str, CallRecord] = {}
+    full: dict[str, list[int]] = {}
+    for record in records:
+        prefix: list[int] = []
+        if record.parent_call_id is not None:
+            parent = by_id.get(record.parent_call_id)
+            if parent is None:
+                raise ValueError(
+                    f"record {record.call_id} extends {record.parent_call_id}, which comes later or not at all"
+                )
+            prefix = full[parent.call_id] + parent.output_ids
+            if len(prefix) != record.prefix_len:
+                raise ValueError(
+                    f"record {record.call_id}: its parent gives {len(prefix)} prefix tokens, it says {record.prefix_len}"
+                )
+        full[record.call_id] = prefix + record.new_input_ids
+        by_id[record.call_id] = record
+    return full
 
 
 _encoder = msgspec.json.Encoder()

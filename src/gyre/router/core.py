@@ -74,10 +74,11 @@ class Router:
             raise RouterError(f"model {model!r} does not exist; this router serves {self.model_name!r}", 404,
                               "not_found_error", "model")  # fmt: skip
 
-    def _prepare_chat(
-        self, session: Session, req: ChatRequest
-    ) -> tuple[list[int], Turn | None, list[dict[str, Any]]]:
-        """Input ids for a chat request: an extension of an earlier call where possible, else a fresh render."""
+    def _prepare_chat(self, session: Session, req: ChatRequest) -> tuple[Turn | None, list[int]]:
+        """The earlier call this request extends (if any) and the ids to append: rendering costs the new messages.
+
+        With a parent, the input is ``parent.full_ids + ids``; without one, ``ids`` is the whole rendered input.
+        """
         self._check_model(req.model)
         if req.n != 1:
             raise RouterError("only n=1 is supported", 422, param="n")
@@ -86,20 +87,16 @@ class Router:
         parent = session.find_extended(req.messages, req.tools)
         try:
             if parent is not None:
-                reply = normalize_messages([self._restore(session, req.messages[len(parent.raw_messages)])])[
-                    0
-                ]
+                at = len(parent.raw_messages)
+                reply = normalize_messages([self._restore(session, req.messages[at])])[0]
                 if reply == parent.reply:
-                    new = normalize_messages(
-                        [self._restore(session, m) for m in req.messages[len(parent.raw_messages) + 1 :]]
-                    )
+                    new = normalize_messages([self._restore(session, m) for m in req.messages[at + 1 :]])
                     try:
-                        delta = self.renderer.render_extension(new, req.tools, parent.ended_with_eos)
-                        return parent.input_ids + parent.output_ids + delta, parent, []
+                        return parent, self.renderer.render_extension(new, req.tools, parent.ended_with_eos)
                     except ValueError:
                         pass  # the template is not prefix-stable here: render the whole conversation
             normalized = normalize_messages([self._restore(session, m) for m in req.messages])
-            return self.renderer.render_full(normalized, req.tools), None, normalized
+            return None, self.renderer.render_full(normalized, req.tools)
         except ValueError as exc:
             raise RouterError(f"invalid messages: {exc}", 400, param="messages") from None
         except Exception as exc:  # a template that raises on this conversation
@@ -131,7 +128,8 @@ class Router:
         """One ``chat.completion``, as OpenAI returns it (plus ``prompt_token_ids``/``token_ids`` on request)."""
         session = self.session(token)
         submitted = time.time()
-        input_ids, parent, _ = self._prepare_chat(session, req)
+        parent, new_ids = self._prepare_chat(session, req)
+        input_ids = parent.full_ids + new_ids if parent is not None else new_ids
         max_tokens = req.max_completion_tokens or req.max_tokens or self.cfg.default_max_tokens
         top_n = (req.top_logprobs or 0) if req.logprobs else 0
         gen = await self._generate(session, input_ids, self._params(req, max_tokens), top_n)
@@ -143,11 +141,10 @@ class Router:
         if parsed.tool_calls:
             message["tool_calls"] = parsed.tool_calls
         ended_with_eos = gen.finish_reason.get("matched") == self.renderer.eos_token_id
-        self._record(session, call_id, role, input_ids, gen, submitted, parent)
+        self._record(session, call_id, role, new_ids, gen, submitted, parent)
         reply = normalize_messages([message])[0]
-        session.remember(
-            Turn(call_id, list(req.messages), req.tools, reply, input_ids, gen.output_ids, ended_with_eos)
-        )
+        turn = Turn(call_id, list(req.messages), req.tools, reply, input_ids + gen.output_ids, ended_with_eos)
+        session.remember(turn, extended=parent)
         finish = "tool_calls" if parsed.tool_calls else _finish(gen)
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         if req.logprobs:
@@ -267,7 +264,7 @@ class Router:
         session: Session,
         call_id: str,
         role: Role,
-        input_ids: list[int],
+        new_input_ids: list[int],
         gen: Generation,
         submitted: float,
         parent: Turn | None,
@@ -277,14 +274,15 @@ class Router:
             call_id=call_id,
             session=session.execution_id,
             role=role,
-            input_ids=input_ids,
+            parent_call_id=parent.call_id if parent else None,
+            prefix_len=len(parent.full_ids) if parent else 0,
+            new_input_ids=new_input_ids,
             output_ids=gen.output_ids,
             output_logprobs=gen.logprobs,
             finish_reason=finish if finish in ("stop", "length", "abort") else "error",  # type: ignore[arg-type]
             weight_version=_version(gen.weight_version),
             cell=gen.engine,
             timing=CallTiming(submitted_s=submitted, first_token_s=gen.first_token_s, finished_s=time.time()),
-            parent_call_id=parent.call_id if parent else None,
         )
         if self.journal is not None:  # journaled before the caller can see the response
             self.journal.append(record)

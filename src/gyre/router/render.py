@@ -4,13 +4,20 @@ The router never re-tokenizes what the model produced (TITO, DESIGN.md section 5
 earlier call, its input ids are the earlier input ids + the sampled output ids + ``render_extension`` of only the
 new messages. ``message_digests`` identifies message prefixes so the router can find the call a request extends.
 Every malformed message raises ``ValueError`` naming its index and field; the caller answers HTTP 400.
+
+The hot path skips transformers' per-call wrappers: the chat template is compiled once and rendered on the
+normalized messages, text goes straight to the Rust tokenizer, and ``render_full`` keeps an LRU cache of its
+results. Each shortcut is taken only where it gives the very ids the wrapper would; ``tests/unit/router`` checks
+that, and the renderer checks the template shortcut against ``apply_chat_template`` when it is made.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import uuid
+from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +41,10 @@ _DUMMY_PREFIX = (
     {"role": "assistant", "content": _DUMMY_REPLY},
 )
 _PREFIX_CACHE_ENTRIES = 64  # distinct tool lists whose dummy-prefix render is kept
+# render_full results kept; the executions of one RL task group send the same first messages.
+_RENDER_CACHE_ENTRIES = 2048
+_RENDER_CACHE_TOKENS = 1 << 20  # ids kept in all; ~36 bytes each (tuple slot + int), so ~38 MiB
+_JSON_SCALARS = frozenset({str, int, bool, type(None)})  # with finite floats: tools rendered as is
 
 
 def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -41,7 +52,8 @@ def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     Keeps ``role``, ``content`` (always a string), ``name``, an assistant's non-empty ``tool_calls`` (arguments as
     a JSON string) and a tool message's ``tool_call_id``; drops every other key. ``developer`` becomes ``system``.
-    Normalizing a normalized list returns an equal list.
+    Normalizing a normalized list returns an equal list. The result holds only dicts, lists and exact ``str``s
+    (subclasses are copied to ``str``, as transformers does before rendering), so the template may see it as is.
     """
     if not isinstance(messages, list):
         raise ValueError(f"messages must be a list of message objects, got {type(messages).__name__}")
@@ -59,11 +71,11 @@ def _normalize_message(index: int, message: Any) -> dict[str, Any]:
         raise ValueError(f"{where}.role must be one of {', '.join(ROLES)} (or developer), got {role!r}")
     if role != "assistant" and "content" not in message:
         raise ValueError(f"{where}.content is missing; a {role} message needs content")
-    out: dict[str, Any] = {"role": role, "content": _content_text(where, message.get("content"))}
+    out: dict[str, Any] = {"role": _exact(role), "content": _content_text(where, message.get("content"))}
     if "name" in message and message["name"] is not None:
         if not isinstance(message["name"], str):
             raise ValueError(f"{where}.name must be a string, got {type(message['name']).__name__}")
-        out["name"] = message["name"]
+        out["name"] = _exact(message["name"])
     if role == "assistant":
         calls = message.get("tool_calls")
         if calls is not None and not isinstance(calls, list):
@@ -78,8 +90,13 @@ def _normalize_message(index: int, message: Any) -> dict[str, Any]:
             raise ValueError(
                 f"{where}.tool_call_id must be the id of the tool call it answers, got {call_id!r}"
             )
-        out["tool_call_id"] = call_id
+        out["tool_call_id"] = _exact(call_id)
     return out
+
+
+def _exact(text: str) -> str:
+    """``text`` as an exact ``str``: a subclass could carry methods the template sandbox does not know."""
+    return text if type(text) is str else str.__str__(text)
 
 
 def _content_text(where: str, content: Any) -> str:
@@ -87,7 +104,7 @@ def _content_text(where: str, content: Any) -> str:
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
+        return _exact(content)
     if not isinstance(content, list):
         raise ValueError(
             f"{where}.content must be a string, null or a list of parts, got {type(content).__name__}"
@@ -97,7 +114,7 @@ def _content_text(where: str, content: Any) -> str:
         if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
             raise ValueError(f"{where}.content[{k}] must be a text part {{'type': 'text', 'text': str}}")
         texts.append(part["text"])
-    return "".join(texts)
+    return "".join(texts)  # always an exact str
 
 
 def _normalize_tool_call(where: str, call: Any) -> dict[str, Any]:
@@ -121,7 +138,11 @@ def _normalize_tool_call(where: str, call: Any) -> dict[str, Any]:
         arguments = json.dumps(arguments, ensure_ascii=False)
     elif not isinstance(arguments, str):
         raise ValueError(f"{where}.function.arguments must be a JSON string or an object, got {arguments!r}")
-    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    return {
+        "id": _exact(call_id),
+        "type": "function",
+        "function": {"name": _exact(name), "arguments": _exact(arguments)},
+    }
 
 
 def message_digests(messages: list[dict[str, Any]]) -> list[bytes]:
@@ -159,10 +180,30 @@ class ParsedReply(msgspec.Struct):
         return out
 
 
-class ChatRenderer:
-    """Renders chat messages with a tokenizer's chat template and parses the model's replies."""
+class RenderStatistics(msgspec.Struct, frozen=True):
+    """What a ``ChatRenderer`` has done since it was made."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
+    cache_hits: int  # render_full calls answered from the cache
+    cache_misses: int  # render_full calls that rendered and encoded
+    cache_entries: int  # results held now, at most the cache_entries the renderer was made with
+    cache_tokens: int  # ids held now, at most the cache_tokens the renderer was made with
+    slow_renders: int  # template renders through apply_chat_template instead of the compiled template
+
+
+class ChatRenderer:
+    """Renders chat messages with a tokenizer's chat template and parses the model's replies.
+
+    Reads the tokenizer's template, special tokens and decoding settings once: change the tokenizer, make a new
+    renderer. Not thread-safe (the caches are plain dicts); the router calls it from its event loop only.
+    """
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        cache_entries: int = _RENDER_CACHE_ENTRIES,
+        cache_tokens: int = _RENDER_CACHE_TOKENS,
+    ) -> None:
         eos = tokenizer.eos_token
         if not isinstance(eos, str) or not eos or tokenizer.eos_token_id is None:
             raise ConfigError(
@@ -174,10 +215,30 @@ class ChatRenderer:
             )
         if tokenizer.encode(eos, add_special_tokens=False) != [tokenizer.eos_token_id]:
             raise ConfigError(f"the eos text {eos!r} does not encode to the single eos token id")
+        if cache_entries < 0 or cache_tokens < 0:
+            raise ValueError(
+                f"cache sizes must be >= 0, got {cache_entries} entries and {cache_tokens} tokens"
+            )
         self._tokenizer = tokenizer
         self._eos_text: str = eos
         self._eos_id: int = int(tokenizer.eos_token_id)
-        self._prefix_cache: dict[str, str] = {}  # tools key -> dummy prefix text up to its reply's eos marker
+        # tools digest -> the dummy conversation's text up to its reply's eos marker
+        self._prefix_cache: dict[bytes, str] = {}
+        # render_full: digest of (tools, normalized messages) -> ids, least recently used first
+        self._render_cache: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
+        self._cache_entries, self._cache_tokens, self._cached_tokens = cache_entries, cache_tokens, 0
+        self._hits = self._misses = self._slow_renders = 0
+        self._encoder, self._decoder = _rust_tokenizers(tokenizer)
+        self._vocab_size = len(tokenizer)  # ids below it have their single-id text kept in _token_texts
+        self._token_texts: dict[int, str] = {}
+        self._template_kwargs: dict[str, Any] = dict(tokenizer.special_tokens_map)  # as apply_chat_template
+        # tools given? -> the compiled template for that case; empty: render with apply_chat_template
+        self._templates: dict[bool, jinja2.Template] = {}
+        if _plain_json(list(self._template_kwargs.values())):
+            self._templates = _compile_templates(tokenizer)
+        if self._templates and not self._compiled_matches_wrapper():
+            self._templates = {}
+        self._slow_renders = 0  # the probes do not count
 
     @classmethod
     def from_model_dir(cls, path: str | Path) -> ChatRenderer:
@@ -196,12 +257,35 @@ class ChatRenderer:
         """The id of the token that ends an assistant turn."""
         return self._eos_id
 
+    def statistics(self) -> RenderStatistics:
+        """Cache and slow-path counters since the renderer was made."""
+        return RenderStatistics(
+            cache_hits=self._hits,
+            cache_misses=self._misses,
+            cache_entries=len(self._render_cache),
+            cache_tokens=self._cached_tokens,
+            slow_renders=self._slow_renders,
+        )
+
     def render_full(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
-        """Ids of the whole conversation followed by the generation prompt."""
-        text = self._template(normalize_messages(messages), tools, add_generation_prompt=True)
-        return self._encode(text)
+        """Ids of the whole conversation followed by the generation prompt; a new list the caller may change."""
+        normalized = normalize_messages(messages)
+        plain = _plain_tools(tools)
+        key = _digest(tools, normalized) if plain and self._cache_entries else None
+        if key is not None and (cached := self._render_cache.get(key)) is not None:
+            self._render_cache.move_to_end(key)
+            self._hits += 1
+            return list(cached)
+        self._misses += 1
+        ids = self._encode(self._template(normalized, tools, add_generation_prompt=True, plain_tools=plain))
+        if key is not None and len(ids) <= self._cache_tokens:
+            self._render_cache[key] = tuple(ids)
+            self._cached_tokens += len(ids)
+            while len(self._render_cache) > self._cache_entries or self._cached_tokens > self._cache_tokens:
+                self._cached_tokens -= len(self._render_cache.popitem(last=False)[1])
+        return ids
 
     def render_extension(
         self,
@@ -217,8 +301,9 @@ class ChatRenderer:
         caller then renders the whole conversation as a new branch.
         """
         new = normalize_messages(new_messages)
-        prefix = self._dummy_prefix(tools)
-        text = self._template([*_DUMMY_PREFIX, *new], tools, add_generation_prompt=True)
+        plain = _plain_tools(tools)
+        prefix = self._dummy_prefix(tools, plain)
+        text = self._template([*_DUMMY_PREFIX, *new], tools, add_generation_prompt=True, plain_tools=plain)
         if not text.startswith(prefix):
             raise ValueError("the chat template renders earlier turns differently once new messages follow")
         delta = text[len(prefix) :]
@@ -231,44 +316,79 @@ class ChatRenderer:
         return self._encode(text)
 
     def decode(self, ids: list[int]) -> str:
-        """Text of token ids, special tokens included (for logprob entries and completions)."""
-        return str(self._tokenizer.decode(ids, skip_special_tokens=False))
+        """Text of token ids, special tokens included (for completions; see ``decode_tokens`` for logprobs)."""
+        if len(ids) == 1:
+            return self.decode_tokens(ids)[0]
+        return self._decode(ids, skip_special_tokens=False)
+
+    def decode_tokens(self, ids: list[int]) -> list[str]:
+        """The text of each id on its own, special tokens included: ``[decode([i]) for i in ids]`` in one call."""
+        texts = self._token_texts  # every id in the vocabulary decodes to one fixed text; learnt on first use
+        try:
+            return [texts[i] for i in ids]
+        except KeyError:
+            pass
+        out: list[str] = []
+        for i in ids:
+            text = texts.get(i)
+            if text is None:
+                text = self._decode([i], skip_special_tokens=False)
+                if 0 <= i < self._vocab_size:  # ids past it are not kept: texts stays bounded
+                    texts[i] = text
+            out.append(text)
+        return out
 
     def parse_output(self, output_ids: list[int]) -> ParsedReply:
         """Decode sampled ids into content and Hermes-style ``<tool_call>`` tool calls; never raises on bad output."""
         ids = list(output_ids)
         if ids and ids[-1] == self._eos_id:
             ids.pop()
-        text = self._tokenizer.decode(ids, skip_special_tokens=True)
-        if not isinstance(text, str):
-            raise TypeError(f"decode returned {type(text).__name__}, not str")
-        return parse_tool_calls(text)
+        return parse_tool_calls(self._decode(ids, skip_special_tokens=True))
 
-    def _dummy_prefix(self, tools: list[dict[str, Any]] | None) -> str:
+    def _dummy_prefix(self, tools: list[dict[str, Any]] | None, plain_tools: bool) -> str:
         """The dummy conversation's text up to and including its assistant reply's eos marker."""
-        key = json.dumps(tools, sort_keys=True, ensure_ascii=False)
-        cached = self._prefix_cache.get(key)
+        key = _digest(tools, []) if plain_tools else None
+        cached = self._prefix_cache.get(key) if key is not None else None
         if cached is not None:
             return cached
-        text = self._template(list(_DUMMY_PREFIX), tools, add_generation_prompt=False)
+        text = self._template(
+            list(_DUMMY_PREFIX), tools, add_generation_prompt=False, plain_tools=plain_tools
+        )
         end, reply_at = text.rfind(self._eos_text), text.rfind(_DUMMY_REPLY)
         if reply_at < 0 or end < reply_at:
             raise ValueError(
                 f"the chat template does not end an assistant turn with the eos text {self._eos_text!r}"
             )
         prefix = text[: end + len(self._eos_text)]
-        if len(self._prefix_cache) >= _PREFIX_CACHE_ENTRIES:
-            self._prefix_cache.pop(next(iter(self._prefix_cache)))  # oldest first
-        self._prefix_cache[key] = prefix
+        if key is not None:
+            if len(self._prefix_cache) >= _PREFIX_CACHE_ENTRIES:
+                self._prefix_cache.pop(next(iter(self._prefix_cache)))  # oldest first
+            self._prefix_cache[key] = prefix
         return prefix
 
     def _template(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, add_generation_prompt: bool
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        add_generation_prompt: bool,
+        plain_tools: bool,
     ) -> str:
+        """The template's text for normalized ``messages``; ``plain_tools`` is ``_plain_tools(tools)``."""
         if tools is not None and not isinstance(tools, list):
             raise ValueError(f"tools must be a list of tool objects, got {type(tools).__name__}")
-        schemas: list[Any] | None = tools  # passed through unchanged, as OpenAI clients send them
+        compiled = self._templates.get(tools is not None) if plain_tools and messages else None
         try:
+            if compiled is not None:
+                # What apply_chat_template renders once it has copied these plain messages and tools.
+                return compiled.render(
+                    messages=messages,
+                    tools=tools,
+                    documents=None,
+                    add_generation_prompt=add_generation_prompt,
+                    **self._template_kwargs,
+                )
+            self._slow_renders += 1
+            schemas: list[Any] | None = tools  # passed through unchanged, as OpenAI clients send them
             text = self._tokenizer.apply_chat_template(
                 messages, tools=schemas, add_generation_prompt=add_generation_prompt, tokenize=False
             )
@@ -282,8 +402,146 @@ class ChatRenderer:
             raise TypeError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, not str")
         return text
 
+    def _compiled_matches_wrapper(self) -> bool:
+        """Whether the compiled template renders probe conversations exactly as ``apply_chat_template`` does.
+
+        Guards against a transformers release that passes the template more than this module does.
+        """
+        tools = [
+            {"type": "function", "function": {"name": "gyre_probe", "description": "p", "parameters": {}}}
+        ]
+        probes = [(list(_DUMMY_PREFIX), None, False), (list(_DUMMY_PREFIX[:2]), tools, True)]
+        for messages, probe_tools, generation_prompt in probes:
+            results = []
+            for plain in (True, False):
+                try:
+                    results.append(
+                        self._template(messages, probe_tools, generation_prompt, plain_tools=plain)
+                    )
+                except Exception as error:  # a template may refuse a probe: then it must refuse it both ways
+                    results.append(type(error).__name__)
+            if results[0] != results[1]:
+                return False
+        return True
+
     def _encode(self, text: str) -> list[int]:
+        # transformers' encode first resets the backend's truncation, padding and special-token splitting, which
+        # another caller of the same tokenizer may have set; only then is the wrapper needed.
+        backend = self._encoder
+        if (
+            backend is not None
+            and type(text) is str
+            and backend.truncation is None
+            and backend.padding is None
+            and backend.encode_special_tokens == self._tokenizer.split_special_tokens
+        ):
+            return list(backend.encode(text, add_special_tokens=False).ids)
         return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        if self._decoder is not None and type(ids) is list:
+            return str(self._decoder.decode(ids, skip_special_tokens=skip_special_tokens))
+        text = self._tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        if not isinstance(text, str):
+            raise TypeError(f"decode returned {type(text).__name__}, not str")
+        return text
+
+
+def _plain_tools(tools: Any) -> bool:
+    """Whether ``tools`` is None or a list of dicts holding only exact JSON types, string keys and finite floats.
+
+    Such tools reach the template as they are (transformers would only copy them) and their msgspec encoding
+    identifies them (a NaN would encode as null, a subclass as its base), so they may key a cache.
+    """
+    if tools is None:
+        return True
+    return type(tools) is list and all(type(tool) is dict for tool in tools) and _plain_json(tools)
+
+
+def _plain_json(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            if any(type(key) is not str for key in item):
+                return False
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+        elif kind is float:
+            if not math.isfinite(item):
+                return False
+        elif kind not in _JSON_SCALARS:
+            return False
+    return True
+
+
+def _digest(tools: list[dict[str, Any]] | None, messages: list[dict[str, Any]]) -> bytes | None:
+    """A digest of plain tools and normalized messages, key order included (tojson keeps it); None if unencodable."""
+    try:
+        encoded = msgspec.json.encode([tools, messages])
+    except (msgspec.EncodeError, ValueError, TypeError, RecursionError):  # lone surrogates, depth: not cached
+        return None
+    return hashlib.blake2b(encoded, digest_size=16, person=b"gyre-render").digest()
+
+
+def _compile_templates(tokenizer: PreTrainedTokenizerBase) -> dict[bool, jinja2.Template]:
+    """The tokenizer's template compiled as transformers compiles it, for calls without and with tools.
+
+    Empty when transformers' private compile function is missing or fails, or the tokenizer renders its own way:
+    then every render goes through ``apply_chat_template``.
+    """
+    try:
+        from transformers import PreTrainedTokenizerBase as Base
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        return {}
+    if getattr(type(tokenizer), "apply_chat_template", None) is not Base.apply_chat_template:
+        return {}
+    templates: dict[bool, jinja2.Template] = {}
+    for with_tools in (False, True):
+        try:  # a dict of named templates picks "tool_use" when tools are given
+            source = tokenizer.get_chat_template(None, [] if with_tools else None)
+            compiled = _compile_jinja_template(source)
+        except Exception:  # private API, or a template that does not compile: apply_chat_template reports it
+            continue
+        if isinstance(compiled, jinja2.Template):
+            templates[with_tools] = compiled
+    return templates
+
+
+def _rust_tokenizers(tokenizer: PreTrainedTokenizerBase) -> tuple[Any, Any]:
+    """The Rust tokenizer to encode with and the one to decode with, each None where transformers' path differs.
+
+    A fast tokenizer's ``encode`` and ``decode`` only reset backend settings, then call the Rust tokenizer (and
+    for decode, optionally clean up spaces); a subclass that overrides either keeps its own path.
+    """
+    try:
+        from tokenizers import Tokenizer
+        from transformers import PreTrainedTokenizerBase as Base
+        from transformers import PreTrainedTokenizerFast as Fast
+    except ImportError:
+        return None, None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if not isinstance(backend, Tokenizer):
+        return None, None
+    cls = type(tokenizer)
+    encoder = (
+        backend
+        if cls.encode is Base.encode
+        and getattr(cls, "_encode_plus", None) is getattr(Fast, "_encode_plus", False)
+        and isinstance(getattr(tokenizer, "split_special_tokens", None), bool)
+        else None
+    )
+    decoder = (
+        backend
+        if cls.decode is Base.decode
+        and getattr(cls, "_decode", None) is getattr(Fast, "_decode", False)
+        and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
+        else None
+    )
+    return encoder, decoder
 
 
 _ARGUMENTS_MISSING = object()

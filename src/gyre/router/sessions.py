@@ -14,14 +14,17 @@ from gyre.records import CallRecord
 
 @dataclass(eq=False)
 class Turn:
-    """A finished chat call that a later request may extend token-exactly."""
+    """A finished chat call that a later request may extend token-exactly.
+
+    Only leaves are kept: once a call extends this one, the history and ids here are dropped (the records keep the
+    tokens as deltas), so a session's memory grows with its tokens, not with turns x tokens.
+    """
 
     call_id: str
     raw_messages: list[dict[str, Any]]  # the messages exactly as the client sent them
     tools: list[dict[str, Any]] | None
     reply: dict[str, Any]  # our assistant reply, normalised (what the client must echo back)
-    input_ids: list[int]
-    output_ids: list[int]
+    full_ids: list[int]  # input + output: the prefix of any call that extends this one
     ended_with_eos: bool
 
 
@@ -32,26 +35,32 @@ class Session:
     token: str
     execution_id: str
     records: list[CallRecord] = field(default_factory=list)
-    turns_by_length: dict[int, list[Turn]] = field(default_factory=dict)  # len(raw_messages) -> turns
+    leaves: dict[int, list[Turn]] = field(
+        default_factory=dict
+    )  # len(raw_messages) -> turns nobody extended yet
     tool_payloads: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool-call id -> what we returned
     affinity: str | None = None  # engine holding this session's prefix
     calls: int = 0
     closed: bool = False
 
-    def remember(self, turn: Turn) -> None:
-        """Index a finished call so the next request can extend it."""
-        self.turns_by_length.setdefault(len(turn.raw_messages), []).append(turn)
+    def remember(self, turn: Turn, extended: Turn | None) -> None:
+        """Index a finished call as a leaf; the call it extended stops being one."""
+        if extended is not None:
+            siblings = self.leaves.get(len(extended.raw_messages), [])
+            if extended in siblings:
+                siblings.remove(extended)
+        self.leaves.setdefault(len(turn.raw_messages), []).append(turn)
 
     def find_extended(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> Turn | None:
-        """The longest earlier call whose messages are a prefix of ``messages`` followed by our reply.
+        """The longest leaf call whose messages are a prefix of ``messages`` followed by our reply.
 
         The prefix is compared as the client sent it (C-speed equality, no re-normalising the history); the reply
         is checked by the caller after restoring tool-call payloads.
         """
         for length in range(len(messages) - 1, 0, -1):
-            for turn in reversed(self.turns_by_length.get(length, ())):
+            for turn in reversed(self.leaves.get(length, ())):
                 last_matches = messages[length - 1] == turn.raw_messages[-1]  # cheap test before the full one
                 if last_matches and turn.tools == tools and messages[:length] == turn.raw_messages:
                     return turn

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import pytest
 
@@ -18,7 +19,7 @@ from gyre.config import RouterConfig
 from gyre.engine.launch import ServerProcess, launch_embedded
 from gyre.journal import read_journal
 from gyre.models import load_tokenizer
-from gyre.records import CallRecord
+from gyre.records import CallRecord, expand_inputs
 from gyre.router.core import Router
 from gyre.router.launch import launch_router
 from gyre.router.openai_types import ChatRequest
@@ -52,7 +53,11 @@ def _session(admin: str, execution_id: str = "exec") -> dict[str, str]:
 
 
 def _records(base_url: str) -> list[dict[str, Any]]:
-    return httpx.get(base_url + "/gyre/records").json()["records"]
+    """This session's records, each with its full ``input_ids`` rebuilt from the stored deltas."""
+    raw = httpx.get(base_url + "/gyre/records").content
+    records = msgspec.json.decode(raw, type=dict[str, list[CallRecord]])["records"]
+    full = expand_inputs(records)
+    return [{**msgspec.to_builtins(r), "input_ids": full[r.call_id]} for r in records]
 
 
 def test_chat_stream_logprobs_and_records(router: tuple[ServerProcess, str, Path]) -> None:

@@ -8,15 +8,28 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import pytest
 import torch
 
 from gyre.engine.launch import ServerProcess, launch_embedded
+from gyre.records import CallRecord, expand_inputs
 from gyre.router.launch import launch_router
 from reference import hf_logprobs
 
 SESSIONS = 50
+
+
+def _records(base_url: str) -> list[dict[str, Any]]:
+    """A session's records with their full ``input_ids`` rebuilt from the stored deltas."""
+    records = msgspec.json.decode(
+        httpx.get(base_url + "/gyre/records").content, type=dict[str, list[CallRecord]]
+    )
+    full = expand_inputs(records["records"])
+    return [{**msgspec.to_builtins(r), "input_ids": full[r.call_id]} for r in records["records"]]
+
+
 TURNS = 3
 
 
@@ -77,7 +90,7 @@ def test_drain_and_crash_mid_generation_are_invisible(
 
         conversations = asyncio.run(main())
         stats = httpx.get(admin + "/admin/engines").json()
-        records = {s["token"]: httpx.get(s["base_url"] + "/gyre/records").json()["records"] for s in sessions}
+        records = {s["token"]: _records(s["base_url"]) for s in sessions}
 
     assert stats["engines"] == {"engine-0": "draining", "engine-1": "gone", "engine-2": "serving"}
     assert stats["moved_calls"] >= 2 and stats["engine_failures"] == 1 and stats["kv_handovers"] >= 1

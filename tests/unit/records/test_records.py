@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gyre.records import CallRecord, CallTiming, decode_record, encode_record
+from gyre.records import CallRecord, CallTiming, decode_record, encode_record, expand_inputs
 
 
 def _record(**changes: object) -> CallRecord:
@@ -15,7 +15,7 @@ def _record(**changes: object) -> CallRecord:
         "call_id": "run-1/c0",
         "session": "s0",
         "role": "main",
-        "input_ids": [151644, 872, 198],
+        "new_input_ids": [151644, 872, 198],
         "output_ids": [9707, 151645],
         "output_logprobs": [-0.125, -1e-9],
         "finish_reason": "stop",
@@ -28,7 +28,7 @@ def _record(**changes: object) -> CallRecord:
 
 
 def test_round_trip_keeps_every_field() -> None:
-    record = _record(parent_call_id="run-1/cprev")
+    record = _record(parent_call_id="run-1/cprev", prefix_len=7)
     line = encode_record(record)
     assert b"\n" not in line  # one journal line
     assert decode_record(line) == record
@@ -56,13 +56,13 @@ def test_round_trip_is_exact_for_any_tokens_and_logprobs(
     input_ids: list[int], pairs: list[tuple[int, float]], role: str
 ) -> None:
     record = _record(
-        input_ids=input_ids,
+        new_input_ids=input_ids,
         output_ids=[t for t, _ in pairs],
         output_logprobs=[lp for _, lp in pairs],
         role=role,
     )
     decoded = decode_record(encode_record(record))
-    assert decoded.token_ids == input_ids + [t for t, _ in pairs]
+    assert decoded.new_input_ids + decoded.output_ids == input_ids + [t for t, _ in pairs]
     # bit-exact floats: a behaviour logprob that drifts in the last ulp breaks importance ratios
     assert [x.hex() for x in decoded.output_logprobs] == [x.hex() for x in record.output_logprobs]
     assert decoded == record
@@ -98,12 +98,28 @@ def test_decode_rejects_invalid_fields(old: bytes, new: bytes) -> None:
         decode_record(line.replace(old, new))
 
 
-def test_token_ids_is_input_then_output_and_a_fresh_list() -> None:
-    record = _record(input_ids=[1, 2, 3], output_ids=[4, 5], output_logprobs=[-0.1, -0.2])
-    assert record.token_ids == [1, 2, 3, 4, 5]
-    record.token_ids.append(6)
-    assert record.input_ids == [1, 2, 3]
-    assert record.output_ids == [4, 5]
+def test_expand_inputs_rebuilds_full_inputs_from_deltas() -> None:
+    first = _record(call_id="a", new_input_ids=[1, 2, 3], output_ids=[4, 5], output_logprobs=[-0.1, -0.2])
+    second = _record(
+        call_id="b",
+        parent_call_id="a",
+        prefix_len=5,
+        new_input_ids=[6],
+        output_ids=[7],
+        output_logprobs=[-1.0],
+    )
+    branch = _record(call_id="c", new_input_ids=[9, 9], output_ids=[], output_logprobs=[])
+    third = _record(
+        call_id="d", parent_call_id="b", prefix_len=7, new_input_ids=[8], output_ids=[], output_logprobs=[]
+    )
+    full = expand_inputs([first, second, branch, third])
+    assert full == {"a": [1, 2, 3], "b": [1, 2, 3, 4, 5, 6], "c": [9, 9], "d": [1, 2, 3, 4, 5, 6, 7, 8]}
+    with pytest.raises(ValueError, match="prefix"):
+        expand_inputs([first, _record(call_id="x", parent_call_id="a", prefix_len=4, new_input_ids=[1])])
+    with pytest.raises(ValueError, match="comes later"):
+        expand_inputs([second, first])
+    with pytest.raises(ValueError, match="parent"):
+        _record(parent_call_id="a")  # a parent without a prefix length
 
 
 def test_record_is_frozen() -> None:
