@@ -58,7 +58,20 @@ class ScriptedEngine:
             "weight_version": self.weight_version,
             "output_token_logprobs": [[-0.25, t, None] for t in ids],
         }
-        return Response(msgspec.json.encode({"text": "", "output_ids": ids, "meta_info": meta}))
+        if not body.get("stream"):
+            return Response(msgspec.json.encode({"text": "", "output_ids": ids, "meta_info": meta}))
+        chunks = []  # cumulative, as SGLang streams: one chunk per token, the last one finished
+        for n in range(1, len(ids) + 1):
+            part = {
+                **meta,
+                "completion_tokens": n,
+                "output_token_logprobs": meta["output_token_logprobs"][:n],
+            }
+            part["finish_reason"] = finish if n == len(ids) else None
+            chunks.append(
+                b"data: " + msgspec.json.encode({"text": "", "output_ids": ids[:n], "meta_info": part})
+            )
+        return Response(b"\n\n".join([*chunks, b"data: [DONE]"]) + b"\n\n", media_type="text/event-stream")
 
     async def _ok(self, request: Request) -> Response:
         return Response(status_code=200)

@@ -36,7 +36,9 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     skip_special_tokens: bool = True  # for the returned text only; output_ids are always complete
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False  # keep the matched stop string in the returned text
-    sampling_seed: int | None = None  # per-request seed: same seed, same prompt, same weights -> same tokens
+    sampling_seed: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | None = (
+        None  # same seed -> same tokens
+    )
     n: Annotated[int, msgspec.Meta(ge=1, le=1)] = 1
     frequency_penalty: Annotated[float, msgspec.Meta(ge=0.0, le=0.0)] = (
         0.0  # accepted for compatibility; only 0

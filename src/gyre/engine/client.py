@@ -110,6 +110,7 @@ class EngineClient:
         text: str | None = None,
         rid: str | None = None,
         return_logprob: bool = True,
+        top_logprobs_num: int = 0,
     ) -> AsyncIterator[GenerateResponse]:
         """Stream cumulative responses; the last one carries the finish reason."""
         body = GenerateRequest(
@@ -118,6 +119,7 @@ class EngineClient:
             sampling_params=sampling_params or SamplingParams(),
             rid=rid,
             return_logprob=return_logprob,
+            top_logprobs_num=top_logprobs_num,
             stream=True,
         )
         url = f"{self.base_url}/generate"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,10 @@ from gyre.errors import EngineCapacityError, EngineRequestError
 from gyre.journal import Journal
 from gyre.protocol import SamplingParams
 from gyre.records import ROLE_PRIORITY, CallRecord, CallTiming, Role
+from gyre.router.messages import normalize_messages
 from gyre.router.openai_types import ChatRequest, CompletionRequest, RouterError
-from gyre.router.pool import EnginePool, Generation, NoCapacity
-from gyre.router.render import ChatRenderer, normalize_messages
+from gyre.router.pool import Chunk, EnginePool, Generation, NoCapacity
+from gyre.router.render import ChatRenderer
 from gyre.router.sessions import Session, SessionStore, Turn
 
 ROLES: frozenset[str] = frozenset(ROLE_PRIORITY)
@@ -88,9 +90,11 @@ class Router:
         try:
             if parent is not None:
                 at = len(parent.raw_messages)
-                reply = normalize_messages([self._restore(session, req.messages[at])])[0]
+                reply = normalize_messages([self._restore(session, req.messages[at])], at)[0]
                 if reply == parent.reply:
-                    new = normalize_messages([self._restore(session, m) for m in req.messages[at + 1 :]])
+                    new = normalize_messages(
+                        [self._restore(session, m) for m in req.messages[at + 1 :]], at + 1
+                    )
                     try:
                         return parent, self.renderer.render_extension(new, req.tools, parent.ended_with_eos)
                     except ValueError:
@@ -124,78 +128,143 @@ class Router:
             sampling_seed=req.seed,
         )
 
-    async def chat(self, token: str, req: ChatRequest, role: Role = "main") -> dict[str, Any]:
-        """One ``chat.completion``, as OpenAI returns it (plus ``prompt_token_ids``/``token_ids`` on request)."""
-        session = self.session(token)
-        submitted = time.time()
+    def _start_chat(self, session: Session, req: ChatRequest) -> _ChatCall:
         parent, new_ids = self._prepare_chat(session, req)
         input_ids = parent.full_ids + new_ids if parent is not None else new_ids
         max_tokens = req.max_completion_tokens or req.max_tokens or self.cfg.default_max_tokens
         top_n = (req.top_logprobs or 0) if req.logprobs else 0
-        gen = await self._generate(session, input_ids, self._params(req, max_tokens), top_n)
-        parsed = self.renderer.parse_output(gen.output_ids)
         call_id = f"chatcmpl-{uuid.uuid4().hex}"
-        for tc in parsed.tool_calls:
+        return _ChatCall(
+            call_id, time.time(), parent, new_ids, input_ids, self._params(req, max_tokens), top_n
+        )
+
+    def _finish_chat(
+        self, session: Session, req: ChatRequest, role: Role, call: _ChatCall, gen: Generation
+    ) -> dict[str, Any]:
+        """Record the call, remember it for the next turn, and build the ``chat.completion`` body."""
+        parsed = self.renderer.parse_output(gen.output_ids)
+        use_tools = req.tool_choice != "none"
+        calls = parsed.tool_calls if use_tools else []
+        for tc in calls:
             session.tool_payloads[tc["id"]] = tc
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content or None}
-        if parsed.tool_calls:
-            message["tool_calls"] = parsed.tool_calls
+        content = parsed.content if use_tools else self.renderer.reply_text(gen.output_ids).strip()
+        message: dict[str, Any] = {"role": "assistant", "content": content or None}
+        if calls:
+            message["tool_calls"] = calls
         ended_with_eos = gen.finish_reason.get("matched") == self.renderer.eos_token_id
-        self._record(session, call_id, role, new_ids, gen, submitted, parent)
+        self._record(session, call.call_id, role, call.new_ids, gen, call.submitted, call.parent)
         reply = normalize_messages([message])[0]
-        turn = Turn(call_id, list(req.messages), req.tools, reply, input_ids + gen.output_ids, ended_with_eos)
-        session.remember(turn, extended=parent)
-        finish = "tool_calls" if parsed.tool_calls else _finish(gen)
+        turn = Turn(
+            call.call_id,
+            list(req.messages),
+            req.tools,
+            reply,
+            call.input_ids + gen.output_ids,
+            ended_with_eos,
+        )
+        session.remember(turn, extended=call.parent)
+        finish = "tool_calls" if calls else _finish(gen)
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
         if req.logprobs:
-            choice["logprobs"] = {"content": self._logprob_content(gen, top_n)}
+            choice["logprobs"] = {
+                "content": self._logprob_content(gen.output_ids, gen.logprobs, gen.top_logprobs, call.top_n)
+            }
         body: dict[str, Any] = {
-            "id": call_id,
+            "id": call.call_id,
             "object": "chat.completion",
-            "created": int(submitted),
+            "created": int(call.submitted),
             "model": self.model_name,
             "choices": [choice],
-            "usage": _usage(len(input_ids), len(gen.output_ids)),
+            "usage": _usage(len(call.input_ids), len(gen.output_ids)),
             "system_fingerprint": f"gyre-w{gen.weight_version}",
         }
         if req.return_token_ids:
-            body["prompt_token_ids"] = input_ids
+            body["prompt_token_ids"] = call.input_ids
             choice["token_ids"] = gen.output_ids
         return body
+
+    async def chat(self, token: str, req: ChatRequest, role: Role = "main") -> dict[str, Any]:
+        """One ``chat.completion``, as OpenAI returns it (plus ``prompt_token_ids``/``token_ids`` on request)."""
+        session = self.session(token)
+        call = self._start_chat(session, req)
+        gen = await self._generate(session, call.input_ids, call.params, call.top_n)
+        return self._finish_chat(session, req, role, call, gen)
 
     async def chat_stream(
         self, token: str, req: ChatRequest, role: Role = "main"
     ) -> AsyncIterator[dict[str, Any]]:
-        """The same call as ``chat``, as ``chat.completion.chunk`` objects (the whole reply arrives when done).
+        """The same call as ``chat``, streamed as ``chat.completion.chunk`` objects while tokens arrive.
 
-        The reply is generated in full before the chunks are sent, so a call moved between engines, tool-call
-        parsing and the record are exactly those of the non-streamed call.
+        Content streams as it is decoded; text that may open a ``<tool_call>`` block is held back, and tool calls
+        arrive whole at the end. The record and the next turn's token-exact prefix are those of the whole call,
+        however many engines it took. Nothing is sent before the first token, so a failure before it is still an
+        HTTP error status.
         """
-        body = await self.chat(token, req, role)
-        choice = body["choices"][0]
-        message = choice["message"]
+        session = self.session(token)
+        call = self._start_chat(session, req)
         base = {
-            "id": body["id"],
+            "id": call.call_id,
             "object": "chat.completion.chunk",
-            "created": body["created"],
-            "model": body["model"],
+            "created": int(call.submitted),
+            "model": self.model_name,
         }
-        yield {
-            **base,
-            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
-        }
-        if message.get("content"):
-            delta: dict[str, Any] = {"content": message["content"]}
+        stream = self.pool.generate_stream(call.input_ids, call.params, session.affinity, call.top_n)
+        ids: list[int] = []
+        sent = ""  # content already streamed
+        started = False
+        gen: Generation | None = None
+        use_tools = req.tool_choice != "none"
+        async for item in _mapped(stream):
+            if isinstance(item, Generation):
+                gen = item
+                break
+            if not started:
+                started = True
+                yield {
+                    **base,
+                    "choices": [
+                        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                    ],
+                }
+            ids.extend(item.ids)
+            visible = self.renderer.streamable_content(ids, hold_tool_calls=use_tools)
+            if len(visible) > len(sent) and visible.startswith(sent):
+                delta: dict[str, Any] = {"content": visible[len(sent) :]}
+                entry: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
+                if req.logprobs:
+                    lps = self._logprob_content(item.ids, item.logprobs, item.top_logprobs, call.top_n)
+                    entry["logprobs"] = {"content": lps}
+                sent = visible
+                yield {**base, "choices": [entry]}
+        assert gen is not None
+        session.affinity = gen.engine
+        body = self._finish_chat(session, req, role, call, gen)
+        if not started:
             yield {
                 **base,
                 "choices": [
-                    {"index": 0, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}
+                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
                 ],
+            }
+        message = body["choices"][0]["message"]
+        content = message.get("content") or ""
+        if content.startswith(sent) and len(content) > len(
+            sent
+        ):  # text after tool calls, or held back to the end
+            yield {
+                **base,
+                "choices": [{"index": 0, "delta": {"content": content[len(sent) :]}, "finish_reason": None}],
             }
         if message.get("tool_calls"):
             calls = [{"index": i, **tc} for i, tc in enumerate(message["tool_calls"])]
             yield {**base, "choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}]}
-        yield {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}]}
+        final: dict[str, Any] = {
+            **base,
+            "choices": [{"index": 0, "delta": {}, "finish_reason": body["choices"][0]["finish_reason"]}],
+        }
+        if req.return_token_ids:
+            final["prompt_token_ids"], final["token_ids"] = call.input_ids, gen.output_ids
+        yield final
         if (req.stream_options or {}).get("include_usage"):
             yield {**base, "choices": [], "usage": body["usage"]}
 
@@ -207,16 +276,20 @@ class Router:
         self._check_model(req.model)
         if req.n != 1:
             raise RouterError("only n=1 is supported", 422, param="n")
-        if isinstance(req.prompt, list) and req.prompt and isinstance(req.prompt[0], str):
-            if len(req.prompt) != 1:
-                raise RouterError("a list of several prompts is not supported; send one", 422, param="prompt")
-            prompt: str | list[int] = req.prompt[0]
+        prompt = req.prompt
+        if isinstance(prompt, list) and any(isinstance(p, str) for p in prompt):
+            if len(prompt) != 1 or not isinstance(prompt[0], str):
+                raise RouterError("prompt must be a text, a list of token ids, or a list holding one text", 422,
+                                  param="prompt")  # fmt: skip
+            text: str = prompt[0]
+            input_ids = self.renderer.encode(text)
         else:
-            prompt = req.prompt  # type: ignore[assignment]
-        input_ids = self.renderer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            input_ids = self.renderer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not input_ids:
             raise RouterError("the prompt is empty", 400, param="prompt")
-        gen = await self._generate(session, input_ids, self._params(req, req.max_tokens), req.logprobs or 0)
+        gen = await self._generate(
+            session, input_ids, self._params(req, req.max_tokens), req.logprobs or 0, "prompt"
+        )
         call_id = f"cmpl-{uuid.uuid4().hex}"
         self._record(session, call_id, role, input_ids, gen, submitted, None)
         text = self.renderer.decode(gen.output_ids)
@@ -246,12 +319,17 @@ class Router:
 
     # ---- shared ---------------------------------------------------------------------------------------------------
     async def _generate(
-        self, session: Session, input_ids: list[int], params: SamplingParams, top: int
+        self,
+        session: Session,
+        input_ids: list[int],
+        params: SamplingParams,
+        top: int,
+        field: str = "messages",
     ) -> Generation:
         try:
             gen = await self.pool.generate(input_ids, params, session.affinity, top)
         except EngineCapacityError as exc:
-            raise RouterError(f"the request does not fit the model: {exc}", 413, param="messages") from None
+            raise RouterError(f"the request does not fit the model: {exc}", 413, param=field) from None
         except EngineRequestError as exc:
             raise RouterError(f"the engine rejected the request: {exc}", 400) from None
         except NoCapacity as exc:
@@ -290,23 +368,53 @@ class Router:
         session.calls += 1
         return record
 
-    def _logprob_content(self, gen: Generation, top_n: int) -> list[dict[str, Any]]:
+    def _logprob_content(
+        self, ids: list[int], logprobs: list[float], tops: list[list[tuple[float, int]]], top_n: int
+    ) -> list[dict[str, Any]]:
+        texts = self.renderer.decode_tokens(ids)
         content = []
-        for i, (token, lp) in enumerate(zip(gen.output_ids, gen.logprobs, strict=True)):
-            text = self.renderer.decode([token])
+        for i, (text, lp) in enumerate(zip(texts, logprobs, strict=True)):
             entry: dict[str, Any] = {
                 "token": text,
                 "logprob": lp,
                 "bytes": list(text.encode()),
                 "top_logprobs": [],
             }
-            if top_n and i < len(gen.top_logprobs):
+            if top_n and i < len(tops):
+                alternatives = tops[i][:top_n]
+                alt_texts = self.renderer.decode_tokens([tid for _, tid in alternatives])
                 entry["top_logprobs"] = [
-                    {"token": (t := self.renderer.decode([tid])), "logprob": tlp, "bytes": list(t.encode())}
-                    for tlp, tid in gen.top_logprobs[i][:top_n]
+                    {"token": t, "logprob": tlp, "bytes": list(t.encode())}
+                    for t, (tlp, _) in zip(alt_texts, alternatives, strict=True)
                 ]
             content.append(entry)
         return content
+
+
+@dataclass
+class _ChatCall:
+    """A chat call between rendering and recording."""
+
+    call_id: str
+    submitted: float
+    parent: Turn | None
+    new_ids: list[int]
+    input_ids: list[int]
+    params: SamplingParams
+    top_n: int
+
+
+async def _mapped(stream: AsyncIterator[Chunk | Generation]) -> AsyncIterator[Chunk | Generation]:
+    """The pool's stream with engine failures turned into the router's HTTP errors."""
+    try:
+        async for item in stream:
+            yield item
+    except EngineCapacityError as exc:
+        raise RouterError(f"the request does not fit the model: {exc}", 413, param="messages") from None
+    except EngineRequestError as exc:
+        raise RouterError(f"the engine rejected the request: {exc}", 400) from None
+    except NoCapacity as exc:
+        raise RouterError(str(exc), 503, "service_unavailable") from None
 
 
 def _finish(gen: Generation) -> str:

@@ -11,6 +11,7 @@ from gyre.errors import GyreError
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
 MaxTokens = Annotated[int, msgspec.Meta(ge=1)]
+Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 
 class RouterError(GyreError):
@@ -39,7 +40,7 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     n: Annotated[int, msgspec.Meta(ge=1)] = 1
@@ -54,12 +55,12 @@ class CompletionRequest(msgspec.Struct, kw_only=True):
     """``POST /v1/completions``: a raw prompt (text or token ids), no chat template."""
 
     model: str
-    prompt: str | list[int] | list[str]
+    prompt: str | list[int | str]  # text, token ids, or a list holding one text
     max_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = 16
     temperature: Temperature | None = None
     top_p: TopP | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Seed | None = None
     stream: bool = False
     n: Annotated[int, msgspec.Meta(ge=1)] = 1
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None

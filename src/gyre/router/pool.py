@@ -15,6 +15,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -62,6 +63,15 @@ class PoolStatistics(msgspec.Struct, frozen=True):
     moved_calls: int  # continuations started after a drain or failure
     kv_handovers: int
     engine_failures: int
+
+
+@dataclass
+class Chunk:
+    """Tokens that arrived on a streamed call, with their behaviour logprobs."""
+
+    ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[float, int]]]
 
 
 @dataclass
@@ -182,7 +192,7 @@ class EnginePool:
                 return min(candidates, key=lambda e: e.outstanding_tokens)
             left = deadline - time.monotonic()
             if left <= 0:
-                raise NoCapacity(f"no engine is serving (waited {self.wait_for_engine_s:.0f} s)")
+                raise NoCapacity(f"no engine is serving (waited {self.wait_for_engine_s:g} s)")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=left)
 
@@ -195,6 +205,24 @@ class EnginePool:
         top_logprobs_num: int = 0,
     ) -> Generation:
         """Generate to the end, continuing on another engine whenever the current one drains or fails."""
+        async for item in self._run(input_ids, params, affinity, top_logprobs_num, stream=False):
+            if isinstance(item, Generation):
+                return item
+        raise AssertionError("a call ends with its Generation")
+
+    def generate_stream(
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        affinity: str | None = None,
+        top_logprobs_num: int = 0,
+    ) -> AsyncIterator[Chunk | Generation]:
+        """The same call, streamed: a ``Chunk`` per batch of new tokens, then the ``Generation``."""
+        return self._run(input_ids, params, affinity, top_logprobs_num, stream=True)
+
+    async def _run(
+        self, input_ids: list[int], params: SamplingParams, affinity: str | None, top: int, stream: bool
+    ) -> AsyncIterator[Chunk | Generation]:
         out: list[int] = []
         logprobs: list[float] = []
         tops: list[list[tuple[float, int]]] = []
@@ -217,28 +245,47 @@ class EnginePool:
             engine.inflight.add(rid)
             engine.outstanding_tokens += cost
             engine.calls += 1
+            resp: GenerateResponse | None = None
+            finished = False
             try:
-                resp = await engine.client.generate(
-                    input_ids + out, attempt, rid=rid, return_logprob=True, top_logprobs_num=top_logprobs_num
-                )
-            except EngineCapacityError:
-                raise
-            except EngineRequestError:
+                if stream:
+                    seen = 0
+                    chunks = engine.client.generate_stream(
+                        input_ids + out, attempt, rid=rid, return_logprob=True, top_logprobs_num=top
+                    )
+                    async for resp in chunks:
+                        if len(resp.output_ids) > seen:
+                            first_token_s = first_token_s or time.time()
+                            chunk = self._append(resp, seen, out, logprobs, tops, top)
+                            seen = len(resp.output_ids)
+                            yield chunk
+                    if resp is None:
+                        raise EngineUnavailable(f"{engine.url}: the stream ended without a response")
+                else:
+                    resp = await engine.client.generate(
+                        input_ids + out, attempt, rid=rid, return_logprob=True, top_logprobs_num=top
+                    )
+                    if resp.output_ids:
+                        first_token_s = first_token_s or time.time()
+                    self._append(resp, 0, out, logprobs, tops, top)
+                finished = True
+            except (EngineCapacityError, EngineRequestError):
                 raise
             except EngineUnavailable as exc:
                 self._mark_gone(engine)
                 failures += 1
                 if failures > self.retry_budget:
                     raise NoCapacity(f"gave up after {failures} engine failures; last: {exc}") from exc
-                previous = None  # nothing can be exported from a dead engine
+                previous = None  # nothing can be exported from a dead engine; tokens streamed so far are kept
                 self._moved += 1
                 continue
             finally:
                 engine.inflight.discard(rid)
                 engine.outstanding_tokens -= cost
-            if resp.output_ids and first_token_s is None:
-                first_token_s = time.time()
-            self._append(resp, out, logprobs, tops, top_logprobs_num)
+                if not finished and engine.state is not EngineState.GONE:  # the caller went away mid-call
+                    with contextlib.suppress(Exception):
+                        await engine.client.abort(rid)
+            assert resp is not None
             engines.append(engine.name)
             version = version or resp.meta_info.weight_version
             moved = resp.finish_type == "abort" and engine.state is not EngineState.SERVING
@@ -249,21 +296,29 @@ class EnginePool:
             finish = dict(resp.meta_info.finish_reason or {"type": "abort"})
             if moved:
                 finish = {"type": "length", "length": len(out)}
-            return Generation(out, logprobs, tops, finish, version, engine.name, engines, first_token_s)
+            yield Generation(out, logprobs, tops, finish, version, engine.name, engines, first_token_s)
+            return
 
     @staticmethod
     def _append(
         resp: GenerateResponse,
+        seen: int,
         out: list[int],
         logprobs: list[float],
         tops: list[list[tuple[float, int]]],
-        top_logprobs_num: int,
-    ) -> None:
-        out.extend(resp.output_ids)
-        logprobs.extend(resp.output_logprobs)
-        if top_logprobs_num:
-            for entry in resp.meta_info.output_top_logprobs or []:
-                tops.append([(float(lp), int(t)) for lp, t, _ in entry or []])
+        top: int,
+    ) -> Chunk:
+        """Take the tokens of a (cumulative) response past ``seen`` into the call's lists; return them."""
+        ids = resp.output_ids[seen:]
+        lps = resp.output_logprobs[seen:]
+        new_tops = []
+        if top:
+            for entry in (resp.meta_info.output_top_logprobs or [])[seen:]:
+                new_tops.append([(float(lp), int(t)) for lp, t, _ in entry or []])
+        out.extend(ids)
+        logprobs.extend(lps)
+        tops.extend(new_tops)
+        return Chunk(ids, lps, new_tops)
 
     async def _hand_over(self, source: Engine, dest: Engine, ids: list[int]) -> None:
         """Copy the moved call's KV from the engine it left to the one continuing it, where both can."""

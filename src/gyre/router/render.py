@@ -14,9 +14,7 @@ that, and the renderer checks the template shortcut against ``apply_chat_templat
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import uuid
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,13 +23,16 @@ import jinja2
 import msgspec
 
 from gyre.errors import ConfigError
+from gyre.router.messages import (
+    TOOL_CALL_OPEN,
+    ParsedReply,
+    normalize_messages,
+    parse_tool_calls,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-ROLES = ("system", "user", "assistant", "tool")
-TOOL_CALL_OPEN = "<tool_call>"
-TOOL_CALL_CLOSE = "</tool_call>"
 
 # The conversation render_extension puts before the new messages; the reply text marks the assistant turn.
 _DUMMY_REPLY = "gyre-dummy-reply"
@@ -45,139 +46,6 @@ _PREFIX_CACHE_ENTRIES = 64  # distinct tool lists whose dummy-prefix render is k
 _RENDER_CACHE_ENTRIES = 2048
 _RENDER_CACHE_TOKENS = 1 << 20  # ids kept in all; ~36 bytes each (tuple slot + int), so ~38 MiB
 _JSON_SCALARS = frozenset({str, int, bool, type(None)})  # with finite floats: tools rendered as is
-
-
-def normalize_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The canonical form of OpenAI chat messages, used both to render and to match requests.
-
-    Keeps ``role``, ``content`` (always a string), ``name``, an assistant's non-empty ``tool_calls`` (arguments as
-    a JSON string) and a tool message's ``tool_call_id``; drops every other key. ``developer`` becomes ``system``.
-    Normalizing a normalized list returns an equal list. The result holds only dicts, lists and exact ``str``s
-    (subclasses are copied to ``str``, as transformers does before rendering), so the template may see it as is.
-    """
-    if not isinstance(messages, list):
-        raise ValueError(f"messages must be a list of message objects, got {type(messages).__name__}")
-    return [_normalize_message(i, message) for i, message in enumerate(messages)]
-
-
-def _normalize_message(index: int, message: Any) -> dict[str, Any]:
-    where = f"messages[{index}]"
-    if not isinstance(message, dict):
-        raise ValueError(f"{where} must be an object, got {type(message).__name__}")
-    role = message.get("role")
-    if role == "developer":
-        role = "system"  # OpenAI's newer name for the system role; chat templates know only "system"
-    if role not in ROLES:
-        raise ValueError(f"{where}.role must be one of {', '.join(ROLES)} (or developer), got {role!r}")
-    if role != "assistant" and "content" not in message:
-        raise ValueError(f"{where}.content is missing; a {role} message needs content")
-    out: dict[str, Any] = {"role": _exact(role), "content": _content_text(where, message.get("content"))}
-    if "name" in message and message["name"] is not None:
-        if not isinstance(message["name"], str):
-            raise ValueError(f"{where}.name must be a string, got {type(message['name']).__name__}")
-        out["name"] = _exact(message["name"])
-    if role == "assistant":
-        calls = message.get("tool_calls")
-        if calls is not None and not isinstance(calls, list):
-            raise ValueError(f"{where}.tool_calls must be a list, got {type(calls).__name__}")
-        if calls:
-            out["tool_calls"] = [
-                _normalize_tool_call(f"{where}.tool_calls[{j}]", c) for j, c in enumerate(calls)
-            ]
-    elif role == "tool":
-        call_id = message.get("tool_call_id")
-        if not isinstance(call_id, str) or not call_id:
-            raise ValueError(
-                f"{where}.tool_call_id must be the id of the tool call it answers, got {call_id!r}"
-            )
-        out["tool_call_id"] = _exact(call_id)
-    return out
-
-
-def _exact(text: str) -> str:
-    """``text`` as an exact ``str``: a subclass could carry methods the template sandbox does not know."""
-    return text if type(text) is str else str.__str__(text)
-
-
-def _content_text(where: str, content: Any) -> str:
-    """OpenAI content (a string, None, or a list of text parts) as one string."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return _exact(content)
-    if not isinstance(content, list):
-        raise ValueError(
-            f"{where}.content must be a string, null or a list of parts, got {type(content).__name__}"
-        )
-    texts: list[str] = []
-    for k, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-            raise ValueError(f"{where}.content[{k}] must be a text part {{'type': 'text', 'text': str}}")
-        texts.append(part["text"])
-    return "".join(texts)  # always an exact str
-
-
-def _normalize_tool_call(where: str, call: Any) -> dict[str, Any]:
-    if not isinstance(call, dict):
-        raise ValueError(f"{where} must be an object, got {type(call).__name__}")
-    if call.get("type", "function") != "function":
-        raise ValueError(f"{where}.type must be 'function', got {call.get('type')!r}")
-    call_id = call.get("id")
-    if not isinstance(call_id, str) or not call_id:
-        raise ValueError(f"{where}.id must be a non-empty string, got {call_id!r}")
-    function = call.get("function")
-    if not isinstance(function, dict):
-        raise ValueError(f"{where}.function must be an object with name and arguments")
-    name = function.get("name")
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"{where}.function.name must be a non-empty string, got {name!r}")
-    arguments = function.get("arguments")
-    if arguments is None:
-        arguments = "{}"
-    elif isinstance(arguments, dict):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    elif not isinstance(arguments, str):
-        raise ValueError(f"{where}.function.arguments must be a JSON string or an object, got {arguments!r}")
-    return {
-        "id": _exact(call_id),
-        "type": "function",
-        "function": {"name": _exact(name), "arguments": _exact(arguments)},
-    }
-
-
-def message_digests(messages: list[dict[str, Any]]) -> list[bytes]:
-    """Prefix-chain digests: element ``k`` identifies the first ``k + 1`` normalized messages."""
-    digests: list[bytes] = []
-    previous = b""
-    for message in normalize_messages(messages):
-        previous = _chain(previous, message)
-        digests.append(previous)
-    return digests
-
-
-def chain_digest(previous: bytes, message: dict[str, Any]) -> bytes:
-    """Extend a digest chain by one message: ``chain_digest(d[k], m) == message_digests(ms + [m])[k + 1]``."""
-    return _chain(previous, normalize_messages([message])[0])
-
-
-def _chain(previous: bytes, normalized: dict[str, Any]) -> bytes:
-    encoded = msgspec.json.encode(normalized, order="sorted")
-    return hashlib.blake2b(previous + encoded, digest_size=16, person=b"gyre-messages").digest()
-
-
-class ParsedReply(msgspec.Struct):
-    """An assistant reply decoded from sampled ids: text, OpenAI tool calls, and the blocks that failed to parse."""
-
-    content: str  # text outside well-formed tool-call blocks, stripped; malformed blocks stay in it
-    tool_calls: list[dict[str, Any]]  # OpenAI form; function.arguments is a JSON string
-    malformed: list[str]  # raw text of each tool-call block that did not parse
-
-    def message(self) -> dict[str, Any]:
-        """The assistant message a client sends back when it continues the conversation."""
-        out: dict[str, Any] = {"role": "assistant", "content": self.content}
-        if self.tool_calls:
-            out["tool_calls"] = self.tool_calls
-        return out
 
 
 class RenderStatistics(msgspec.Struct, frozen=True):
@@ -340,10 +208,33 @@ class ChatRenderer:
 
     def parse_output(self, output_ids: list[int]) -> ParsedReply:
         """Decode sampled ids into content and Hermes-style ``<tool_call>`` tool calls; never raises on bad output."""
+        return parse_tool_calls(self.reply_text(output_ids))
+
+    def reply_text(self, output_ids: list[int]) -> str:
+        """The sampled reply as text: without its closing eos token and without special tokens."""
         ids = list(output_ids)
         if ids and ids[-1] == self._eos_id:
             ids.pop()
-        return parse_tool_calls(self._decode(ids, skip_special_tokens=True))
+        return self._decode(ids, skip_special_tokens=True)
+
+    def streamable_content(self, output_ids: list[int], hold_tool_calls: bool = True) -> str:
+        """The part of a reply still being generated that can be streamed as content without taking it back.
+
+        Stops before a ``<tool_call>`` block (and holds back a tail that may be the start of one), before an
+        incomplete UTF-8 sequence, and before trailing whitespace; leading whitespace is dropped. The streamed text
+        is so always a prefix of the final message content when no text follows the tool calls.
+        """
+        text = self.reply_text(output_ids)
+        if hold_tool_calls:
+            at = text.find(TOOL_CALL_OPEN)
+            if at >= 0:
+                text = text[:at]
+            else:
+                for k in range(min(len(TOOL_CALL_OPEN) - 1, len(text)), 0, -1):
+                    if text.endswith(TOOL_CALL_OPEN[:k]):
+                        text = text[:-k]
+                        break
+        return text.rstrip("\ufffd").strip()
 
     def _dummy_prefix(self, tools: list[dict[str, Any]] | None, plain_tools: bool) -> str:
         """The dummy conversation's text up to and including its assistant reply's eos marker."""
@@ -542,58 +433,3 @@ def _rust_tokenizers(tokenizer: PreTrainedTokenizerBase) -> tuple[Any, Any]:
         else None
     )
     return encoder, decoder
-
-
-_ARGUMENTS_MISSING = object()
-
-
-def parse_tool_calls(text: str) -> ParsedReply:
-    """Split decoded reply text into content and ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` calls.
-
-    A block that is unterminated (no closing tag before the next opening one or the end) or whose JSON does not
-    parse into a name and object or string arguments is listed in ``malformed`` and kept in ``content``.
-    """
-    content: list[str] = []
-    calls: list[dict[str, Any]] = []
-    malformed: list[str] = []
-    pos = 0
-    while (start := text.find(TOOL_CALL_OPEN, pos)) >= 0:
-        content.append(text[pos:start])
-        body = start + len(TOOL_CALL_OPEN)
-        close = text.find(TOOL_CALL_CLOSE, body)
-        reopen = text.find(TOOL_CALL_OPEN, body)
-        if (
-            close < 0 or 0 <= reopen < close
-        ):  # unterminated: the block runs to the next opening tag or the end
-            end = reopen if reopen >= 0 else len(text)
-            call = None
-        else:
-            end = close + len(TOOL_CALL_CLOSE)
-            call = _parse_call(text[body:close])
-        if call is None:
-            malformed.append(text[start:end])
-            content.append(text[start:end])
-        else:
-            calls.append(call)
-        pos = end
-    content.append(text[pos:])
-    return ParsedReply(content="".join(content).strip(), tool_calls=calls, malformed=malformed)
-
-
-def _parse_call(body: str) -> dict[str, Any] | None:
-    """One tool call in OpenAI form from a block's JSON, or None if it is not a valid call."""
-    try:
-        obj = json.loads(body)
-    except ValueError:  # json.JSONDecodeError, and UnicodeError subclasses for lone surrogates
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    arguments = obj.get("arguments", _ARGUMENTS_MISSING)
-    if arguments is _ARGUMENTS_MISSING or arguments is None:
-        arguments = "{}"
-    elif isinstance(arguments, dict):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    elif not isinstance(arguments, str):
-        return None
-    call_id = "call_" + uuid.uuid4().hex[:24]
-    return {"id": call_id, "type": "function", "function": {"name": obj["name"], "arguments": arguments}}

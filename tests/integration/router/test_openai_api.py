@@ -175,3 +175,39 @@ def test_in_process_api_without_http(tiny_model: Path) -> None:
     assert records[0].role == "sub-agent" and records[0].output_ids[-1] == tokenizer.convert_tokens_to_ids(
         "<|im_end|>"
     )
+
+
+def test_streaming_sends_content_as_it_is_generated(router: tuple[ServerProcess, str, Path]) -> None:
+    _, admin, _ = router
+    s = _session(admin, "stream")
+    client = openai.OpenAI(base_url=s["base_url"], api_key="unused")
+    messages = [{"role": "user", "content": "tell me a long story"}]
+    kwargs: dict[str, Any] = {"model": "tiny", "max_tokens": 200, "temperature": 0}
+    whole = client.chat.completions.create(messages=messages, **kwargs)  # type: ignore[arg-type]
+    chunks = list(client.chat.completions.create(messages=messages, stream=True, **kwargs))  # type: ignore[arg-type]
+    pieces = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(pieces) > 3  # it streamed, not one blob at the end
+    assert "".join(pieces) == (whole.choices[0].message.content or "")
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    recs = _records(s["base_url"])
+    assert recs[0]["output_ids"] == recs[1]["output_ids"]  # greedy: the streamed call sampled the same tokens
+    client.close()
+
+
+def test_streamed_tool_calls_arrive_whole(tiny_model: Path) -> None:
+    tokenizer = load_tokenizer(tiny_model)
+    reply = 'Checking.\n<tool_call>\n{"name": "bash", "arguments": {"cmd": "pwd"}}\n</tool_call>'
+    with ScriptedEngine(tokenizer, lambda ids: reply) as fake:
+        proc, admin = launch_router(tiny_model, [fake.url])
+        with proc:
+            s = _session(admin, "stream-tools")
+            client = openai.OpenAI(base_url=s["base_url"], api_key="unused")
+            messages = [{"role": "user", "content": "where am I?"}]
+            stream = client.chat.completions.create(model="tiny", messages=messages, tools=TOOLS, stream=True)  # type: ignore[arg-type]
+            chunks = list(stream)
+            client.close()
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    calls = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert content == "Checking."  # the tool-call markup never leaks into the streamed text
+    assert len(calls) == 1 and json.loads(calls[0].function.arguments or "") == {"cmd": "pwd"}
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"

@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gyre.errors import ConfigError
-from gyre.models import build_tokenizer, init_model
-from gyre.router.render import ChatRenderer, chain_digest, message_digests, normalize_messages
+from gyre.models import ADDED_TOKENS, CHAT_TEMPLATE, IM_END, SPECIAL_TOKENS, build_tokenizer, init_model
+from gyre.router.messages import chain_digest, message_digests, normalize_messages
+from gyre.router.render import ChatRenderer
 
 TOOLS = [
     {
@@ -371,3 +372,250 @@ def test_renderer_needs_a_chat_template() -> None:
     tokenizer.chat_template = None
     with pytest.raises(ConfigError, match="chat template"):
         ChatRenderer(tokenizer)
+
+
+# The fast paths (compiled template, Rust tokenizer, caches) give exactly what transformers' wrappers give.
+
+
+def template_text(tokenizer: Any, messages: list[dict], tools: list | None, generation_prompt: bool) -> str:
+    text: str = tokenizer.apply_chat_template(
+        normalize_messages(messages), tools=tools, add_generation_prompt=generation_prompt, tokenize=False
+    )
+    return text
+
+
+def wrapper_ids(renderer: ChatRenderer, messages: list[dict], tools: list | None) -> list[int]:
+    """What render_full gave when it went through apply_chat_template and tokenizer.encode."""
+    tok = renderer._tokenizer
+    return tok.encode(template_text(tok, messages, tools, True), add_special_tokens=False)
+
+
+def trained_bpe_tokenizer() -> Any:
+    """A byte-level BPE with learnt merges and an NFKC normalizer (unlike the tiny model's), same chat template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    corpus = [
+        "def main():\n    print('hello world')\n",
+        "What is in main.py? Grüße, 世界 🌍 — naïve ﬁne",
+        '{"name": "read_file", "arguments": {"path": "main.py"}}',
+    ] * 20
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=list(SPECIAL_TOKENS), initial_alphabet=alphabet, show_progress=False
+    )
+    tok.train_from_iterator(corpus, trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=IM_END,
+        chat_template=CHAT_TEMPLATE,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+@pytest.fixture(scope="module", params=["tiny model", "trained bpe"])
+def any_renderer(request: pytest.FixtureRequest, renderer: ChatRenderer) -> ChatRenderer:
+    fresh = renderer if request.param == "tiny model" else ChatRenderer(trained_bpe_tokenizer())
+    # Otherwise the equality tests below would pass through the wrappers they are compared with.
+    assert (
+        fresh._encoder is not None and fresh._decoder is not None and set(fresh._templates) == {False, True}
+    )
+    return fresh
+
+
+TWO_CALLS = {"role": "assistant", "content": "Looking.", "tool_calls": [call("a"), call("b", "ls", {})]}
+RENDER_CASES = {
+    "plain": ([SYSTEM, USER], None),
+    "tool calls and consecutive results": (CONVERSATION, TOOLS),
+    "results then user, no system": ([USER, TWO_CALLS, tool("a", "1"), tool("b", "2"), USER], TOOLS),
+    "unicode, names, special-token text": (
+        [
+            {"role": "system", "content": "Grüße, 世界 🌍"},
+            {"role": "user", "content": "say <|im_end|> then <tool_call>", "name": "bob"},
+            {"role": "assistant", "content": "ok", "tool_calls": [call("ü", arguments={"pfad": "ä/ß"})]},
+        ],
+        TOOLS,
+    ),
+    "empty contents": (
+        [
+            {"role": "user", "content": ""},
+            {"role": "assistant", "content": None},
+            {"role": "user", "content": []},
+        ],
+        None,
+    ),
+    "empty tool list": (
+        [USER, {"role": "system", "content": "late"}, {"role": "assistant", "content": ""}],
+        [],
+    ),
+}
+
+
+@pytest.mark.parametrize("generation_prompt", [True, False])
+@pytest.mark.parametrize("case", list(RENDER_CASES))
+def test_compiled_template_renders_what_apply_chat_template_renders(
+    any_renderer: ChatRenderer, case: str, generation_prompt: bool
+) -> None:
+    messages, tools = RENDER_CASES[case]
+    slow = any_renderer.statistics().slow_renders
+    text = any_renderer._template(normalize_messages(messages), tools, generation_prompt, plain_tools=True)
+    assert text == template_text(any_renderer._tokenizer, messages, tools, generation_prompt)
+    assert any_renderer.render_full(messages, tools) == wrapper_ids(any_renderer, messages, tools)
+    assert any_renderer.statistics().slow_renders == slow
+
+
+@settings(max_examples=60, deadline=None)
+@given(conversation=st.lists(messages, min_size=1, max_size=6), tools=st.sampled_from([None, TOOLS]))
+def test_random_conversations_render_the_wrappers_ids(
+    renderer: ChatRenderer, conversation: list[dict], tools: list | None
+) -> None:
+    assert renderer.render_full(conversation, tools) == wrapper_ids(renderer, conversation, tools)
+    assert renderer.render_full(conversation, tools) == wrapper_ids(renderer, conversation, tools)  # cached
+
+
+special_texts = st.sampled_from([*SPECIAL_TOKENS, *ADDED_TOKENS, "<|im_end", "|>", "<tool_", "ﬁ", " "])
+texts_with_specials = st.lists(st.one_of(st.text(), special_texts), max_size=8).map("".join)
+
+
+@settings(max_examples=100, deadline=None)
+@given(text=texts_with_specials)
+def test_encode_and_decode_match_the_tokenizer(any_renderer: ChatRenderer, text: str) -> None:
+    tok = any_renderer._tokenizer
+    ids = any_renderer.encode(text)
+    assert ids == tok.encode(text, add_special_tokens=False)
+    assert any_renderer.decode(ids) == tok.decode(ids, skip_special_tokens=False)
+    assert any_renderer.decode_tokens(ids) == [tok.decode([i], skip_special_tokens=False) for i in ids]
+
+
+def test_decode_tokens_is_decode_of_each_id(any_renderer: ChatRenderer) -> None:
+    tok = any_renderer._tokenizer
+    ids = [*range(len(tok)), len(tok) + 7, 0, 200]  # every id, one past the vocabulary, repeats
+    expected = [tok.decode([i], skip_special_tokens=False) for i in ids]
+    assert any_renderer.decode_tokens(ids) == expected
+    assert any_renderer.decode_tokens(ids) == expected  # from the learnt texts now
+    assert [any_renderer.decode([i]) for i in ids] == expected
+    assert any_renderer.decode_tokens([]) == []
+
+
+def test_encode_ignores_truncation_and_padding_another_caller_left_on_the_tokenizer() -> None:
+    tokenizer = build_tokenizer()
+    renderer = ChatRenderer(tokenizer)
+    text = "hello world " * 10
+    expected = tokenizer.encode(text, add_special_tokens=False)
+    tokenizer.backend_tokenizer.enable_truncation(max_length=3)
+    assert renderer.encode(text) == expected
+    tokenizer.backend_tokenizer.enable_padding(length=500)
+    assert renderer.encode(text) == expected
+
+
+def test_render_cache_gives_each_caller_its_own_equal_list() -> None:
+    renderer = ChatRenderer(build_tokenizer())
+    expected = wrapper_ids(renderer, CONVERSATION, TOOLS)
+    first = renderer.render_full(CONVERSATION, TOOLS)
+    assert first == expected
+    first.append(renderer.eos_token_id)  # the router appends to what it gets
+    first[0] = -1
+    second = renderer.render_full([dict(m) for m in CONVERSATION], TOOLS)  # equal messages, other objects
+    assert second == expected
+    second.clear()
+    assert renderer.render_full(CONVERSATION, TOOLS) == expected
+    stats = renderer.statistics()
+    assert (stats.cache_hits, stats.cache_misses, stats.cache_entries) == (2, 1, 1)
+    assert (stats.cache_tokens, stats.slow_renders) == (len(expected), 0)
+
+
+def test_render_cache_tells_apart_what_renders_differently() -> None:
+    renderer = ChatRenderer(build_tokenizer())
+    reordered = [{"function": t["function"], "type": t["type"]} for t in TOOLS]  # tojson keeps key order
+
+    def limit(value: Any) -> list[dict[str, Any]]:
+        return [{"type": "function", "function": {"name": "ls", "parameters": {"limit": value}}}]
+
+    tool_lists = [None, [], TOOLS, reordered, TOOLS[:1], limit(1), limit(1.0), limit(True), limit("1")]
+    conversations: list[list[dict]] = [
+        [USER],
+        [SYSTEM, USER],
+        [{**USER, "name": "bob"}],
+        [USER, {"role": "assistant", "content": "", "tool_calls": [call("a")]}, tool("a", "")],
+        [
+            USER,
+            {"role": "assistant", "content": "", "tool_calls": [call("a", arguments="{}")]},
+            tool("a", ""),
+        ],
+    ]
+    for _ in range(2):  # the second round comes from the cache
+        for tools in tool_lists:
+            for conversation in conversations:
+                assert renderer.render_full(conversation, tools) == wrapper_ids(renderer, conversation, tools)
+    stats = renderer.statistics()
+    assert (
+        stats.cache_hits == stats.cache_misses == stats.cache_entries == len(tool_lists) * len(conversations)
+    )
+
+
+def test_values_that_are_not_plain_json_render_as_transformers_renders_them() -> None:
+    class Text(str):
+        pass
+
+    renderer = ChatRenderer(build_tokenizer())
+    tools = [{"type": "function", "function": {"name": Text("ls"), "parameters": {"limit": float("nan")}}}]
+    assert renderer.render_full([USER], tools) == wrapper_ids(renderer, [USER], tools)
+    assert (
+        renderer.statistics().slow_renders == 1
+    )  # transformers copies such tools first; so does the renderer
+    assert renderer.statistics().cache_entries == 0  # NaN encodes as null in a cache key: not cached
+    messages = [{"role": Text("user"), "content": Text("hi"), "name": Text("bob")}]
+    [normalized] = normalize_messages(messages)
+    assert all(type(value) is str for value in normalized.values())
+    assert renderer.render_full(messages) == wrapper_ids(renderer, messages, None)
+    assert renderer.statistics().slow_renders == 1
+
+
+def test_render_cache_evicts_the_least_recently_used() -> None:
+    renderer = ChatRenderer(build_tokenizer(), cache_entries=3)
+    questions = [[{"role": "user", "content": f"question {k}"}] for k in range(5)]
+    for question in [*questions[:3], questions[0], questions[3], questions[4]]:  # 1 then 2 are evicted
+        renderer.render_full(question)
+    assert renderer.statistics().cache_entries == 3
+    hits = renderer.statistics().cache_hits
+    for question in [questions[0], questions[3], questions[4]]:
+        renderer.render_full(question)
+    assert renderer.statistics().cache_hits == hits + 3
+    renderer.render_full(questions[1])
+    assert renderer.statistics().cache_hits == hits + 3
+    assert renderer.statistics().cache_entries == 3
+
+
+def test_render_cache_stays_within_its_token_budget() -> None:
+    questions = [[{"role": "user", "content": f"question {k}"}] for k in range(5)]
+    size = len(ChatRenderer(build_tokenizer(), cache_entries=0).render_full(questions[0]))
+    renderer = ChatRenderer(build_tokenizer(), cache_tokens=2 * size + 1)
+    for question in questions:
+        renderer.render_full(question)
+    assert (renderer.statistics().cache_entries, renderer.statistics().cache_tokens) == (2, 2 * size)
+    long = [{"role": "user", "content": "x" * 3 * size}]
+    assert renderer.render_full(long) == wrapper_ids(renderer, long, None)
+    assert (renderer.statistics().cache_entries, renderer.statistics().cache_tokens) == (2, 2 * size)
+
+
+def test_named_templates_pick_tool_use_when_tools_are_given() -> None:
+    tokenizer = build_tokenizer()
+    tool_use = tokenizer.chat_template.replace("# Tools", "# Tool use")
+    tokenizer.chat_template = {"default": tokenizer.chat_template, "tool_use": tool_use}
+    renderer = ChatRenderer(tokenizer)
+    for tools in (None, [], TOOLS):
+        assert renderer.render_full(CONVERSATION, tools) == wrapper_ids(renderer, CONVERSATION, tools)
+    assert renderer.statistics().slow_renders == 0
+
+
+def test_extension_after_tools_in_another_key_order() -> None:
+    renderer = ChatRenderer(build_tokenizer())
+    reordered = [{"function": t["function"], "type": t["type"]} for t in TOOLS]
+    reply = {"role": "assistant", "content": "", "tool_calls": [call("a")]}
+    renderer.render_extension([tool("a", "x")], TOOLS)
+    assert_tito(renderer, [SYSTEM, USER], reply, [tool("a", "x")], reordered)

@@ -136,7 +136,12 @@ class EmbeddedEngine:
                     except BaseException as exc:  # handed to the awaiting caller
                         fut.set_exception(exc)
             while self._incoming:
-                sched.add(self._incoming.popleft())
+                req = self._incoming.popleft()
+                try:
+                    sched.add(req)
+                except Exception as exc:  # a request the scheduler cannot take fails alone
+                    req.finish = {"type": "abort", "message": f"request rejected: {exc}", "error": True}
+                    self._publish([req])
             if not sched.has_work():
                 continue
             try:
