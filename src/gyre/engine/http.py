@@ -49,7 +49,12 @@ class HttpPool:
     """Keep-alive connections to one ``http://host:port``; any number of concurrent requests."""
 
     def __init__(
-        self, base_url: str, timeout_s: float, connect_timeout_s: float, max_idle: int = 512
+        self,
+        base_url: str,
+        timeout_s: float,
+        connect_timeout_s: float,
+        max_idle: int = 512,
+        max_open: int = 4096,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
@@ -59,6 +64,9 @@ class HttpPool:
         self.prefix = parts.path.rstrip("/")
         self.timeout_s, self.connect_timeout_s, self.max_idle = timeout_s, connect_timeout_s, max_idle
         self._idle: deque[_Connection] = deque()
+        self._open = asyncio.Semaphore(
+            max_open
+        )  # requests in flight, so connections (file descriptors) stay bounded
         self._host_header = f"{self.host}:{self.port}".encode()
 
     async def request(
@@ -75,7 +83,7 @@ class HttpPool:
             head += b"content-type: %s\r\ncontent-length: %d\r\n" % (kind, len(body))
         data = head + b"\r\n" + (body or b"")
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with self._open, asyncio.timeout(self.timeout_s):
                 while True:
                     conn, reused = await self._acquire()
                     try:

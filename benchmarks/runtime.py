@@ -1,0 +1,215 @@
+"""Thousands of concurrent executions in one event loop: loop lag, driver memory, sandbox command overhead.
+
+    python benchmarks/runtime.py [--executions 1000,5000,10000] [--latency-s 8]
+
+Each execution is the built-in agent on a trivial task in its own bubblewrap sandbox, talking through the in-process
+router to an upstream (its own process) that answers every model call after a realistic, heavy-tailed latency
+(lognormal, median ``--latency-s``) with a scripted reply: run a command (half the time) or submit. While a burst
+runs, a monitor measures the event loop's lag (how late a 20 ms sleep wakes up); driver memory per execution is the
+resident-set growth at the burst's peak divided by the executions waiting. Side by side in the same run: the time
+of ``true`` in a sandbox vs a plain subprocess. Writes ``benchmarks/results/runtime.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from gyre.sandbox import make_sandbox
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from gyre.agents.builtin import BuiltinAgentConfig
+from gyre.config import RouterConfig, SandboxConfig
+from gyre.engine.launch import free_port
+from gyre.models import init_model, load_tokenizer
+from gyre.router.core import Router
+from gyre.runtime import BuiltinAgentSpec, ExecutionSpec, Runtime
+from gyre.tasks import Task
+
+UPSTREAM = r"""
+import asyncio, json, random, sys
+port, median, replies = int(sys.argv[1]), float(sys.argv[2]), json.loads(sys.argv[3])
+def body(ids):
+    meta = {"id": "x", "finish_reason": {"type": "stop", "matched": ids[-1]}, "prompt_tokens": 1,
+            "completion_tokens": len(ids), "weight_version": "0", "output_token_logprobs": [[-0.5, t, None] for t in ids]}
+    data = json.dumps({"text": "", "output_ids": ids, "meta_info": meta}).encode()
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(data) + data
+answers = [body(ids) for ids in replies]
+async def handle(reader, writer):
+    try:
+        while True:
+            header = await reader.readuntil(b"\r\n\r\n")
+            n = 0
+            for line in header.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    n = int(line.split(b":")[1])
+            if n:
+                await reader.readexactly(n)
+            if header.startswith(b"GET"):
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                continue
+            await asyncio.sleep(random.lognormvariate(0, 0.75) * median)
+            writer.write(answers[0] if random.random() < 0.5 else answers[1])
+    except (asyncio.IncompleteReadError, ConnectionError):
+        writer.close()
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
+    await server.serve_forever()
+asyncio.run(main())
+"""
+
+
+def rss_mib() -> float:
+    """Resident set size of this process."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def burst(runtime: Runtime, n: int, progress: Progress) -> dict[str, float]:
+    """Run ``n`` executions at once; measure loop lag and memory while they wait."""
+    task = Task(id="bench", instruction="Run one command, then submit.", time_budget_s=600)
+    specs = [ExecutionSpec(task=task, group_index=i, agent=BuiltinAgentSpec(config=BuiltinAgentConfig(max_steps=8)))
+             for i in range(n)]  # fmt: skip
+    lags: list[float] = []
+    peak = base = rss_mib()
+    done = asyncio.Event()
+
+    async def monitor() -> None:
+        nonlocal peak
+        while not done.is_set():
+            start = time.perf_counter()
+            await asyncio.sleep(0.02)
+            lags.append(time.perf_counter() - start - 0.02)
+            peak = max(peak, rss_mib())
+
+    bar = progress.add_task(f"{n:,} executions", total=n)
+
+    async def watch() -> None:
+        while not done.is_set():
+            progress.update(bar, completed=runtime.statistics().finished)
+            await asyncio.sleep(0.5)
+
+    runtime.new_burst()
+    start = time.perf_counter()
+    watcher = asyncio.gather(monitor(), watch())
+    results = await runtime.run(specs)
+    elapsed = time.perf_counter() - start
+    done.set()
+    await watcher
+    progress.update(bar, completed=n)
+    statuses = {s: sum(r.status == s for r in results) for s in {r.status for r in results}}
+    lags.sort()
+    return {
+        "executions": n,
+        "wall_s": elapsed,
+        "lag_p50_ms": lags[len(lags) // 2] * 1e3,
+        "lag_p99_ms": lags[int(len(lags) * 0.99)] * 1e3,
+        "peak_rss_mib": peak,
+        "kib_per_execution": (peak - base) * 1024 / n,
+        "calls": sum(len(r.records) for r in results),
+        "statuses": statuses,  # type: ignore[dict-item]
+    }
+
+
+async def command_overhead(cfg: SandboxConfig, runs: int) -> tuple[float, float]:
+    """Median seconds of `true` in a sandbox and as a plain subprocess."""
+    sandboxed, plain = [], []
+    async with make_sandbox(cfg) as sandbox:
+        for _ in range(runs):
+            start = time.perf_counter()
+            await sandbox.exec("true")
+            sandboxed.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            proc = await asyncio.create_subprocess_exec("true")
+            await proc.wait()
+            plain.append(time.perf_counter() - start)
+    return statistics.median(sandboxed), statistics.median(plain)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--executions", default="1000,5000,10000")
+    parser.add_argument("--latency-s", type=float, default=8.0, help="median model-call latency")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "runtime.json")
+    args = parser.parse_args()
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # a socket per waiting model call
+    console = Console()
+    tmp = Path(tempfile.mkdtemp())
+    model = init_model(tmp / "tiny")
+    tok = load_tokenizer(model)
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    replies = [
+        '<tool_call>\n{"name": "bash", "arguments": {"command": "echo working"}}\n</tool_call>',
+        '<tool_call>\n{"name": "submit", "arguments": {"answer": "done"}}\n</tool_call>',
+    ]
+    ids = [tok.encode(r, add_special_tokens=False) + [eos] for r in replies]
+    port = free_port()
+    upstream = subprocess.Popen(
+        [sys.executable, "-c", UPSTREAM, str(port), str(args.latency_s), json.dumps(ids)]
+    )
+    sandbox_cfg = SandboxConfig(workspace_root=str(tmp / "workspaces"))
+    rows = []
+    try:
+        time.sleep(1.0)
+
+        async def run_all() -> tuple[float, float]:
+            router = Router(RouterConfig(model_path=str(model), engines=[f"http://127.0.0.1:{port}"]))
+            runtime = Runtime(router, sandbox_cfg)
+            overhead = await command_overhead(sandbox_cfg, 50)
+            with Progress(console=console) as progress:
+                for n in [int(x) for x in args.executions.split(",")]:
+                    rows.append(await burst(runtime, n, progress))
+            await router.aclose()
+            return overhead
+
+        sandboxed, plain = asyncio.run(run_all())
+    finally:
+        upstream.kill()
+    table = Table(
+        title=f"Concurrent executions in one event loop (model latency median {args.latency_s:g} s)"
+    )
+    for col in (
+        "executions",
+        "wall",
+        "loop lag p50",
+        "loop lag p99",
+        "driver KiB / execution",
+        "model calls",
+        "ended",
+    ):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(f"{r['executions']:,}", f"{r['wall_s']:.0f} s", f"{r['lag_p50_ms']:.1f} ms",
+                      f"{r['lag_p99_ms']:.1f} ms", f"{r['kib_per_execution']:.0f}", f"{r['calls']:,}",
+                      ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items())))  # fmt: skip
+    console.print(table)
+    over = Table(title="Command overhead (median of 50)")
+    for col in ("bubblewrap sandbox", "plain subprocess", "added"):
+        over.add_column(col, justify="right")
+    over.add_row(f"{sandboxed * 1e3:.1f} ms", f"{plain * 1e3:.1f} ms", f"{(sandboxed - plain) * 1e3:.1f} ms")
+    console.print(over)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+        json.dumps({"bursts": rows, "sandbox_true_s": sandboxed, "plain_true_s": plain}, indent=2)
+    )
+    console.print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

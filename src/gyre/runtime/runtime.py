@@ -1,0 +1,225 @@
+"""Dispatches executions (a task, a group index, an agent spec) and keeps the counters the elastic controller reads.
+
+Each execution gets a router session and a sandbox, runs its agent under its wall-clock budget, and ends as data:
+``done``, ``budget_exceeded``, ``crashed`` or ``cancelled``. Its result (records, status, timings, error) is
+journaled before anything downstream sees it. An exception inside one execution is recorded on it and never reaches
+the others; cancelling the runtime cancels every execution and their sandboxes are cleaned up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import traceback
+import uuid
+from collections import Counter
+from collections.abc import Iterable
+from typing import Literal
+
+import msgspec
+
+from gyre.agents.base import Agent, AgentContext, AgentResult
+from gyre.agents.builtin import BuiltinAgent, BuiltinAgentConfig
+from gyre.agents.client import InProcessModelClient
+from gyre.config import SandboxConfig
+from gyre.journal import Journal
+from gyre.records import CallRecord
+from gyre.router.core import Router
+from gyre.sandbox import make_sandbox
+from gyre.tasks.base import Task
+
+log = logging.getLogger(__name__)
+ExecutionStatus = Literal["done", "budget_exceeded", "crashed", "cancelled"]
+
+
+class BuiltinAgentSpec(msgspec.Struct, frozen=True, kw_only=True, tag="builtin"):
+    """Run Gyre's built-in tool-calling agent."""
+
+    config: BuiltinAgentConfig = msgspec.field(default_factory=BuiltinAgentConfig)
+
+
+class CommandAgentSpec(msgspec.Struct, frozen=True, kw_only=True, tag="command"):
+    """Run an external scaffold process with OPENAI_BASE_URL/OPENAI_API_KEY pointing at its own router session."""
+
+    argv: list[str]
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+AgentSpec = BuiltinAgentSpec | CommandAgentSpec
+
+
+class ExecutionSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One execution to run: which task, which member of its group, which agent."""
+
+    task: Task
+    group_index: int = 0
+    agent: AgentSpec = msgspec.field(default_factory=BuiltinAgentSpec)
+    execution_id: str = ""  # empty: one is made up
+
+
+class ExecutionResult(msgspec.Struct, frozen=True, kw_only=True):
+    """How an execution ended; journaled (``executions.jsonl``) before the runtime returns it."""
+
+    execution_id: str
+    task_id: str
+    group_index: int
+    status: ExecutionStatus
+    agent: AgentResult | None  # None when the agent did not finish by itself
+    error: str | None  # what went wrong, for crashed executions
+    records: list[CallRecord]  # every model call, in order, token-exact (deltas on the calls they extend)
+    prompt_tokens: int  # new input tokens over all calls
+    completion_tokens: int
+    dispatched_s: float  # wall-clock timestamps
+    started_s: float
+    finished_s: float
+
+
+class RuntimeStatistics(msgspec.Struct, frozen=True):
+    """Counters of the current burst, readable at any time: the elastic controller drives from them."""
+
+    dispatched: int  # d(t)
+    started: int  # p(t)
+    finished: int  # f(t)
+    water_level: int  # w(t) = d(t) - f(t)
+    running: int
+    by_status: dict[str, int]
+
+
+class Runtime:
+    """Runs executions against a router, each in its own sandbox, all in the calling event loop."""
+
+    def __init__(
+        self,
+        router: Router,
+        sandbox: SandboxConfig | None = None,
+        journal_dir: str | None = None,
+        max_concurrency: int = 0,
+    ) -> None:
+        self.router = router
+        self.sandbox_cfg = sandbox or SandboxConfig()
+        self.journal = Journal(journal_dir, "executions.jsonl") if journal_dir else None
+        self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+        self._dispatched = self._started = self._finished = 0
+        self._by_status: Counter[str] = Counter()
+
+    def statistics(self) -> RuntimeStatistics:
+        """The burst's counters now."""
+        return RuntimeStatistics(
+            dispatched=self._dispatched,
+            started=self._started,
+            finished=self._finished,
+            water_level=self._dispatched - self._finished,
+            running=self._started - self._finished,
+            by_status=dict(self._by_status),
+        )
+
+    def new_burst(self) -> None:
+        """Reset the counters: the executions dispatched from now on form one burst."""
+        if self._dispatched != self._finished:
+            raise RuntimeError(
+                f"{self._dispatched - self._finished} executions of this burst are still running"
+            )
+        self._dispatched = self._started = self._finished = 0
+        self._by_status.clear()
+
+    async def run(self, specs: Iterable[ExecutionSpec]) -> list[ExecutionResult]:
+        """Dispatch every spec at once and return their results in order (cancellation cancels them all)."""
+        specs = list(specs)
+        self._dispatched += len(specs)
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(self._execute(spec)) for spec in specs]
+        return [t.result() for t in tasks]
+
+    async def run_one(self, spec: ExecutionSpec) -> ExecutionResult:
+        """Dispatch one execution and wait for it."""
+        self._dispatched += 1
+        return await self._execute(spec)
+
+    async def _execute(self, spec: ExecutionSpec) -> ExecutionResult:
+        dispatched = time.time()
+        execution_id = spec.execution_id or f"{spec.task.id}/{spec.group_index}/{uuid.uuid4().hex[:8]}"
+        if self._slots is not None:
+            await self._slots.acquire()
+        started = time.time()
+        self._started += 1
+        token = self.router.open_session(execution_id)
+        status: ExecutionStatus = "crashed"
+        agent_result: AgentResult | None = None
+        error: str | None = None
+        try:
+            async with asyncio.timeout(spec.task.time_budget_s):
+                agent_result = await self._run_agent(spec, execution_id, token)
+            status = "done"
+        except TimeoutError:
+            status = "budget_exceeded"
+        except asyncio.CancelledError:
+            status = "cancelled"
+            self._finish(spec, execution_id, token, status, None, "cancelled", dispatched, started)
+            raise
+        except Exception as exc:  # a failed execution is data: recorded here, never raised to its neighbours
+            error = "".join(traceback.format_exception_only(exc)).strip()
+            log.info("execution %s crashed: %s", execution_id, error)
+        finally:
+            if self._slots is not None:
+                self._slots.release()
+        return self._finish(spec, execution_id, token, status, agent_result, error, dispatched, started)
+
+    async def _run_agent(self, spec: ExecutionSpec, execution_id: str, token: str) -> AgentResult:
+        agent = self._agent(spec)
+        async with make_sandbox(self.sandbox_cfg) as sandbox:
+            for path, text in spec.task.files.items():
+                await sandbox.write_file(path, text)
+            ctx = AgentContext(
+                execution_id=execution_id,
+                task=spec.task,
+                client=InProcessModelClient(self.router, token),
+                sandbox=sandbox,
+                deadline=time.monotonic() + spec.task.time_budget_s,
+                api_key=token,
+                model=self.router.model_name,
+            )
+            return await agent.run(ctx)
+
+    def _agent(self, spec: ExecutionSpec) -> Agent:
+        match spec.agent:
+            case BuiltinAgentSpec(config=config):
+                return BuiltinAgent(config)
+            case CommandAgentSpec():
+                from gyre.agents.command import CommandAgent
+
+                return CommandAgent(spec.agent.argv, spec.agent.env)
+        raise TypeError(f"unknown agent spec {spec.agent!r}")
+
+    def _finish(
+        self,
+        spec: ExecutionSpec,
+        execution_id: str,
+        token: str,
+        status: ExecutionStatus,
+        agent_result: AgentResult | None,
+        error: str | None,
+        dispatched: float,
+        started: float,
+    ) -> ExecutionResult:
+        session = self.router.sessions.close(token)
+        records = session.records if session is not None else []
+        result = ExecutionResult(
+            execution_id=execution_id,
+            task_id=spec.task.id,
+            group_index=spec.group_index,
+            status=status,
+            agent=agent_result,
+            error=error,
+            records=list(records),
+            prompt_tokens=sum(len(r.new_input_ids) for r in records),
+            completion_tokens=sum(len(r.output_ids) for r in records),
+            dispatched_s=dispatched,
+            started_s=started,
+            finished_s=time.time(),
+        )
+        if self.journal is not None:  # journaled before anything downstream sees it
+            self.journal.append(result)
+        self._finished += 1
+        self._by_status[status] += 1
+        return result

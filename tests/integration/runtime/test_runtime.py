@@ -1,0 +1,193 @@
+"""The runtime: built-in agents in real sandboxes, talking to a scripted model through the real router."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fakes import ScriptedEngine
+from gyre.agents.builtin import SUMMARY_REQUEST, BuiltinAgentConfig
+from gyre.config import RouterConfig, SandboxConfig
+from gyre.journal import read_journal
+from gyre.models import load_tokenizer
+from gyre.router.core import Router
+from gyre.runtime import BuiltinAgentSpec, ExecutionResult, ExecutionSpec, Runtime
+from gyre.tasks import Task
+
+
+def call(name: str, **arguments: Any) -> str:
+    """A Hermes tool call as the model would write it."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def stepwise(
+    tokenizer: Any, steps: list[str], summary: str = "summary: keep going"
+) -> Callable[[list[int]], str]:
+    """A model that plays ``steps`` in order: step k once the conversation holds k tool results."""
+
+    def script(ids: list[int]) -> str:
+        text = tokenizer.decode(ids)
+        if _is_summary_request(text):
+            return summary
+        done = text.count("<tool_response>")
+        return steps[min(done, len(steps) - 1)]
+
+    return script
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model: Path) -> Any:
+    return load_tokenizer(tiny_model)
+
+
+def run(
+    tiny_model: Path,
+    engine_url: str,
+    specs: list[ExecutionSpec],
+    journal: Path,
+    cancel_after_s: float | None = None,
+) -> tuple[list[ExecutionResult], Router]:
+    async def go() -> tuple[list[ExecutionResult], Router]:
+        router = Router(
+            RouterConfig(model_path=str(tiny_model), engines=[engine_url], journal_dir=str(journal))
+        )
+        runtime = Runtime(router, SandboxConfig(), journal_dir=str(journal))
+        try:
+            if cancel_after_s is None:
+                return await runtime.run(specs), router
+            task = asyncio.ensure_future(runtime.run(specs))
+            await asyncio.sleep(cancel_after_s)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            return [], router
+        finally:
+            await router.aclose()
+
+    return asyncio.run(go())
+
+
+@pytest.fixture
+def journal(tmp_path: Path) -> Iterator[Path]:
+    yield tmp_path / "journal"
+
+
+def test_builtin_agent_solves_a_scripted_task(tiny_model: Path, tokenizer: Any, journal: Path) -> None:
+    steps = [
+        call("write_file", path="notes/hello.txt", content="hello from the agent"),
+        call("bash", command="cat notes/hello.txt && ls"),
+        call("edit", path="notes/hello.txt", old="agent", new="sandbox"),
+        call("read_file", path="notes/hello.txt"),
+        call("submit", answer="done"),
+    ]
+    task = Task(id="hello", instruction="write a file", files={"README.md": "# start"})
+    with ScriptedEngine(tokenizer, stepwise(tokenizer, steps)) as fake:
+        (result,), _ = run(tiny_model, fake.url, [ExecutionSpec(task=task)], journal)
+    assert result.status == "done" and result.agent is not None
+    assert result.agent.status == "submitted" and result.agent.answer == "done" and result.agent.steps == 5
+    assert len(result.records) == 5
+    assert [r.parent_call_id for r in result.records[1:]] == [r.call_id for r in result.records[:-1]]
+    prompt = tokenizer.decode(result.records[-1].new_input_ids)
+    assert "hello from the sandbox" in prompt  # the read_file result the model saw last
+    bash_output = tokenizer.decode(result.records[2].new_input_ids)
+    assert "hello from the agent" in bash_output and "README.md" in bash_output
+    (journaled,) = read_journal(journal / "executions.jsonl", ExecutionResult)
+    assert journaled == result
+
+
+def test_one_crash_one_timeout_and_the_others_finish(tiny_model: Path, tokenizer: Any, journal: Path) -> None:
+    quick = [call("bash", command="echo ok"), call("submit", answer="fine")]
+    slow = [call("bash", command="sleep 30"), call("submit", answer="never")]
+    good = Task(id="good", instruction="quick")
+    broken = Task(id="broken", instruction="bad files", files={"../escape.txt": "x"})  # outside the workspace
+    hung = Task(id="hung", instruction="slow", time_budget_s=1.5)
+
+    def script(ids: list[int]) -> str:
+        text = tokenizer.decode(ids)
+        steps = slow if "slow" in text else quick
+        return steps[min(text.count("<tool_response>"), 1)]
+
+    specs = [ExecutionSpec(task=good, group_index=i) for i in range(3)]
+    specs += [ExecutionSpec(task=broken), ExecutionSpec(task=hung)]
+    with ScriptedEngine(tokenizer, script) as fake:
+        results, _ = run(tiny_model, fake.url, specs, journal)
+    by_task = {r.task_id: r for r in results}
+    assert [r.status for r in results[:3]] == ["done"] * 3
+    assert by_task["broken"].status == "crashed" and "escape" in (by_task["broken"].error or "")
+    assert by_task["hung"].status == "budget_exceeded"
+    assert by_task["hung"].finished_s - by_task["hung"].started_s < 6
+    assert len(list(read_journal(journal / "executions.jsonl", ExecutionResult))) == 5
+
+
+def test_cancelling_the_runtime_cancels_every_execution(
+    tiny_model: Path, tokenizer: Any, journal: Path
+) -> None:
+    steps = [call("bash", command="sleep 60")]
+    specs = [ExecutionSpec(task=Task(id=f"t{i}", instruction="wait")) for i in range(4)]
+    with ScriptedEngine(tokenizer, stepwise(tokenizer, steps)) as fake:
+        run(tiny_model, fake.url, specs, journal, cancel_after_s=1.5)
+    results = list(read_journal(journal / "executions.jsonl", ExecutionResult))
+    assert sorted(r.status for r in results) == ["cancelled"] * 4
+
+
+def _is_summary_request(text: str) -> bool:
+    return text.rstrip().endswith(SUMMARY_REQUEST + "<|im_end|>\n<|im_start|>assistant")
+
+
+def test_compaction_starts_a_new_branch_from_a_summary(
+    tiny_model: Path, tokenizer: Any, journal: Path
+) -> None:
+    def script(ids: list[int]) -> str:
+        text = tokenizer.decode(ids)
+        if _is_summary_request(text):
+            return "I listed the files."
+        return call("submit", answer="ok") if "Your progress so far" in text else call("bash", command="ls")
+
+    config = BuiltinAgentConfig(context_budget_tokens=10)  # every context is over budget after one step
+    task = Task(id="compact", instruction="list the files", files={"a": "1"})
+    spec = ExecutionSpec(task=task, agent=BuiltinAgentSpec(config=config))
+    with ScriptedEngine(tokenizer, script) as fake:
+        (result,), _ = run(tiny_model, fake.url, [spec], journal)
+    assert result.status == "done" and result.agent is not None and result.agent.answer == "ok"
+    assert result.agent.compactions == 1
+    first, summary, fresh = result.records
+    assert (first.role, summary.role, fresh.role) == ("main", "main-summary", "main")
+    assert summary.parent_call_id == first.call_id  # the summary request extends the context it summarises
+    assert fresh.parent_call_id is None  # the fresh context is a new branch
+    assert "I listed the files." in tokenizer.decode(fresh.new_input_ids)
+
+
+def test_delegation_runs_a_sub_agent_with_its_own_context(
+    tiny_model: Path, tokenizer: Any, journal: Path
+) -> None:
+    def script(ids: list[int]) -> str:
+        text = tokenizer.decode(ids)
+        if "count the files" in text.split("<|im_start|>user")[1]:  # the sub-agent's own context
+            return (
+                call("submit", answer="2 files")
+                if "<tool_response>" in text
+                else call("bash", command="ls | wc -l")
+            )
+        return (
+            call("submit", answer="ok")
+            if "<tool_response>" in text
+            else call("delegate", task="count the files")
+        )
+
+    task = Task(id="delegate", instruction="find out how many files there are", files={"a": "1", "b": "2"})
+    with ScriptedEngine(tokenizer, script) as fake:
+        (result,), _ = run(tiny_model, fake.url, [ExecutionSpec(task=task)], journal)
+    assert result.status == "done" and result.agent is not None and result.agent.sub_agents == 1
+    assert [r.role for r in result.records] == ["main", "sub-agent", "sub-agent", "main"]
+    main1, sub1, sub2, main2 = result.records
+    assert sub1.parent_call_id is None and sub2.parent_call_id == sub1.call_id
+    assert main2.parent_call_id == main1.call_id
+    assert "2 files" in tokenizer.decode(
+        main2.new_input_ids
+    )  # the helper's answer came back as the tool result
+    assert "2" in tokenizer.decode(sub2.new_input_ids)  # wc -l ran in the same sandbox
