@@ -111,7 +111,7 @@ class BuiltinAgent:
                     return "submitted", submitted, step
             used = body.get("usage", {}).get("total_tokens", 0)
             if used > cfg.context_budget_tokens and step < max_steps:
-                messages = await self._compact(ctx, instruction, messages, summary_role, tally)
+                messages = await self._compact(ctx, instruction, messages, tools, summary_role, tally)
         return "step_limit", None, max_steps
 
     def _fresh(self, instruction: str, summary: str | None = None) -> list[dict[str, Any]]:
@@ -123,11 +123,21 @@ class BuiltinAgent:
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
 
     async def _compact(
-        self, ctx: AgentContext, instruction: str, messages: list[dict[str, Any]], role: Role, tally: _Tally
+        self,
+        ctx: AgentContext,
+        instruction: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        role: Role,
+        tally: _Tally,
     ) -> list[dict[str, Any]]:
-        """Summarize, then start a fresh context from the summary (a new branch of the trajectory tree)."""
+        """Summarize, then start a fresh context from the summary (a new branch of the trajectory tree).
+
+        The summary request keeps the tools, so it extends the context it summarises token-exactly.
+        """
         request = [*messages, {"role": "user", "content": SUMMARY_REQUEST}]
-        body = await ctx.client.chat(request, role=role, temperature=self.config.temperature,
+        body = await ctx.client.chat(request, tools=tools, tool_choice="none", role=role,
+                                     temperature=self.config.temperature,
                                      max_tokens=self.config.max_tokens_per_call)  # fmt: skip
         tally.calls += 1
         tally.compactions += 1
