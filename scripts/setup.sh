@@ -16,3 +16,13 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     fi
 fi
 .venv/bin/pip install --quiet -e ".[dev]"
+# bubblewrap, the default sandbox backend (gyre.sandbox): installed when missing and we are root. Never fatal:
+# without it Gyre refuses to start sandboxes and says what to do (install it, or choose sandbox.backend = "local").
+if ! command -v bwrap >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } >/dev/null 2>&1 ||
+            echo "setup: could not install bubblewrap with apt-get; sandboxes need it (or sandbox.backend = \"local\")" >&2
+    else
+        echo "setup: bwrap not found; install bubblewrap (apt-get install bubblewrap) for sandboxes" >&2
+    fi
+fi

@@ -61,11 +61,28 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     default_max_tokens: Positive = 4096  # when a chat request gives no max_tokens
 
 
+class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The sandboxes in which agents run commands (``gyre.sandbox``)."""
+
+    backend: Literal["bubblewrap", "local"] = "bubblewrap"  # local isolates nothing: development only
+    workspace_root: str = ""  # where sandbox workspaces are created; empty: the system temp dir
+    default_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 600.0  # wall clock of one command, unless given
+    cpu_time_s: Positive = 900  # CPU seconds each process may use (RLIMIT_CPU)
+    memory_mib: Positive = 4096  # a sandbox's processes together (cgroup), else each one's address space
+    max_processes: Positive = 256  # processes and threads of one sandbox at once
+    file_size_mib: Positive = 1024  # largest file a command may write (RLIMIT_FSIZE)
+    open_files: Positive = 4096  # file descriptors per process (RLIMIT_NOFILE)
+    output_limit_bytes: Positive = 262144  # stdout and stderr are each cut after this, with a marker
+    network: bool = False  # True shares the host's network with the sandbox: no network isolation at all
+    containment: Literal["auto", "cgroup", "uid", "rlimit"] = "auto"  # bounds processes (gyre.sandbox.limits)
+
+
 class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One run's whole configuration: one TOML file."""
 
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     router: RouterConfig = msgspec.field(default_factory=RouterConfig)
+    sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
 
 
 T = TypeVar("T", bound=msgspec.Struct)

@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
+import sys
+import tempfile
 import time
 import traceback
 import uuid
 from collections import Counter
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
 from gyre.agents.base import Agent, AgentContext, AgentResult
 from gyre.agents.builtin import BuiltinAgent, BuiltinAgentConfig
 from gyre.agents.client import InProcessModelClient
+from gyre.agents.command import SOCKET_DIR
 from gyre.config import SandboxConfig
 from gyre.journal import Journal
 from gyre.records import CallRecord
@@ -40,10 +45,11 @@ class BuiltinAgentSpec(msgspec.Struct, frozen=True, kw_only=True, tag="builtin")
 
 
 class CommandAgentSpec(msgspec.Struct, frozen=True, kw_only=True, tag="command"):
-    """Run an external scaffold process with OPENAI_BASE_URL/OPENAI_API_KEY pointing at its own router session."""
+    """Run an external scaffold process in the sandbox, its OpenAI environment pointing at its own session."""
 
     argv: list[str]
     env: dict[str, str] = msgspec.field(default_factory=dict)
+    python_env: bool = True  # show the driver's Python installation read-only, for scaffolds installed there
 
 
 AgentSpec = BuiltinAgentSpec | CommandAgentSpec
@@ -102,6 +108,9 @@ class Runtime:
         self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self._dispatched = self._started = self._finished = 0
         self._by_status: Counter[str] = Counter()
+        self._socket_dir: str | None = None
+        self._socket_server: Any = None
+        self._socket_task: asyncio.Future[None] | None = None
 
     def statistics(self) -> RuntimeStatistics:
         """The burst's counters now."""
@@ -167,7 +176,12 @@ class Runtime:
 
     async def _run_agent(self, spec: ExecutionSpec, execution_id: str, token: str) -> AgentResult:
         agent = self._agent(spec)
-        async with make_sandbox(self.sandbox_cfg) as sandbox:
+        binds: list[tuple[str, str, bool]] = []
+        if isinstance(spec.agent, CommandAgentSpec):
+            binds.append((await self._router_socket(), SOCKET_DIR, True))
+            if spec.agent.python_env:
+                binds += [(p, p, False) for p in sorted({sys.prefix, sys.base_prefix})]
+        async with make_sandbox(self.sandbox_cfg, binds=binds) as sandbox:
             for path, text in spec.task.files.items():
                 await sandbox.write_file(path, text)
             ctx = AgentContext(
@@ -180,6 +194,41 @@ class Runtime:
                 model=self.router.model_name,
             )
             return await agent.run(ctx)
+
+    async def _router_socket(self) -> str:
+        """The directory holding a Unix socket that serves the router's agent API (started on first use)."""
+        if self._socket_dir is None:
+            import uvicorn
+
+            from gyre.router.server import build_agent_app
+
+            directory = tempfile.mkdtemp(prefix="gyre-router-")
+            os.chmod(directory, 0o755)
+            path = os.path.join(directory, "router.sock")
+            server = uvicorn.Server(
+                uvicorn.Config(build_agent_app(self.router), uds=path, log_level="warning")
+            )
+            self._socket_server = server
+            self._socket_task = asyncio.ensure_future(server.serve())  # supervised here; stopped by aclose()
+            while not server.started:
+                if self._socket_task.done():
+                    self._socket_task.result()
+                await asyncio.sleep(0.01)
+            os.chmod(path, 0o777)  # sandboxes may run as their own uid
+            self._socket_dir = directory
+        return self._socket_dir
+
+    async def aclose(self) -> None:
+        """Stop the agent socket (if one was started) and close the journal."""
+        if self._socket_server is not None and self._socket_task is not None:
+            self._socket_server.should_exit = True
+            await self._socket_task
+            self._socket_server = self._socket_task = None
+        if self._socket_dir is not None:
+            shutil.rmtree(self._socket_dir, ignore_errors=True)
+            self._socket_dir = None
+        if self.journal is not None:
+            self.journal.close()
 
     def _agent(self, spec: ExecutionSpec) -> Agent:
         match spec.agent:

@@ -16,7 +16,7 @@ from gyre.config import RouterConfig, SandboxConfig
 from gyre.journal import read_journal
 from gyre.models import load_tokenizer
 from gyre.router.core import Router
-from gyre.runtime import BuiltinAgentSpec, ExecutionResult, ExecutionSpec, Runtime
+from gyre.runtime import BuiltinAgentSpec, CommandAgentSpec, ExecutionResult, ExecutionSpec, Runtime
 from gyre.tasks import Task
 
 
@@ -67,6 +67,7 @@ def run(
                 await task
             return [], router
         finally:
+            await runtime.aclose()
             await router.aclose()
 
     return asyncio.run(go())
@@ -191,3 +192,31 @@ def test_delegation_runs_a_sub_agent_with_its_own_context(
         main2.new_input_ids
     )  # the helper's answer came back as the tool result
     assert "2" in tokenizer.decode(sub2.new_input_ids)  # wc -l ran in the same sandbox
+
+
+def test_command_agent_reaches_only_its_session_from_inside_the_sandbox(
+    tiny_model: Path, tokenizer: Any, journal: Path
+) -> None:
+    script = r"""
+import json, os, urllib.request
+base = os.environ["OPENAI_BASE_URL"]
+body = {"model": os.environ["OPENAI_MODEL"], "messages": [{"role": "user", "content": os.environ["GYRE_TASK"]}]}
+req = urllib.request.Request(base + "/chat/completions", json.dumps(body).encode(),
+                             {"content-type": "application/json"})
+reply = json.load(urllib.request.urlopen(req))["choices"][0]["message"]["content"]
+open("answer.txt", "w").write(reply)
+try:
+    urllib.request.urlopen("http://1.1.1.1", timeout=2)
+    print("NETWORK OPEN")
+except OSError:
+    print("no network")
+print(open("answer.txt").read())
+"""
+    task = Task(id="cmd", instruction="say something", files={"agent.py": script})
+    spec = ExecutionSpec(task=task, agent=CommandAgentSpec(argv=["python3", "agent.py"], python_env=False))
+    with ScriptedEngine(tokenizer, lambda ids: "hello from the model") as fake:
+        (result,), _ = run(tiny_model, fake.url, [spec], journal)
+    assert result.status == "done" and result.agent is not None, result.error
+    assert result.agent.status == "finished", result.agent.detail
+    assert "no network" in result.agent.detail and "hello from the model" in result.agent.detail
+    assert len(result.records) == 1 and result.records[0].session == result.execution_id

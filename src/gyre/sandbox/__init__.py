@@ -1,0 +1,93 @@
+"""Sandboxes: where agents run commands. The default backend is bubblewrap; ``local`` isolates nothing.
+
+    async with make_sandbox(cfg.sandbox) as sb:
+        result = await sb.exec("pytest -q", timeout_s=300)
+
+`check_backend` refuses, with instructions, a bubblewrap backend this host cannot run; `make_sandbox` calls it.
+"""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from gyre.config import SandboxConfig
+from gyre.errors import SandboxError
+from gyre.sandbox import limits
+from gyre.sandbox.base import WORKSPACE, ExecResult, Sandbox, Snapshot
+from gyre.sandbox.bwrap import BwrapSandbox, bwrap_argv
+from gyre.sandbox.local import LocalSandbox
+from gyre.sandbox.workspace import SYSTEM_PATH
+
+__all__ = [
+    "WORKSPACE",
+    "BwrapSandbox",
+    "ExecResult",
+    "LocalSandbox",
+    "Sandbox",
+    "SandboxConfig",
+    "Snapshot",
+    "check_backend",
+    "make_sandbox",
+]
+
+_HOW_TO_FIX = (
+    "install bubblewrap (`apt-get install bubblewrap`, or run scripts/setup.sh as root), or set "
+    'sandbox.backend = "local" explicitly to run commands on this host without any isolation'
+)
+
+
+def check_backend(cfg: SandboxConfig) -> str:
+    """Check that sandboxes of ``cfg`` can run here, and say how their limits are enforced.
+
+    For bubblewrap this runs one real, empty sandbox once per process: bwrap must exist and be able to create its
+    namespaces. Raises SandboxError saying what to do otherwise.
+    """
+    limits.tool("prlimit")
+    limits.tool("bash")
+    mode = limits.choose_containment(cfg, cfg.backend == "bubblewrap")
+    if mode == "uid":
+        limits.tool("setpriv")
+    how = limits.describe(mode, cfg)
+    if cfg.backend == "local":
+        return f"local (NOT isolated); {how}"
+    _probe_bwrap(cfg.network)
+    return f"bubblewrap (isolated, {'HOST network' if cfg.network else 'no network'}); {how}"
+
+
+@functools.cache
+def _probe_bwrap(network: bool) -> None:
+    try:
+        limits.tool("bwrap")
+    except SandboxError:
+        raise SandboxError(
+            f"the bubblewrap sandbox backend needs bwrap, which is missing: {_HOW_TO_FIX}"
+        ) from None
+    with tempfile.TemporaryDirectory(prefix="gyre-sandbox-check-") as tmp:
+        argv = bwrap_argv(SandboxConfig(network=network), tmp, tmp, ["true"], {}, None)
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=30, env={"PATH": SYSTEM_PATH})
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SandboxError(f"bwrap cannot run here ({exc}): {_HOW_TO_FIX}") from None
+    if out.returncode != 0:
+        reason = out.stderr.strip() or f"exit code {out.returncode}"
+        raise SandboxError(f"bwrap cannot create its namespaces here ({reason}): {_HOW_TO_FIX}")
+
+
+def make_sandbox(
+    cfg: SandboxConfig, workspace: Path | None = None, binds: Sequence[tuple[str, str, bool]] = ()
+) -> Sandbox:
+    """A sandbox of ``cfg``'s backend (not yet started: use it in ``async with``).
+
+    ``workspace`` binds an existing directory as the workspace instead of a new empty one; it is kept at close.
+    ``binds`` shows extra host paths to commands, (host path, path inside, writable): the bubblewrap backend
+    mounts them; the local backend runs on the host, where they are already visible at their host paths.
+    Checks the backend (`check_backend`); the first check of a process blocks for tens of milliseconds, so a
+    driver makes it at start-up, before its event loop is busy.
+    """
+    check_backend(cfg)
+    cls = BwrapSandbox if cfg.backend == "bubblewrap" else LocalSandbox
+    return cls(cfg, workspace=workspace, binds=binds)

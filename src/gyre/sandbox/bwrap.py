@@ -1,0 +1,191 @@
+"""The default backend: each command runs in fresh bubblewrap namespaces over the sandbox's workspace.
+
+What a command sees and may do:
+
+- its own user, pid, network, IPC, UTS and cgroup namespaces: no network but loopback (unless ``network =
+  true`` shares the host's), no process of the host, hostname ``gyre``;
+- no capabilities (``--cap-drop ALL``: bwrap run as root keeps them otherwise, and with them a command can
+  remount the system read-write) and no nested user namespaces (``--disable-userns``);
+- the system read-only: ``/usr``, the ``/bin`` and ``/lib*`` links, and a curated copy of ``/etc`` (no shadow
+  files, host keys or package credentials); a read-only root, fresh ``/proc``, a minimal ``/dev``;
+- the workspace read-write at ``/workspace`` (its home and default cwd), and the sandbox's own ``/tmp`` (a host
+  directory private to the sandbox, so that files there last from one command to the next);
+- a scrubbed environment: PATH, HOME, LANG, TERM, TMPDIR and what the caller passes, nothing of the driver's.
+
+Each command gets new namespaces, with a small ``sh`` as their pid 1 and the command as its child. When the
+command exits, or its timeout or the sandbox's closing kills that pid 1, the kernel kills everything left in the
+namespace, daemons included; ``--die-with-parent`` does the same if the driver dies. So a background server lives
+as long as the command that started it. Measured on the 2-core dev VM: 7-8 ms for ``true`` against 1.3 ms for a
+plain subprocess (issue 4's target: overhead p50 <= 10 ms); about 4 ms of it is bwrap itself.
+"""
+
+from __future__ import annotations
+
+import atexit
+import fnmatch
+import functools
+import logging
+import os
+import posixpath
+import random
+import shutil
+import stat
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import ClassVar
+
+from gyre.config import SandboxConfig
+from gyre.errors import SandboxError
+from gyre.sandbox import limits
+from gyre.sandbox.base import WORKSPACE
+from gyre.sandbox.workspace import SYSTEM_PATH, HostSandbox
+
+# /etc entries tools need (name resolution, libraries, certificates, locales, Debian alternatives, shells,
+# language runtimes' config); nothing with secrets (shadow, ssh, sudoers, pip/npm credentials, ssl/private).
+ETC_ALLOWED = (
+    "passwd", "group", "hosts", "hostname", "nsswitch.conf", "host.conf", "gai.conf", "resolv.conf", "protocols",
+    "services", "networks", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "timezone", "locale.alias",
+    "locale.conf", "default/locale", "ssl/certs", "ssl/openssl.cnf", "ca-certificates", "ca-certificates.conf",
+    "pki/tls/certs", "pki/ca-trust", "alternatives", "bash.bashrc", "bashrc", "profile", "profile.d", "inputrc",
+    "terminfo", "magic", "magic.mime", "mime.types", "os-release", "lsb-release", "debian_version", "shells",
+    "login.defs", "python3*", "perl", "java*", "vim", "xdg",
+)  # fmt: skip
+log = logging.getLogger(__name__)
+_TOP_LEVEL = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+# pid 1 of each command's namespace (bwrap --as-pid-1): it runs the command as its child, so the command keeps
+# ordinary signal semantics (a pid 1 ignores SIGXCPU, SIGTERM... it has no handler for), and exits with its
+# status. Not bwrap's own init: bwrap exits before reaping it, leaving a zombie for the host's init, which in a
+# container may be the driver itself, never reaping it. fd 3 carries stdin (sh gives a background job /dev/null).
+_INIT = 'exec 3<&0; "$@" <&3 3<&- & wait $!'
+_SANDBOX_ENV = {"PATH": SYSTEM_PATH, "HOME": WORKSPACE, "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp"}
+
+
+_etc_lock = threading.Lock()
+
+
+@functools.cache
+def _curated_etc() -> str:
+    """A private copy of the allowed /etc entries, made once per process and removed at its exit.
+
+    One read-only bind of this copy costs a fraction of binding each entry (about 6 ms a command for ~50 mounts).
+    Symlinks stay symlinks; one that leads out of /usr and /etc is replaced by the file it names.
+    """
+    root = Path(tempfile.mkdtemp(prefix=f"gyre-etc-{os.getpid()}-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    root.chmod(0o755)  # uid containment: the sandbox's own uid reads it
+    etc = sorted(os.listdir("/etc"))
+    for pattern in ETC_ALLOWED:
+        for name in fnmatch.filter(etc, pattern) if "*" in pattern else [pattern]:
+            src, dest = Path("/etc", name), root / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                if src.is_symlink():
+                    real = os.path.realpath(src)
+                    if real.startswith(("/usr/", "/etc/")):
+                        dest.symlink_to(os.readlink(src))
+                    elif os.path.isfile(real):  # e.g. resolv.conf -> /run/...
+                        shutil.copy2(real, dest)
+                elif src.is_dir():
+                    shutil.copytree(src, dest, symlinks=True)
+                elif src.is_file():
+                    shutil.copy2(src, dest)
+            except OSError as exc:  # an unreadable entry is left out, not fatal
+                log.debug("not copying %s into the sandbox /etc: %s", src, exc)
+    (root / "mtab").symlink_to("../proc/self/mounts")
+    return str(root)
+
+
+def system_binds() -> list[str]:
+    """The bwrap arguments that show the host's system read-only."""
+    with _etc_lock:
+        etc = _curated_etc()
+    return [*_top_level_binds(), "--ro-bind", etc, "/etc"]
+
+
+@functools.cache
+def _top_level_binds() -> tuple[str, ...]:
+    args: list[str] = []
+    for name in _TOP_LEVEL:
+        path = f"/{name}"
+        if os.path.islink(path):
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return tuple(args)
+
+
+def bwrap_argv(
+    cfg: SandboxConfig,
+    workspace: str,
+    tmp: str,
+    argv: list[str],
+    env: dict[str, str],
+    cwd: str | None,
+    binds: Sequence[tuple[str, str, bool]] = (),
+) -> list[str]:
+    """bwrap's command line running ``argv`` over the host directories ``workspace`` and ``tmp``.
+
+    ``binds`` adds host paths: (host path, path inside, writable).
+    """
+    out = [
+        limits.tool("bwrap"),
+        "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+        "--disable-userns", "--cap-drop", "ALL", "--uid", "0", "--gid", "0",
+        "--die-with-parent", "--new-session", "--hostname", "gyre", "--as-pid-1",
+    ]  # fmt: skip
+    if not cfg.network:
+        out.append("--unshare-net")
+    out += system_binds()
+    out += ["--proc", "/proc", "--dev", "/dev", "--bind", workspace, WORKSPACE, "--bind", tmp, "/tmp"]
+    for host, inside, writable in binds:
+        out += ["--bind" if writable else "--ro-bind", host, inside]
+    out += ["--remount-ro", "/"]  # the root bwrap builds: no stray writes that vanish after the command
+    out.append("--clearenv")
+    for key, value in {**_SANDBOX_ENV, **env}.items():
+        out += ["--setenv", key, value]
+    workdir = WORKSPACE if cwd is None else posixpath.normpath(posixpath.join(WORKSPACE, cwd))
+    return [*out, "--chdir", workdir, "--", "/bin/sh", "-c", _INIT, "sh", *argv]
+
+
+class BwrapSandbox(HostSandbox):
+    """A sandbox isolated by bubblewrap (see the module for what a command sees)."""
+
+    isolated: ClassVar[bool] = True
+    WORKSPACE = WORKSPACE
+    _kill_children_first = True  # bwrap reaps its child (the command, pid 1 of the namespace) and exits
+
+    def _prepare(self) -> None:
+        system_binds()  # the first call copies /etc: here, in a thread, not on the loop
+        if self.containment != "uid":
+            return
+        # Its own unprivileged uid, so that RLIMIT_NPROC holds. The sandbox's files must be that uid's, and bwrap,
+        # running as it, must reach their paths (it resolves even fds given to it back to paths).
+        for parent in [self.root, *self.root.parents, *([self.workspace, *self.workspace.parents])]:
+            if not parent.stat().st_mode & stat.S_IXOTH:
+                if parent == self.root:
+                    parent.chmod(0o711)
+                    continue
+                raise SandboxError(
+                    f"sandbox.containment = 'uid' needs every directory above the workspace searchable by other "
+                    f"users, and {parent} is not (chmod o+x {parent}, or set sandbox.workspace_root elsewhere)"
+                )
+        uid = random.randrange(100_000_000, 2_000_000_000)
+        for top in (self.workspace, self.root / "tmp"):
+            os.chown(top, uid, uid)
+            for dirpath, dirnames, filenames in os.walk(top):
+                for name in dirnames + filenames:
+                    os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
+        self._owner = uid
+
+    def _launch(
+        self, argv: list[str], env: dict[str, str], cwd: str | None
+    ) -> tuple[list[str], dict[str, str], str]:
+        inner = bwrap_argv(self.cfg, str(self.workspace), str(self.root / "tmp"), argv, env, cwd, self.binds)
+        launcher = self._launcher_prefix() + inner
+        if self._owner is not None:  # setpriv rather than Popen(user=...), which uvloop does not support
+            uid = str(self._owner)
+            become = ["--reuid", uid, "--regid", uid, "--clear-groups", "--"]
+            launcher = [limits.tool("setpriv"), *become, *launcher]
+        return launcher, {"PATH": SYSTEM_PATH}, "/"

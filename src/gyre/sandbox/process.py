@@ -1,0 +1,245 @@
+"""Running one sandboxed command: capped output, a wall-clock timeout that kills the tree, the exit decoded.
+
+The command's stdout and stderr are read concurrently into `Capture`s that keep the first ``limit`` bytes and count
+and drop the rest: the pipes are always drained, so a chatty command never blocks on a full pipe and the driver's
+memory stays bounded by the limit whatever the command prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+_READ_CHUNK = 1 << 20  # bytes per read of a command's pipe
+_STDIN_CHUNK = 1 << 16
+EXIT_GRACE_S = 0.5  # after a command exits, how long a process that escaped it may hold its pipes open
+LAUNCHER_EXIT_S = 1.0  # after its children are killed, how long a launcher may take to exit by itself
+
+
+def truncation_marker(limit: int, total: int) -> str:
+    """The line appended to a stream cut after ``limit`` of its ``total`` bytes."""
+    return f"\n[gyre: output truncated after {limit} bytes; {total} bytes in all]"
+
+
+def cut_utf8(data: bytes) -> bytes:
+    """``data`` without an incomplete UTF-8 sequence at its end (what cutting at a byte count can leave)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte < 0x80:  # ASCII: nothing is cut
+            return data
+        if byte >= 0xC0:  # the lead byte of the last sequence: its length says whether it is whole
+            need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+            return data if back >= need else data[:-back]
+    return data  # only continuation bytes: not UTF-8 anyway
+
+
+class Capture:
+    """The first ``limit`` bytes of one stream, and how many it carried in all."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        """Keep what fits of ``chunk``; count all of it."""
+        self.total += len(chunk)
+        room = self.limit - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+
+    @property
+    def truncated(self) -> bool:
+        """More bytes arrived than the limit keeps."""
+        return self.total > self.limit
+
+    def text(self) -> str:
+        """The kept bytes decoded (replacement characters for invalid UTF-8), with a marker when cut."""
+        if not self.truncated:
+            return self.data.decode("utf-8", errors="replace")
+        kept = cut_utf8(bytes(self.data)).decode("utf-8", errors="replace")
+        return kept + truncation_marker(self.limit, self.total)
+
+    async def drain(self, stream: asyncio.StreamReader) -> None:
+        """Read ``stream`` to its end."""
+        while chunk := await stream.read(_READ_CHUNK):
+            self.feed(chunk)
+
+
+class Running:
+    """The processes of one sandbox that are not yet reaped."""
+
+    def __init__(self) -> None:
+        self._procs: set[asyncio.subprocess.Process] = set()
+        self._empty = asyncio.Event()
+        self._empty.set()
+
+    def add(self, proc: asyncio.subprocess.Process) -> None:
+        self._procs.add(proc)
+        self._empty.clear()
+
+    def discard(self, proc: asyncio.subprocess.Process) -> None:
+        self._procs.discard(proc)
+        if not self._procs:
+            self._empty.set()
+
+    def kill_all(self, children_first: bool = False) -> None:
+        """SIGKILL every command still running (see `kill_tree`)."""
+        for proc in list(self._procs):
+            kill_tree(proc, children_first)
+
+    async def wait_empty(self) -> None:
+        """Return once every process has been reaped."""
+        await self._empty.wait()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RawExit:
+    """How a launched process ended, before a backend interprets it."""
+
+    returncode: int  # as Popen reports it: negative for the launcher's own death by signal
+    stdout: Capture
+    stderr: Capture
+    timed_out: bool
+    duration_s: float
+
+
+def exit_status(returncode: int) -> tuple[int, str | None]:
+    """(exit code 0-255, name of the signal that ended the command or None) from a Popen return code.
+
+    A command that a signal ended reports 128+N (bwrap and shells pass on their child's death this way; the
+    launcher's own death shows as -N): both are read as signal N.
+    """
+    code = 128 - returncode if returncode < 0 else returncode
+    if 128 < code < 128 + signal.NSIG:
+        try:
+            return code, signal.Signals(code - 128).name
+        except ValueError:
+            return code, None
+    return code, None
+
+
+def _kill_children(pid: int) -> bool:
+    """SIGKILL the children of ``pid``; whether it had any. Each is pinned with a pidfd and checked to still be
+    ``pid``'s child before the signal, so a reused pid is never hit."""
+    try:
+        kids = [int(k) for k in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return False
+    for kid in kids:
+        try:
+            fd = os.pidfd_open(kid)
+        except OSError:
+            continue
+        try:
+            stat = Path(f"/proc/{kid}/stat").read_text()
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            pass
+        finally:
+            os.close(fd)
+    return bool(kids)
+
+
+def kill_tree(proc: asyncio.subprocess.Process, children_first: bool = False) -> None:
+    """SIGKILL a launched command (no-op once it is reaped).
+
+    ``children_first``: only the launcher's children, for a launcher that then reaps them and exits by itself
+    (bwrap: killing it first would orphan its child, a zombie until init reaps it, and some inits never do);
+    otherwise, or when it has no children yet, the launcher's whole process group (``start_new_session``).
+    """
+    if proc.returncode is not None:
+        return
+    if children_first and _kill_children(proc.pid):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def terminate(proc: asyncio.subprocess.Process, children_first: bool) -> None:
+    """Kill a launched command and reap it; a launcher slow to exit after its children is killed too."""
+    kill_tree(proc, children_first)
+    if children_first:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LAUNCHER_EXIT_S):
+                await proc.wait()
+        kill_tree(proc)
+    await proc.wait()
+
+
+async def _feed(stream: asyncio.StreamWriter, data: bytes) -> None:
+    """Write ``data`` to the command's stdin and close it; a command that stops reading is not an error."""
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        for start in range(0, len(data), _STDIN_CHUNK):
+            stream.write(data[start : start + _STDIN_CHUNK])
+            await stream.drain()
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        stream.close()
+        await stream.wait_closed()
+
+
+async def run_process(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    stdin: bytes | None,
+    timeout_s: float,
+    output_limit_bytes: int,
+    running: Running | None = None,
+    children_first: bool = False,
+) -> RawExit:
+    """Run ``argv`` in a new session, kill its group at ``timeout_s``, and return its capped output.
+
+    The process is in ``running`` from its start until it is reaped (so a sandbox can kill the commands still
+    running when it closes). Cancelling the caller kills the process and reaps it first. ``children_first``: see
+    `kill_tree`.
+    """
+    out, err = Capture(output_limit_bytes), Capture(output_limit_bytes)
+    start = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=dict(env),
+        cwd=cwd,
+        start_new_session=True,
+        limit=_READ_CHUNK,
+    )
+    running = Running() if running is None else running
+    running.add(proc)
+    timed_out = False
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        async with asyncio.TaskGroup() as tg:
+            readers = [tg.create_task(out.drain(proc.stdout)), tg.create_task(err.drain(proc.stderr))]
+            if stdin is not None and proc.stdin is not None:
+                tg.create_task(_feed(proc.stdin, stdin))
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await proc.wait()
+            except TimeoutError:
+                timed_out = True
+                await terminate(proc, children_first)
+            duration = time.perf_counter() - start
+            # The pipes close when the last process holding them ends; one that escaped the tree (local backend)
+            # may hold them: it gets a grace period, then its output is ignored.
+            _, pending = await asyncio.wait(readers, timeout=EXIT_GRACE_S)
+            for task in pending:
+                task.cancel()
+    finally:
+        if proc.returncode is None:
+            await terminate(proc, children_first)
+        running.discard(proc)
+    assert proc.returncode is not None  # reaped above
+    return RawExit(
+        returncode=proc.returncode, stdout=out, stderr=err, timed_out=timed_out, duration_s=duration
+    )

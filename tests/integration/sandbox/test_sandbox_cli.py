@@ -1,0 +1,47 @@
+"""``gyre sandbox run`` as a user runs it to check their set-up and see what is blocked."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+GYRE = [sys.executable, "-m", "gyre", "sandbox", "run"]
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*GYRE, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_a_command_prints_its_result_and_the_set_up(bwrap_available: None) -> None:
+    out = _run("--", "echo", "hello")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("exit code: 0 (") and "flags: none" in out.stdout
+    assert "--- stdout ---\nhello\n--- stderr ---\n" in out.stdout
+    assert "sandbox: bubblewrap (isolated, no network)" in out.stderr and "processes" in out.stderr
+
+
+def test_what_is_blocked_shows_as_failures(bwrap_available: None) -> None:
+    net = _run("--", "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=3)\"")
+    assert net.returncode == 1 and "Network is unreachable" in net.stdout
+    home = _run("--", "ls", "/root")
+    assert home.returncode == 2 and "cannot access '/root'" in home.stdout
+    slow = _run("--timeout", "0.5", "--", "sleep 10")
+    assert slow.returncode == 124 and "flags: timed out, killed by SIGKILL" in slow.stdout
+
+
+def test_workspace_and_backend_options(tmp_path: Path, bwrap_available: None) -> None:
+    (tmp_path / "notes.txt").write_text("my notes")
+    out = _run("--workspace", str(tmp_path), "--", "cat notes.txt; pwd; echo new > made.txt")
+    assert out.returncode == 0 and "my notes/workspace\n" in out.stdout
+    assert (tmp_path / "made.txt").read_text() == "new\n" and (tmp_path / "notes.txt").exists()
+    local = _run("--backend", "local", "--workspace", str(tmp_path), "--", "pwd")
+    assert local.returncode == 0 and f"{tmp_path}\n" in local.stdout
+    assert "NOT isolated" in local.stderr and "WITHOUT isolation" in local.stderr
+
+
+def test_usage_errors_are_one_clear_line() -> None:
+    none = _run()
+    assert none.returncode == 2 and "give the command after --" in none.stderr
+    bad = _run("--set", "sandbox.memory_mib=-1", "--", "true")
+    assert bad.returncode == 2 and "memory_mib" in bad.stderr and "Traceback" not in bad.stderr
