@@ -36,31 +36,7 @@ from gyre.router.core import Router
 from gyre.router.openai_types import ChatRequest
 from gyre.router.pool import EnginePool, Generation
 
-UPSTREAM = r"""
-import asyncio, json, sys
-ids = list(range(100, 115)) + [258]
-meta = {"id": "x", "finish_reason": {"type": "stop", "matched": 258}, "prompt_tokens": 20, "completion_tokens": 16,
-        "weight_version": "0", "output_token_logprobs": [[-0.5, t, None] for t in ids]}
-body = json.dumps({"text": "", "output_ids": ids, "meta_info": meta}).encode()
-head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
-async def handle(reader, writer):
-    try:
-        while True:
-            header = await reader.readuntil(b"\r\n\r\n")
-            n = 0
-            for line in header.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    n = int(line.split(b":")[1])
-            if n:
-                await reader.readexactly(n)
-            writer.write(head + body if not header.startswith(b"GET") else b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-    except (asyncio.IncompleteReadError, ConnectionError):
-        writer.close()
-async def main():
-    server = await asyncio.start_server(handle, "127.0.0.1", int(sys.argv[1]))
-    await server.serve_forever()
-asyncio.run(main())
-"""
+UPSTREAM = str(Path(__file__).with_name("upstream.py"))  # the engine stand-in, run as its own process
 
 
 class Connection:
@@ -189,7 +165,9 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp())
     model = init_model(tmp / "tiny")
     up_port, port, admin_port = free_port(), free_port(), free_port()
-    upstream = subprocess.Popen([sys.executable, "-c", UPSTREAM, str(up_port)])
+    upstream = subprocess.Popen(
+        [sys.executable, UPSTREAM, str(up_port), "0", json.dumps([[*range(100, 115), 258]])]
+    )
     cmd = [
         sys.executable,
         "-m",

@@ -23,7 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from gyre.sandbox import make_sandbox
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -34,39 +33,10 @@ from gyre.engine.launch import free_port
 from gyre.models import init_model, load_tokenizer
 from gyre.router.core import Router
 from gyre.runtime import BuiltinAgentSpec, ExecutionSpec, Runtime
+from gyre.sandbox import make_sandbox
 from gyre.tasks import Task
 
-UPSTREAM = r"""
-import asyncio, json, random, sys
-port, median, replies = int(sys.argv[1]), float(sys.argv[2]), json.loads(sys.argv[3])
-def body(ids):
-    meta = {"id": "x", "finish_reason": {"type": "stop", "matched": ids[-1]}, "prompt_tokens": 1,
-            "completion_tokens": len(ids), "weight_version": "0", "output_token_logprobs": [[-0.5, t, None] for t in ids]}
-    data = json.dumps({"text": "", "output_ids": ids, "meta_info": meta}).encode()
-    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(data) + data
-answers = [body(ids) for ids in replies]
-async def handle(reader, writer):
-    try:
-        while True:
-            header = await reader.readuntil(b"\r\n\r\n")
-            n = 0
-            for line in header.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    n = int(line.split(b":")[1])
-            if n:
-                await reader.readexactly(n)
-            if header.startswith(b"GET"):
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-                continue
-            await asyncio.sleep(random.lognormvariate(0, 0.75) * median)
-            writer.write(answers[0] if random.random() < 0.5 else answers[1])
-    except (asyncio.IncompleteReadError, ConnectionError):
-        writer.close()
-async def main():
-    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
-    await server.serve_forever()
-asyncio.run(main())
-"""
+UPSTREAM = str(Path(__file__).with_name("upstream.py"))  # the engine stand-in, run as its own process
 
 
 def rss_mib() -> float:
@@ -160,9 +130,7 @@ def main() -> None:
     ]
     ids = [tok.encode(r, add_special_tokens=False) + [eos] for r in replies]
     port = free_port()
-    upstream = subprocess.Popen(
-        [sys.executable, "-c", UPSTREAM, str(port), str(args.latency_s), json.dumps(ids)]
-    )
+    upstream = subprocess.Popen([sys.executable, UPSTREAM, str(port), str(args.latency_s), json.dumps(ids)])
     sandbox_cfg = SandboxConfig(workspace_root=str(tmp / "workspaces"))
     rows = []
     try:
