@@ -64,9 +64,9 @@ class HttpPool:
         self.prefix = parts.path.rstrip("/")
         self.timeout_s, self.connect_timeout_s, self.max_idle = timeout_s, connect_timeout_s, max_idle
         self._idle: deque[_Connection] = deque()
-        self._open = asyncio.Semaphore(
-            max_open
-        )  # requests in flight, so connections (file descriptors) stay bounded
+        # requests in flight (so connections, file descriptors, stay bounded), and connections opened at once
+        # (so a burst does not overflow the server's accept backlog)
+        self._open, self._connecting = asyncio.Semaphore(max_open), asyncio.Semaphore(64)
         self._host_header = f"{self.host}:{self.port}".encode()
 
     async def request(
@@ -119,9 +119,10 @@ class HttpPool:
                 return conn, True
             conn.close()
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, limit=2**24), self.connect_timeout_s
-            )
+            async with self._connecting:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port, limit=2**24), self.connect_timeout_s
+                )
         except (OSError, TimeoutError) as exc:
             raise EngineUnavailable(f"{self.host}:{self.port} unreachable: {exc!r}") from exc
         return _Connection(reader, writer), False

@@ -25,6 +25,7 @@ from gyre.errors import EngineCapacityError, EngineError, EngineRequestError, En
 from gyre.protocol import GenerateResponse, SamplingParams
 
 log = logging.getLogger(__name__)
+PROBE_INTERVAL_S = 1.0  # while no engine serves, gone engines are asked for /health this often
 
 
 class EngineState(enum.Enum):
@@ -52,6 +53,7 @@ class Engine:
     kv_handover: bool = True  # cleared once the engine shows it lacks the extension
     calls: int = 0
     failures: int = 0
+    last_probe: float = 0.0  # time.monotonic() of the last health probe while gone
 
 
 class PoolStatistics(msgspec.Struct, frozen=True):
@@ -190,11 +192,25 @@ class EnginePool:
             candidates = self.serving()
             if candidates:
                 return min(candidates, key=lambda e: e.outstanding_tokens)
+            await self._probe_gone()
+            if self.serving():
+                continue
             left = deadline - time.monotonic()
             if left <= 0:
                 raise NoCapacity(f"no engine is serving (waited {self.wait_for_engine_s:g} s)")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=left)
+                await asyncio.wait_for(self._changed.wait(), timeout=min(left, PROBE_INTERVAL_S))
+
+    async def _probe_gone(self) -> None:
+        """Bring back gone engines that answer ``/health`` again (a restart, a transient failure)."""
+        now = time.monotonic()
+        for engine in self.engines.values():
+            if engine.state is EngineState.GONE and now - engine.last_probe >= PROBE_INTERVAL_S:
+                engine.last_probe = now
+                if await engine.client.health():
+                    log.warning("engine %s (%s) answers again: serving", engine.name, engine.url)
+                    engine.state = EngineState.SERVING
+                    self._notify()
 
     # ---- one call ---------------------------------------------------------------------------------------------
     async def generate(

@@ -13,7 +13,7 @@ import openai
 import pytest
 import torch
 
-from gyre.engine.launch import ServerProcess, launch_embedded
+from gyre.engine.launch import ServerProcess, free_port, launch_embedded
 from gyre.records import CallRecord, expand_inputs
 from gyre.router.launch import launch_router
 from reference import hf_logprobs
@@ -108,3 +108,30 @@ def test_drain_and_crash_mid_generation_are_invisible(
             assert torch.allclose(torch.tensor(rec["output_logprobs"]), torch.tensor(ref), atol=1e-4)
     moved = [r for recs in records.values() for r in recs if r["cell"] == "engine-2"]
     assert moved  # calls finished on the engine that stayed
+
+
+def test_calls_wait_for_a_restarted_engine(tiny_model: Path, tmp_path: Path) -> None:
+    port = free_port()
+    engine = launch_embedded(tiny_model, port=port, overrides=["engine.kv_cache_mem_gib=0.05"])
+    proc, admin = launch_router(tiny_model, [engine.url], overrides=["router.wait_for_engine_s=60"])
+    with proc:
+        s = httpx.post(admin + "/admin/sessions", json={}).json()
+        client = openai.OpenAI(base_url=s["base_url"], api_key="unused", max_retries=0, timeout=120)
+        messages = [{"role": "user", "content": "hello"}]
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=4)  # type: ignore[arg-type]
+        engine.kill()
+        with pytest.raises(
+            openai.APIError
+        ):  # the engine died: this call has nowhere to go... until it is back
+            client.with_options(timeout=3).chat.completions.create(
+                model="tiny", messages=messages, max_tokens=4
+            )  # type: ignore[arg-type]
+        assert httpx.get(admin + "/admin/engines").json()["engines"] == {"engine-0": "gone"}
+        restarted = launch_embedded(tiny_model, port=port, overrides=["engine.kv_cache_mem_gib=0.05"])
+        try:
+            r = client.chat.completions.create(model="tiny", messages=messages, max_tokens=4)  # type: ignore[arg-type]
+            assert r.choices[0].finish_reason in ("stop", "length")
+            assert httpx.get(admin + "/admin/engines").json()["engines"] == {"engine-0": "serving"}
+        finally:
+            restarted.stop()
+            client.close()
