@@ -300,7 +300,8 @@ class EnginePool:
                 engine.outstanding_tokens -= cost
                 if not finished and engine.state is not EngineState.GONE:  # the caller went away mid-call
                     with contextlib.suppress(Exception):
-                        await engine.client.abort(rid)
+                        async with asyncio.timeout(5):
+                            await engine.client.abort(rid)
             assert resp is not None
             engines.append(engine.name)
             version = version or resp.meta_info.weight_version
