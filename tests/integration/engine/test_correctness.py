@@ -164,3 +164,15 @@ def test_sampled_tokens_follow_the_model_distribution(engine: EmbeddedEngine, hf
         chi2 = float(((observed[keep] - wanted[keep]) ** 2 / wanted[keep]).sum())
         dof = int(keep.sum()) - 1
         assert chi2 < dof + 5 * (2 * dof) ** 0.5, (temperature, top_p, chi2, dof)
+
+
+def test_chunked_prefill_of_a_long_prompt_matches_hugging_face(tiny_model: Path, hf_model: Any) -> None:
+    prompt = _prompts(1, seed=9)[0] * 6  # longer than several prefill chunks
+    eng = EmbeddedEngine(EngineConfig(model_path=str(tiny_model), max_prefill_tokens=16, kv_cache_mem_gib=0.05))
+    try:
+        alone = _run(eng, [GenerateRequest(input_ids=prompt, sampling_params=GREEDY)])[0]
+        with_others = _run(eng, [GenerateRequest(input_ids=p, sampling_params=GREEDY) for p in [prompt[::-1], prompt]])
+    finally:
+        eng.close()
+    assert len(prompt) > 3 * 16
+    assert alone.output_ids == hf_greedy(hf_model, prompt, 24) == with_others[1].output_ids

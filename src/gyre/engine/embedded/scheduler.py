@@ -308,7 +308,7 @@ class Scheduler:
             decode_slots=dslots,
             decode_mask=dmask,
             prefills=prefills,
-            logit_rows=torch.tensor(logit_rows, device=dev),
+            logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=dev),  # may be empty: a middle chunk
         )
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> None:
