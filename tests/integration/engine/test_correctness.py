@@ -168,10 +168,14 @@ def test_sampled_tokens_follow_the_model_distribution(engine: EmbeddedEngine, hf
 
 def test_chunked_prefill_of_a_long_prompt_matches_hugging_face(tiny_model: Path, hf_model: Any) -> None:
     prompt = _prompts(1, seed=9)[0] * 6  # longer than several prefill chunks
-    eng = EmbeddedEngine(EngineConfig(model_path=str(tiny_model), max_prefill_tokens=16, kv_cache_mem_gib=0.05))
+    eng = EmbeddedEngine(
+        EngineConfig(model_path=str(tiny_model), max_prefill_tokens=16, kv_cache_mem_gib=0.05)
+    )
     try:
         alone = _run(eng, [GenerateRequest(input_ids=prompt, sampling_params=GREEDY)])[0]
-        with_others = _run(eng, [GenerateRequest(input_ids=p, sampling_params=GREEDY) for p in [prompt[::-1], prompt]])
+        with_others = _run(
+            eng, [GenerateRequest(input_ids=p, sampling_params=GREEDY) for p in [prompt[::-1], prompt]]
+        )
     finally:
         eng.close()
     assert len(prompt) > 3 * 16
