@@ -10,8 +10,8 @@ run: setup
 	$(VENV)/gyre quickstart --model models/tiny
 
 test: setup
-	$(VENV)/ruff check src tests benchmarks
-	$(VENV)/ruff format --check src tests benchmarks
+	$(VENV)/ruff check src tests benchmarks examples
+	$(VENV)/ruff format --check src tests benchmarks examples
 	$(VENV)/mypy
 	$(VENV)/python -m pytest -q
 
