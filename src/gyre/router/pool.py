@@ -133,8 +133,7 @@ class EnginePool:
             try:  # the router is the engine's only client: abort everything, until nothing is in flight
                 await engine.client.abort(abort_all=True)
             except EngineError as exc:
-                log.warning("abort on draining %s failed: %s", name, exc)
-                self._mark_gone(engine)
+                self._mark_gone(engine, f"abort while draining failed: {exc}")
                 break
             await asyncio.sleep(0.02)
 
@@ -174,9 +173,9 @@ class EnginePool:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def _mark_gone(self, engine: Engine) -> None:
+    def _mark_gone(self, engine: Engine, reason: object = "") -> None:
         if engine.state is not EngineState.GONE:
-            log.warning("engine %s (%s) is gone", engine.name, engine.url)
+            log.warning("engine %s (%s) is gone: %s", engine.name, engine.url, reason)
             engine.state = EngineState.GONE
             engine.failures += 1
             self._failures += 1
@@ -288,7 +287,7 @@ class EnginePool:
             except (EngineCapacityError, EngineRequestError):
                 raise
             except EngineUnavailable as exc:
-                self._mark_gone(engine)
+                self._mark_gone(engine, exc)
                 failures += 1
                 if failures > self.retry_budget:
                     raise NoCapacity(f"gave up after {failures} engine failures; last: {exc}") from exc
