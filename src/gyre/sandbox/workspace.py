@@ -7,6 +7,7 @@ never the caller's workspace. A backend supplies only how a command is launched 
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import itertools
@@ -159,11 +160,11 @@ class HostSandbox(Sandbox):
 
     # -- commands ------------------------------------------------------------------------------------------
 
+    @abc.abstractmethod
     def _launch(
         self, argv: list[str], env: dict[str, str], cwd: str | None
     ) -> tuple[list[str], dict[str, str], str]:
-        """(argv, environment, host cwd) that run ``argv`` in this sandbox."""
-        raise NotImplementedError
+        """(argv, environment, host cwd) that run ``argv`` in this sandbox (each backend's own)."""
 
     def _launcher_prefix(self) -> list[str]:
         """The cgroup join and the rlimits every backend puts before its command."""
