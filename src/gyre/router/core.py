@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 
 from gyre.config import RouterConfig
-from gyre.errors import EngineCapacityError, EngineRequestError
+from gyre.errors import ConfigError, EngineCapacityError, EngineRequestError
 from gyre.journal import Journal
 from gyre.protocol import SamplingParams
 from gyre.records import ROLE_PRIORITY, CallRecord, CallTiming, Role
@@ -37,7 +37,7 @@ class Router:
     ):
         if renderer is None:
             if not cfg.model_path:
-                raise RouterError("router.model_path is empty: the router needs the model's tokenizer", 500)
+                raise ConfigError("router.model_path is empty: the router needs the served model's tokenizer")
             renderer = ChatRenderer.from_model_dir(cfg.model_path)
         self.cfg = cfg
         self.renderer = renderer

@@ -211,3 +211,22 @@ def test_streamed_tool_calls_arrive_whole(tiny_model: Path) -> None:
     assert content == "Checking."  # the tool-call markup never leaks into the streamed text
     assert len(calls) == 1 and json.loads(calls[0].function.arguments or "") == {"cmd": "pwd"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_agents_model_client_over_http(router: tuple[ServerProcess, str, Path]) -> None:
+    from gyre.agents.client import HttpModelClient
+
+    _, admin, _ = router
+    s = _session(admin, "http-client")
+
+    async def go() -> dict[str, Any]:
+        client = HttpModelClient(s["base_url"], model="tiny")
+        try:
+            return await client.chat([{"role": "user", "content": "hi"}], role="sub-agent", max_tokens=5)
+        finally:
+            await client.aclose()
+
+    body = asyncio.run(go())
+    assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] <= 5
+    (record,) = _records(s["base_url"])
+    assert record["role"] == "sub-agent" and record["call_id"] == body["id"]
