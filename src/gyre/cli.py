@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import sys
 import time
@@ -20,13 +21,18 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
     from gyre.config import load_config
 
     overrides = list(args.set or [])
-    if args.model:
-        overrides.append(f"engine.model_path={args.model!s}")
-    if getattr(args, "port", None) is not None:
-        overrides.append(f"engine.port={args.port}")
-    if getattr(args, "threads", None) is not None:
-        overrides.append(f"engine.num_threads={args.threads}")
+    for key, value in (("model_path", args.model), ("port", getattr(args, "port", None)),
+                       ("num_threads", getattr(args, "threads", None))):  # fmt: skip
+        if value is not None and value != "":
+            overrides.append(_override(f"engine.{key}", value))
     return load_config(args.config, overrides).engine
+
+
+def _override(key: str, value: object) -> str:
+    """A dotted override whose value is a TOML literal (strings quoted and escaped, so any path survives)."""
+    if isinstance(value, Path):
+        value = str(value)
+    return f"{key}={json.dumps(value)}"
 
 
 def cmd_init_model(args: argparse.Namespace) -> int:
@@ -95,15 +101,13 @@ def cmd_router(args: argparse.Namespace) -> int:
 
     overrides = list(args.set or [])
     if args.engines:
-        urls = [u.strip() for u in args.engines.split(",") if u.strip()]
-        overrides.append("router.engines=[" + ", ".join(f'"{u}"' for u in urls) + "]")
-    for key, value in (("model_path", args.model), ("port", args.port), ("admin_port", args.admin_port)):
+        overrides.append(
+            _override("router.engines", [u.strip() for u in args.engines.split(",") if u.strip()])
+        )
+    for key, value in (("model_path", args.model), ("port", args.port), ("admin_port", args.admin_port),
+                       ("journal_dir", args.journal)):  # fmt: skip
         if value is not None:
-            overrides.append(
-                f"router.{key}={value!s}" if key != "model_path" else f'router.model_path="{value}"'
-            )
-    if args.journal:
-        overrides.append(f'router.journal_dir="{args.journal}"')
+            overrides.append(_override(f"router.{key}", value))
     cfg = load_config(args.config, overrides).router
 
     async def run() -> None:

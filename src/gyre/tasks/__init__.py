@@ -1,5 +1,6 @@
-"""Tasks: what an execution attempts. Task suites, formats and verifiers arrive with issue 5."""
+"""Tasks: what an execution attempts, and loaders for the Gyre, NL2RepoBench and Harbor directory formats."""
 
-from gyre.tasks.base import Task
+from gyre.tasks.base import Task, TaskLimits, VerifierSpec
+from gyre.tasks.formats import load_suite, load_task
 
-__all__ = ["Task"]
+__all__ = ["Task", "TaskLimits", "VerifierSpec", "load_suite", "load_task"]
