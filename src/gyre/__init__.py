@@ -11,6 +11,18 @@ from typing import Any
 __version__ = "0.1.0"
 
 _LAZY = {
+    "BuiltinAgent": "gyre.agents.builtin",
+    "BuiltinAgentSpec": "gyre.runtime",
+    "CommandAgentSpec": "gyre.runtime",
+    "ExecutionResult": "gyre.runtime",
+    "ExecutionSpec": "gyre.runtime",
+    "Router": "gyre.router.core",
+    "RouterConfig": "gyre.config",
+    "Runtime": "gyre.runtime",
+    "SandboxConfig": "gyre.config",
+    "Task": "gyre.tasks",
+    "expand_inputs": "gyre.records",
+    "make_sandbox": "gyre.sandbox",
     "CallRecord": "gyre.records",
     "EmbeddedEngine": "gyre.engine.embedded.engine",
     "EngineClient": "gyre.engine.client",
