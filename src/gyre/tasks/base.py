@@ -13,7 +13,9 @@ class VerifierSpec(msgspec.Struct, frozen=True, kw_only=True):
     """How a finished workspace is scored: shell commands run in it, then one artifact read."""
 
     commands: tuple[str, ...]  # shell strings run in order in the workspace root; never split on spaces
-    result: ResultKind = "exit_code"  # junit: passed tests from a JUnit XML report; reward_file: a float in a file
+    result: ResultKind = (
+        "exit_code"  # junit: passed tests from a JUnit XML report; reward_file: a float in a file
+    )
     report_path: str = ""  # the JUnit XML report or reward file; workspace-relative unless absolute
     declared_test_count: Annotated[int, msgspec.Meta(ge=0)] | None = None  # score = min(passed / declared, 1)
     timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 600.0  # wall clock for all the commands together
@@ -37,9 +39,13 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     time_budget_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0  # wall clock for one execution
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
     format: Literal["gyre", "nl2repo", "harbor"] = "gyre"  # the directory layout it was loaded from
-    hidden_files: dict[str, str] = msgspec.field(default_factory=dict)  # never shown to the agent; verify only
+    hidden_files: dict[str, str] = msgspec.field(
+        default_factory=dict
+    )  # never shown to the agent; verify only
     missing_hidden_files: tuple[str, ...] = ()  # hidden test paths the task names but does not ship
     verifier: VerifierSpec | None = None  # None: nothing scores this task
     limits: TaskLimits = msgspec.field(default_factory=TaskLimits)
     source_dir: str = ""  # absolute path of the task directory; "" when built in code
-    unsupported: str | None = None  # why this host cannot run it (e.g. needs a container image); None: runnable
+    unsupported: str | None = (
+        None  # why this host cannot run it (e.g. needs a container image); None: runnable
+    )
