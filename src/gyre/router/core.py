@@ -6,14 +6,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import msgspec
 
 from gyre.config import RouterConfig
 from gyre.errors import ConfigError, EngineCapacityError, EngineRequestError
@@ -295,12 +294,13 @@ class Router:
         text = self.renderer.decode(gen.output_ids)
         choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": _finish(gen), "logprobs": None}
         if req.logprobs is not None:
-            pieces = [self.renderer.decode([t]) for t in gen.output_ids]
+            pieces = self.renderer.decode_tokens(gen.output_ids)
             choice["logprobs"] = {
                 "tokens": pieces,
                 "token_logprobs": gen.logprobs,
                 "top_logprobs": [
-                    {self.renderer.decode([t]): lp for lp, t in top} for top in gen.top_logprobs
+                    dict(zip(self.renderer.decode_tokens([t for _, t in top]), (lp for lp, _ in top), strict=True))
+                    for top in gen.top_logprobs
                 ] if req.logprobs else None,
                 "text_offset": _offsets(pieces),
             }  # fmt: skip
@@ -326,14 +326,8 @@ class Router:
         top: int,
         field: str = "messages",
     ) -> Generation:
-        try:
+        with _engine_errors(field):
             gen = await self.pool.generate(input_ids, params, session.affinity, top)
-        except EngineCapacityError as exc:
-            raise RouterError(f"the request does not fit the model: {exc}", 413, param=field) from None
-        except EngineRequestError as exc:
-            raise RouterError(f"the engine rejected the request: {exc}", 400) from None
-        except NoCapacity as exc:
-            raise RouterError(str(exc), 503, "service_unavailable") from None
         session.affinity = gen.engine
         return gen
 
@@ -404,17 +398,24 @@ class _ChatCall:
     top_n: int
 
 
-async def _mapped(stream: AsyncIterator[Chunk | Generation]) -> AsyncIterator[Chunk | Generation]:
-    """The pool's stream with engine failures turned into the router's HTTP errors."""
+@contextlib.contextmanager
+def _engine_errors(field: str = "messages") -> Iterator[None]:
+    """Engine failures as the router's HTTP errors (``field`` names the request field a 413 is about)."""
     try:
-        async for item in stream:
-            yield item
+        yield
     except EngineCapacityError as exc:
-        raise RouterError(f"the request does not fit the model: {exc}", 413, param="messages") from None
+        raise RouterError(f"the request does not fit the model: {exc}", 413, param=field) from None
     except EngineRequestError as exc:
         raise RouterError(f"the engine rejected the request: {exc}", 400) from None
     except NoCapacity as exc:
         raise RouterError(str(exc), 503, "service_unavailable") from None
+
+
+async def _mapped(stream: AsyncIterator[Chunk | Generation]) -> AsyncIterator[Chunk | Generation]:
+    """The pool's stream with engine failures turned into the router's HTTP errors."""
+    with _engine_errors():
+        async for item in stream:
+            yield item
 
 
 def _finish(gen: Generation) -> str:
@@ -438,8 +439,3 @@ def _version(value: str) -> int:
         return int(value)
     except ValueError:
         return -1
-
-
-def encode_json(data: Any) -> bytes:
-    """JSON bytes of a response body."""
-    return msgspec.json.encode(data)

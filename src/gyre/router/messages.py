@@ -5,7 +5,6 @@ Everything here is pure text and data: no tokenizer, no template.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import uuid
 from typing import Any
@@ -114,26 +113,6 @@ def _normalize_tool_call(where: str, call: Any) -> dict[str, Any]:
         "type": "function",
         "function": {"name": _exact(name), "arguments": _exact(arguments)},
     }
-
-
-def message_digests(messages: list[dict[str, Any]]) -> list[bytes]:
-    """Prefix-chain digests: element ``k`` identifies the first ``k + 1`` normalized messages."""
-    digests: list[bytes] = []
-    previous = b""
-    for message in normalize_messages(messages):
-        previous = _chain(previous, message)
-        digests.append(previous)
-    return digests
-
-
-def chain_digest(previous: bytes, message: dict[str, Any]) -> bytes:
-    """Extend a digest chain by one message: ``chain_digest(d[k], m) == message_digests(ms + [m])[k + 1]``."""
-    return _chain(previous, normalize_messages([message])[0])
-
-
-def _chain(previous: bytes, normalized: dict[str, Any]) -> bytes:
-    encoded = msgspec.json.encode(normalized, order="sorted")
-    return hashlib.blake2b(previous + encoded, digest_size=16, person=b"gyre-messages").digest()
 
 
 class ParsedReply(msgspec.Struct):

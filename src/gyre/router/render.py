@@ -2,7 +2,7 @@
 
 The router never re-tokenizes what the model produced (TITO, DESIGN.md section 5): when a request extends an
 earlier call, its input ids are the earlier input ids + the sampled output ids + ``render_extension`` of only the
-new messages. ``message_digests`` identifies message prefixes so the router can find the call a request extends.
+new messages.
 Every malformed message raises ``ValueError`` naming its index and field; the caller answers HTTP 400.
 
 The hot path skips transformers' per-call wrappers: the chat template is compiled once and rendered on the

@@ -230,3 +230,17 @@ def test_agents_model_client_over_http(router: tuple[ServerProcess, str, Path]) 
     assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] <= 5
     (record,) = _records(s["base_url"])
     assert record["role"] == "sub-agent" and record["call_id"] == body["id"]
+
+
+def test_completions_with_token_logprobs(router: tuple[ServerProcess, str, Path]) -> None:
+    _, admin, _ = router
+    s = _session(admin, "completions")
+    client = openai.OpenAI(base_url=s["base_url"], api_key="unused")
+    r = client.completions.create(model="tiny", prompt="Once upon a time", max_tokens=6, logprobs=2)
+    client.close()
+    choice = r.choices[0]
+    (record,) = _records(s["base_url"])
+    assert choice.logprobs is not None and choice.logprobs.tokens is not None
+    assert len(choice.logprobs.tokens) == len(record["output_ids"]) <= 6
+    assert choice.logprobs.token_logprobs == pytest.approx(record["output_logprobs"])
+    assert all(len(top) <= 2 for top in choice.logprobs.top_logprobs or [])

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gyre.errors import ConfigError
 from gyre.models import ADDED_TOKENS, CHAT_TEMPLATE, IM_END, SPECIAL_TOKENS, build_tokenizer, init_model
-from gyre.router.messages import chain_digest, message_digests, normalize_messages
+from gyre.router.messages import normalize_messages
 from gyre.router.render import ChatRenderer
 
 TOOLS = [
@@ -328,43 +328,6 @@ CONVERSATION = [
     tool("a", "x"),
     tool("b", "y"),
 ]
-
-
-def test_message_digests_identify_prefixes() -> None:
-    digests = message_digests(CONVERSATION)
-    assert len(digests) == len(CONVERSATION) == len(set(digests))
-    assert all(len(d) == 16 for d in digests)
-    assert message_digests([dict(m) for m in CONVERSATION]) == digests
-    for k in range(len(CONVERSATION)):
-        assert message_digests(CONVERSATION[: k + 1]) == digests[: k + 1]
-    reply = {"role": "assistant", "content": "done"}
-    assert chain_digest(digests[-1], reply) == message_digests([*CONVERSATION, reply])[-1]
-    # Forms that normalize equally digest equally; key order does not matter.
-    same = [dict(reversed(list(m.items()))) for m in CONVERSATION]
-    same[0] = {"role": "system", "content": [{"type": "text", "text": SYSTEM["content"]}], "extra": 1}
-    same[2] = {**same[2], "content": None}
-    assert message_digests(same) == digests
-
-
-@pytest.mark.parametrize(
-    ("index", "change"),
-    [
-        (0, {"role": "user"}),
-        (1, {"content": "What is in util.py?"}),
-        (1, {"name": "alice"}),
-        (2, {"tool_calls": [call("a"), call("b", "ls", '{"dir": "."}')]}),
-        (2, {"tool_calls": [call("a"), call("c", "ls", "{}")]}),
-        (2, {"tool_calls": [call("a")]}),
-        (3, {"tool_call_id": "b"}),
-        (4, {"content": "z"}),
-    ],
-)
-def test_message_digests_change_from_the_changed_message_on(index: int, change: dict) -> None:
-    changed = [dict(m) for m in CONVERSATION]
-    changed[index].update(change)
-    before, after = message_digests(CONVERSATION), message_digests(changed)
-    assert after[:index] == before[:index]
-    assert all(a != b for a, b in zip(after[index:], before[index:], strict=True))
 
 
 def test_renderer_needs_a_chat_template() -> None:
