@@ -1,90 +1,10 @@
 """The one place where tests replace something real: a scripted model at the engine edge.
 
-``ScriptedEngine`` speaks the engine's HTTP API (``/generate`` and friends) but answers with canned text instead of
-a model's sampling, for tests that need a capable model (tool calls, a solved task) the tiny model cannot be.
+``ScriptedEngine`` (from `gyre.engine.scripted`, where `gyre eval --agent oracle` uses it for scripted experts)
+speaks the engine's HTTP API but answers with canned text instead of a model's sampling, for tests that need a
+capable model (tool calls, a solved task) the tiny model cannot be.
 """
 
-from __future__ import annotations
+from gyre.engine.scripted import Script, ScriptedEngine
 
-import asyncio
-import threading
-from collections.abc import Callable
-from typing import Any
-
-import msgspec
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
-
-from gyre.engine.launch import free_port
-
-Script = Callable[[list[int]], str]  # input ids -> the reply text
-
-
-class ScriptedEngine:
-    """An engine that answers each ``/generate`` with ``script(input_ids)``, tokenized, then end-of-sequence."""
-
-    def __init__(self, tokenizer: Any, script: Script, weight_version: str = "0") -> None:
-        self.tokenizer, self.script, self.weight_version = tokenizer, script, weight_version
-        self.requests: list[dict[str, Any]] = []
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        app = Starlette(routes=[
-            Route("/generate", self._generate, methods=["POST"]),
-            Route("/health", self._ok, methods=["GET"]),
-            Route("/abort_request", self._ok, methods=["POST"]),
-            Route("/model_info", self._info, methods=["GET"]),
-        ])  # fmt: skip
-        self._server = uvicorn.Server(uvicorn.Config(app, port=self.port, log_level="error"))
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve()), daemon=True)
-
-    async def _generate(self, request: Request) -> Response:
-        body = msgspec.json.decode(await request.body())
-        self.requests.append(body)
-        eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        ids = self.tokenizer.encode(self.script(body["input_ids"]), add_special_tokens=False) + [eos]
-        limit = body.get("sampling_params", {}).get("max_new_tokens") or len(ids)
-        ids = ids[:limit]
-        finish = (
-            {"type": "stop", "matched": eos} if ids[-1] == eos else {"type": "length", "length": len(ids)}
-        )
-        meta = {
-            "id": body.get("rid") or "x",
-            "finish_reason": finish,
-            "prompt_tokens": len(body["input_ids"]),
-            "completion_tokens": len(ids),
-            "weight_version": self.weight_version,
-            "output_token_logprobs": [[-0.25, t, None] for t in ids],
-        }
-        if not body.get("stream"):
-            return Response(msgspec.json.encode({"text": "", "output_ids": ids, "meta_info": meta}))
-        chunks = []  # cumulative, as SGLang streams: one chunk per token, the last one finished
-        for n in range(1, len(ids) + 1):
-            part = {
-                **meta,
-                "completion_tokens": n,
-                "output_token_logprobs": meta["output_token_logprobs"][:n],
-            }
-            part["finish_reason"] = finish if n == len(ids) else None
-            chunks.append(
-                b"data: " + msgspec.json.encode({"text": "", "output_ids": ids[:n], "meta_info": part})
-            )
-        return Response(b"\n\n".join([*chunks, b"data: [DONE]"]) + b"\n\n", media_type="text/event-stream")
-
-    async def _ok(self, request: Request) -> Response:
-        return Response(status_code=200)
-
-    async def _info(self, request: Request) -> Response:
-        return Response(msgspec.json.encode({"weight_version": self.weight_version}))
-
-    def __enter__(self) -> ScriptedEngine:
-        self._thread.start()
-        while not self._server.started:
-            threading.Event().wait(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=5)
+__all__ = ["Script", "ScriptedEngine"]

@@ -11,7 +11,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gyre.errors import GyreError
+import msgspec
+
+from gyre.errors import ConfigError, GyreError
 
 if TYPE_CHECKING:
     from gyre.config import EngineConfig
@@ -169,6 +171,28 @@ def cmd_quickstart(args: argparse.Namespace) -> int:
     return cmd_generate(gen)
 
 
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Run an evaluation and print its summary."""
+    from gyre.config import load_config
+    from gyre.evaluation import EvalOptions, print_summary, run_eval
+
+    sandbox = load_config(args.config, list(args.set or [])).sandbox
+    name = args.suite.rstrip("/").rsplit("/", 1)[-1].replace(":", "-")
+    run_dir = args.run_dir or f"runs/eval-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        options = EvalOptions(
+            suite=args.suite, run_dir=run_dir, agent=args.agent, model_path=args.model_path,
+            model_name=args.model, engine_url=args.engine_url, concurrency=args.concurrency,
+            group_size=args.group_size, limit=args.limit, max_steps=args.max_steps, temperature=args.temperature,
+            sandbox=sandbox, progress=not args.no_progress,
+        )  # fmt: skip
+        options = msgspec.convert(msgspec.to_builtins(options), EvalOptions)  # checks the bounds
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"bad option: {exc}") from None
+    print_summary(run_eval(options), run_dir)
+    return 0
+
+
 def cmd_sandbox_run(args: argparse.Namespace) -> int:
     """Run one command in the sandbox an agent would get and print what happened (to check a set-up)."""
     from gyre.config import load_config
@@ -278,6 +302,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command (one argument: a bash line)")
     s.set_defaults(fn=cmd_sandbox_run)
+
+    s = sub.add_parser("eval", help="run a model (or a suite's oracle) over a task suite and score it")
+    s.add_argument(
+        "--suite", required=True, help="toy, toy:N[:SEED], nl2repo-mini, or a suite/task directory"
+    )
+    s.add_argument(
+        "--agent",
+        default="builtin",
+        help="builtin | oracle (reference solutions / scripted expert) | command:ARGV",
+    )
+    s.add_argument(
+        "--model-path", default="models/tiny", help="model directory (tokenizer; weights to serve)"
+    )
+    s.add_argument("--model", default="", help="the model name agents send (default: the directory's name)")
+    s.add_argument(
+        "--engine-url", default="", help="an engine speaking SGLang's API; default: start the embedded one"
+    )
+    s.add_argument("--concurrency", type=int, default=8, help="executions at once")
+    s.add_argument("--group-size", type=int, default=1, help="executions per task")
+    s.add_argument("--limit", type=int, default=0, help="the first N tasks only")
+    s.add_argument("--max-steps", type=int, default=50, help="agent steps per execution unless the task says")
+    s.add_argument("--temperature", type=float, default=1.0)
+    s.add_argument("--run-dir", help="default: runs/eval-SUITE-TIME")
+    s.add_argument("--config", type=Path, help="TOML config file ([sandbox] section)")
+    s.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="dotted override, e.g. sandbox.memory_mib=512"
+    )
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.set_defaults(fn=cmd_eval)
 
     s = sub.add_parser("quickstart", help="init the tiny model if missing, serve it and send it a generation")
     s.add_argument("--model", default="models/tiny")

@@ -1,19 +1,23 @@
 """The rollout runtime: thousands of executions, each an agent in its own sandbox, in one event loop."""
 
 from gyre.runtime.runtime import (
+    AgentSpec,
     BuiltinAgentSpec,
     CommandAgentSpec,
     ExecutionResult,
     ExecutionSpec,
+    OracleAgentSpec,
     Runtime,
     RuntimeStatistics,
 )
 
 __all__ = [
+    "AgentSpec",
     "BuiltinAgentSpec",
     "CommandAgentSpec",
     "ExecutionResult",
     "ExecutionSpec",
+    "OracleAgentSpec",
     "Runtime",
     "RuntimeStatistics",
 ]

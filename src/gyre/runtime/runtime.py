@@ -1,8 +1,9 @@
 """Dispatches executions (a task, a group index, an agent spec) and keeps the counters the elastic controller reads.
 
 Each execution gets a router session and a sandbox, runs its agent under its wall-clock budget, and ends as data:
-``done``, ``budget_exceeded``, ``crashed`` or ``cancelled``. Its result (records, status, timings, error) is
-journaled before anything downstream sees it. An exception inside one execution is recorded on it and never reaches
+``done``, ``budget_exceeded``, ``crashed`` or ``cancelled``. Then, whatever the status (cancelled aside), the task's
+verifier scores the workspace it left (`gyre.tasks.verify`). Its result (records, status, verdict, timings, error)
+is journaled before anything downstream sees it. An exception inside one execution is recorded on it and never reaches
 the others; cancelling the runtime cancels every execution and their sandboxes are cleaned up.
 """
 
@@ -19,6 +20,7 @@ import traceback
 import uuid
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
@@ -28,11 +30,13 @@ from gyre.agents.builtin import BuiltinAgent, BuiltinAgentConfig
 from gyre.agents.client import InProcessModelClient
 from gyre.agents.command import SOCKET_DIR
 from gyre.config import SandboxConfig
+from gyre.errors import TaskError
 from gyre.journal import Journal
 from gyre.records import CallRecord
 from gyre.router.core import Router
 from gyre.sandbox import make_sandbox
 from gyre.tasks.base import Task
+from gyre.tasks.verify import Verdict, Verifier
 
 log = logging.getLogger(__name__)
 ExecutionStatus = Literal["done", "budget_exceeded", "crashed", "cancelled"]
@@ -52,7 +56,11 @@ class CommandAgentSpec(msgspec.Struct, frozen=True, kw_only=True, tag="command")
     python_env: bool = True  # show the driver's Python installation read-only, for scaffolds installed there
 
 
-AgentSpec = BuiltinAgentSpec | CommandAgentSpec
+class OracleAgentSpec(msgspec.Struct, frozen=True, kw_only=True, tag="oracle"):
+    """Write the task's reference solution instead of running a model (validates a suite)."""
+
+
+AgentSpec = BuiltinAgentSpec | CommandAgentSpec | OracleAgentSpec
 
 
 class ExecutionSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -79,6 +87,13 @@ class ExecutionResult(msgspec.Struct, frozen=True, kw_only=True):
     dispatched_s: float  # wall-clock timestamps
     started_s: float
     finished_s: float
+    verdict: Verdict | None = None  # the verifier's; None when cancelled or verification is off
+    reward: float = 0.0  # the verdict's score (0 for placeholders, dropped and unscored executions)
+
+    @property
+    def trainable(self) -> bool:
+        """Whether it stays in its group for training: scored or a placeholder (not dropped, unscored, cancelled)."""
+        return self.verdict is not None and self.verdict.trainable
 
 
 class RuntimeStatistics(msgspec.Struct, frozen=True):
@@ -101,9 +116,12 @@ class Runtime:
         sandbox: SandboxConfig | None = None,
         journal_dir: str | None = None,
         max_concurrency: int = 0,
+        verifier: Verifier | Literal[False] | None = None,
     ) -> None:
+        """``verifier``: scores each execution; None makes one on the same sandbox settings, False verifies nothing."""
         self.router = router
         self.sandbox_cfg = sandbox or SandboxConfig()
+        self.verifier = Verifier(self.sandbox_cfg) if verifier is None else verifier or None
         self.journal = Journal(journal_dir, "executions.jsonl") if journal_dir else None
         self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self._dispatched = self._started = self._finished = 0
@@ -135,6 +153,7 @@ class Runtime:
     async def run(self, specs: Iterable[ExecutionSpec]) -> list[ExecutionResult]:
         """Dispatch every spec at once and return their results in order (cancellation cancels them all)."""
         specs = list(specs)
+        _check_supported(specs)
         self._dispatched += len(specs)
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(self._execute(spec)) for spec in specs]
@@ -142,12 +161,14 @@ class Runtime:
 
     async def run_one(self, spec: ExecutionSpec) -> ExecutionResult:
         """Dispatch one execution and wait for it."""
+        _check_supported([spec])
         self._dispatched += 1
         return await self._execute(spec)
 
     async def _execute(self, spec: ExecutionSpec) -> ExecutionResult:
         dispatched = time.time()
         execution_id = spec.execution_id or f"{spec.task.id}/{spec.group_index}/{uuid.uuid4().hex[:8]}"
+        held = self._slots is not None
         if self._slots is not None:
             await self._slots.acquire()
         started = time.time()
@@ -156,34 +177,64 @@ class Runtime:
         status: ExecutionStatus = "crashed"
         agent_result: AgentResult | None = None
         error: str | None = None
+        scratch: Path | None = None
+        verdict: Verdict | None = None
         try:
-            async with asyncio.timeout(spec.task.time_budget_s):
-                agent_result = await self._run_agent(spec, execution_id, token)
-            status = "done"
-        except TimeoutError:
-            status = "budget_exceeded"
-        except asyncio.CancelledError:
-            status = "cancelled"
-            self._finish(spec, execution_id, token, status, None, "cancelled", dispatched, started)
-            raise
-        except Exception as exc:  # a failed execution is data: recorded here, never raised to its neighbours
-            error = "".join(traceback.format_exception_only(exc)).strip()
-            log.info("execution %s crashed: %s", execution_id, error)
-        finally:
-            if self._slots is not None:
+            scratch = await asyncio.to_thread(self._make_scratch)
+            workspace = scratch / "workspace"
+            ready = (
+                asyncio.Event()
+            )  # set once the task's files are in: from then on there is something to score
+            try:
+                async with asyncio.timeout(spec.task.time_budget_s):
+                    agent_result = await self._run_agent(spec, execution_id, token, workspace, ready)
+                status = "done"
+            except TimeoutError:
+                status = "budget_exceeded"
+            except (
+                Exception
+            ) as exc:  # a failed execution is data: recorded here, never raised to its neighbours
+                error = "".join(traceback.format_exception_only(exc)).strip()
+                log.info("execution %s crashed: %s", execution_id, error)
+            if self._slots is not None:  # verification needs no model: free the slot for the next execution
                 self._slots.release()
-        return self._finish(spec, execution_id, token, status, agent_result, error, dispatched, started)
+                held = False
+            if self.verifier is not None:
+                verdict = await self.verifier.verify(spec.task, workspace if ready.is_set() else None)
+        except asyncio.CancelledError:
+            self._finish(spec, execution_id, token, "cancelled", None, "cancelled", dispatched, started, None)
+            raise
+        finally:
+            if self._slots is not None and held:
+                self._slots.release()
+            if scratch is not None:
+                await _remove(scratch)
+        return self._finish(
+            spec, execution_id, token, status, agent_result, error, dispatched, started, verdict
+        )
 
-    async def _run_agent(self, spec: ExecutionSpec, execution_id: str, token: str) -> AgentResult:
+    def _make_scratch(self) -> Path:
+        """A private directory holding the execution's workspace, which outlives its sandbox until it is scored."""
+        base = Path(self.sandbox_cfg.workspace_root or tempfile.gettempdir())
+        base.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix="gyre-execution-", dir=base))
+        scratch.chmod(0o711)  # a sandbox running as its own uid must reach the workspace below
+        (scratch / "workspace").mkdir()
+        return scratch
+
+    async def _run_agent(
+        self, spec: ExecutionSpec, execution_id: str, token: str, workspace: Path, ready: asyncio.Event
+    ) -> AgentResult:
         agent = self._agent(spec)
         binds: list[tuple[str, str, bool]] = []
         if isinstance(spec.agent, CommandAgentSpec):
             binds.append((await self._router_socket(), SOCKET_DIR, True))
             if spec.agent.python_env:
                 binds += [(p, p, False) for p in sorted({sys.prefix, sys.base_prefix})]
-        async with make_sandbox(self.sandbox_cfg, binds=binds) as sandbox:
+        async with make_sandbox(self.sandbox_cfg, workspace=workspace, binds=binds) as sandbox:
             for path, text in spec.task.files.items():
                 await sandbox.write_file(path, text)
+            ready.set()
             ctx = AgentContext(
                 execution_id=execution_id,
                 task=spec.task,
@@ -238,6 +289,10 @@ class Runtime:
                 from gyre.agents.command import CommandAgent
 
                 return CommandAgent(spec.agent.argv, spec.agent.env)
+            case OracleAgentSpec():
+                from gyre.agents.oracle import OracleAgent
+
+                return OracleAgent()
         raise TypeError(f"unknown agent spec {spec.agent!r}")
 
     def _finish(
@@ -250,6 +305,7 @@ class Runtime:
         error: str | None,
         dispatched: float,
         started: float,
+        verdict: Verdict | None,
     ) -> ExecutionResult:
         session = self.router.sessions.close(token)
         records = session.records if session is not None else []
@@ -266,9 +322,27 @@ class Runtime:
             dispatched_s=dispatched,
             started_s=started,
             finished_s=time.time(),
+            verdict=verdict,
+            reward=verdict.score if verdict is not None and verdict.outcome == "scored" else 0.0,
         )
         if self.journal is not None:  # journaled before anything downstream sees it
             self.journal.append(result)
         self._finished += 1
         self._by_status[status] += 1
         return result
+
+
+def _check_supported(specs: list[ExecutionSpec]) -> None:
+    for spec in specs:
+        if spec.task.unsupported:
+            raise TaskError(f"task {spec.task.id} cannot run on this host: {spec.task.unsupported}")
+
+
+async def _remove(path: Path) -> None:
+    """Delete an execution's scratch directory off the loop; a cancellation still waits for it."""
+    removing = asyncio.ensure_future(asyncio.to_thread(shutil.rmtree, path, True))
+    try:
+        await asyncio.shield(removing)
+    except asyncio.CancelledError:
+        await asyncio.wait([removing])
+        raise

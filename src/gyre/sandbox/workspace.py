@@ -243,7 +243,7 @@ class HostSandbox(Sandbox):
     async def snapshot(self) -> Snapshot:
         snap = Snapshot(self._id, f"{next(self._snapshots):06d}")
         dest = self.root / "snapshots" / snap.name
-        await _copy_tree(self.workspace, dest)
+        await copy_tree(self.workspace, dest)
         return snap
 
     async def restore(self, snapshot: Snapshot) -> None:
@@ -251,10 +251,10 @@ class HostSandbox(Sandbox):
         if snapshot.sandbox_id != self._id or not await asyncio.to_thread(src.is_dir):
             raise SandboxError(f"snapshot {snapshot.name} was not taken in sandbox {self._id}")
         await asyncio.to_thread(_empty_dir, self.workspace)
-        await _copy_tree(src, self.workspace)
+        await copy_tree(src, self.workspace)
 
 
-async def _copy_tree(src: Path, dest: Path) -> None:
+async def copy_tree(src: Path, dest: Path) -> None:
     """Copy the directory ``src`` onto ``dest`` exactly (modes, owners, times, links), with ``cp -a``."""
     proc = await asyncio.create_subprocess_exec(
         "cp", "-a", "-T", "--reflink=auto", "--", str(src), str(dest),

@@ -16,10 +16,13 @@ class VerifierSpec(msgspec.Struct, frozen=True, kw_only=True):
     result: ResultKind = (
         "exit_code"  # junit: passed tests from a JUnit XML report; reward_file: a float in a file
     )
-    report_path: str = ""  # the JUnit XML report or reward file; workspace-relative unless absolute
+    report_path: str = (
+        ""  # reward file or JUnit report; workspace-relative unless absolute; junit "": pytest's
+    )
     declared_test_count: Annotated[int, msgspec.Meta(ge=0)] | None = None  # score = min(passed / declared, 1)
     timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 600.0  # wall clock for all the commands together
     env: dict[str, str] = msgspec.field(default_factory=dict)  # extra environment for the commands
+    remove: tuple[str, ...] = ()  # workspace paths deleted before grading ("**/name": at any depth)
 
 
 class TaskLimits(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,3 +52,7 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     unsupported: str | None = (
         None  # why this host cannot run it (e.g. needs a container image); None: runnable
     )
+    solution_files: dict[str, str] = msgspec.field(
+        default_factory=dict
+    )  # a reference solution (workspace path -> text): `--agent oracle` writes it, the agent never sees it
+    expert: str | None = None  # the scripted expert that solves it (a name in gyre.tasks.experts), if any

@@ -29,9 +29,10 @@ Format = Literal["gyre", "nl2repo", "harbor"]
 S = TypeVar("S", bound=msgspec.Struct)
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 
-NL2REPO_JUNIT_PATH = (
-    ".gyre-junit.xml"  # where pytest writes its report, via PYTEST_ADDOPTS (commands stay verbatim)
-)
+# What the NL2RepoBench grader replaces with its own copies, or what would let an agent steer pytest: removed from
+# the graded workspace. Packaging files only when the task ships its own (else `pip install -e .` needs the agent's).
+NL2REPO_PACKAGING = ("pyproject.toml", "setup.py", "setup.cfg")
+NL2REPO_PYTEST_CONFIG = ("**/conftest.py", "pytest.ini", "tox.ini")
 HARBOR_REWARD_PATH = "/logs/verifier/reward.txt"  # Harbor's contract: test.sh writes the reward here
 HARBOR_TEST_COMMAND = "bash tests/test.sh"
 
@@ -102,6 +103,7 @@ class _GyreToml(msgspec.Struct, kw_only=True):
     verifier: VerifierSpec
     limits: TaskLimits = msgspec.field(default_factory=TaskLimits)
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    expert: str | None = None  # a scripted expert that solves it (gyre.tasks.experts)
 
 
 def _load_gyre(root: Path) -> Task:
@@ -126,6 +128,8 @@ def _load_gyre(root: Path) -> Task:
         verifier=spec.verifier,
         limits=spec.limits,
         source_dir=str(root.resolve()),
+        solution_files=_read_tree(root / "solution", prefix=""),
+        expert=spec.expert,
     )
 
 
@@ -165,12 +169,12 @@ def _load_nl2repo(root: Path) -> Task:
     unsupported = None
     if missing:
         unsupported = f"its hidden tests are not shipped ({', '.join(missing)}); NL2RepoBench keeps them in its grading images"
+    ships_packaging = any(p in NL2REPO_PACKAGING for p in test_files)
     verifier = VerifierSpec(
         commands=tuple(commands),
-        result="junit",
-        report_path=NL2REPO_JUNIT_PATH,
+        result="junit",  # pytest reports through PYTEST_ADDOPTS: the commands stay verbatim
         declared_test_count=int(raw),
-        env={"PYTEST_ADDOPTS": f"--junitxml={NL2REPO_JUNIT_PATH}"},
+        remove=(NL2REPO_PACKAGING if ships_packaging else ()) + NL2REPO_PYTEST_CONFIG,
     )
     return Task(
         id=root.name,
@@ -181,6 +185,7 @@ def _load_nl2repo(root: Path) -> Task:
         verifier=verifier,
         source_dir=str(root.resolve()),
         unsupported=unsupported,
+        solution_files=_read_tree(root / "solution", prefix=""),
     )
 
 
@@ -304,7 +309,7 @@ def _check_verifier(path: Path, verifier: VerifierSpec) -> None:
     for i, command in enumerate(verifier.commands):
         if not command.strip():
             raise TaskError(f"{path}: field 'verifier.commands[{i}]': empty command")
-    if verifier.result != "exit_code" and not verifier.report_path:
+    if verifier.result == "reward_file" and not verifier.report_path:
         raise TaskError(f"{path}: field 'verifier.report_path': required when result = {verifier.result!r}")
 
 

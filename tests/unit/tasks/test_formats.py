@@ -47,7 +47,8 @@ def test_real_nl2repo_folders_load(name: str) -> None:
     assert task.verifier.commands == tuple(commands)  # verbatim shell strings, not split on spaces
     assert all(isinstance(c, str) and " " in c for c in task.verifier.commands)
     assert task.verifier.declared_test_count == int((folder / "test_case_count.txt").read_text())
-    assert task.verifier.report_path in task.verifier.env["PYTEST_ADDOPTS"]
+    assert task.verifier.report_path == ""  # pytest's own report, through PYTEST_ADDOPTS
+    assert "**/conftest.py" in task.verifier.remove  # an agent's conftest cannot steer the grading
     # the public folders name hidden tests without shipping them: recorded, and the task flagged
     assert task.missing_hidden_files == tuple(json.loads((folder / "test_files.json").read_text()))
     assert task.hidden_files == {} and task.files == {}
@@ -167,10 +168,10 @@ MALFORMED = {
         lambda p: _edit(p, 'result = "junit"', 'result = "stdout"'),
         "'verifier.result'",
     ),
-    "gyre junit without report": (
+    "gyre reward file without path": (
         "gyre",
         "task.toml",
-        lambda p: _edit(p, 'report_path = "junit.xml"', ""),
+        lambda p: (_edit(p, 'report_path = "junit.xml"', ""), _edit(p, '"junit"', '"reward_file"')),
         "'verifier.report_path'",
     ),
     "gyre commands not strings": (

@@ -1,0 +1,21 @@
+"""The oracle: writes the task's reference solution into the workspace instead of asking a model.
+
+It validates a suite (`gyre eval --agent oracle`): a task whose oracle scores below 1 is a broken task. Tasks solved
+by a scripted expert instead run the built-in agent against the expert (`gyre.tasks.experts`).
+"""
+
+from __future__ import annotations
+
+from gyre.agents.base import AgentContext, AgentResult
+from gyre.errors import AgentError
+
+
+class OracleAgent:
+    """Writes ``task.solution_files`` and submits; no model calls."""
+
+    async def run(self, ctx: AgentContext) -> AgentResult:
+        if not ctx.task.solution_files:
+            raise AgentError(f"task {ctx.task.id} has no reference solution for the oracle")
+        for path, text in ctx.task.solution_files.items():
+            await ctx.sandbox.write_file(path, text)
+        return AgentResult(status="submitted", detail=f"wrote {len(ctx.task.solution_files)} solution files")

@@ -1,0 +1,421 @@
+"""`gyre eval`: run a model (or a suite's oracle) over a task suite, score every execution, report.
+
+One entry, `run_eval(options)`: it resolves the suite, starts what serves the model (the embedded engine on a local
+model directory, an SGLang-API engine at ``engine_url``, or the suite's scripted expert for ``--agent oracle``),
+puts the router and the runtime in front, runs ``group_size`` executions per task with at most ``concurrency`` at
+once, and writes into the run directory: ``journal/`` (every call token-exact, every execution result with its
+verdict), ``results.json``, ``results.md`` and ``scores.png``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+from gyre.agents.builtin import BuiltinAgentConfig
+from gyre.config import RouterConfig, SandboxConfig
+from gyre.errors import ConfigError
+from gyre.router.core import Router
+from gyre.runtime import (
+    AgentSpec,
+    BuiltinAgentSpec,
+    CommandAgentSpec,
+    ExecutionResult,
+    ExecutionSpec,
+    OracleAgentSpec,
+    Runtime,
+)
+from gyre.tasks import Task, Verifier, resolve_suite
+
+SCORE_BINS = (0.0, 0.25, 0.5, 0.75, 1.0)
+BIN_LABELS = (
+    "0",
+    "(0, 0.25]",
+    "(0.25, 0.5]",
+    "(0.5, 0.75]",
+    "(0.75, 1)",
+    "1",
+)  # the score distribution's bins
+
+
+class EvalOptions(msgspec.Struct, kw_only=True):
+    """What `gyre eval` runs."""
+
+    suite: str  # a built-in suite name (toy, toy:N[:SEED], nl2repo-mini) or a suite/task directory
+    run_dir: str  # where the journal and the results go
+    agent: str = "builtin"  # builtin | oracle | command:ARGV (an external scaffold, shell words)
+    model_path: str = "models/tiny"  # tokenizer and chat template (and the weights, for the embedded engine)
+    model_name: str = ""  # what agents pass as `model`; empty: the model directory's name
+    engine_url: str = (
+        ""  # an engine speaking SGLang's API (a local SGLang server); empty: start the embedded one
+    )
+    concurrency: Annotated[int, msgspec.Meta(ge=1)] = 8  # executions at once
+    group_size: Annotated[int, msgspec.Meta(ge=1)] = 1  # executions per task
+    limit: Annotated[int, msgspec.Meta(ge=0)] = 0  # the first N tasks only; 0: all
+    max_steps: Annotated[int, msgspec.Meta(ge=1)] = (
+        50  # the built-in agent's main-context calls, unless a task says
+    )
+    temperature: float = 1.0
+    max_tokens_per_call: Annotated[int, msgspec.Meta(ge=1)] = 1024
+    verifier_retries: Annotated[int, msgspec.Meta(ge=0)] = 2
+    sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
+    progress: bool = True  # a rich progress bar on the terminal
+
+
+class ExecutionRow(msgspec.Struct, frozen=True, kw_only=True):
+    """One execution in the results."""
+
+    task_id: str
+    group_index: int
+    status: str  # done, budget_exceeded, crashed, cancelled
+    outcome: str  # scored, placeholder, dropped, unscored
+    score: float
+    passed: int | None
+    declared: int | None
+    calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    wall_s: float
+    error: str | None
+
+
+class EvalSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """The whole evaluation."""
+
+    suite: str
+    agent: str
+    model: str
+    tasks: int
+    executions: int
+    mean_score: float  # over scored executions and placeholders (dropped ones are left out)
+    pass_rate: float  # share of those with score 1
+    score_distribution: dict[str, int]  # bin label -> executions
+    outcomes: dict[str, int]
+    statuses: dict[str, int]
+    mean_calls: float
+    mean_tokens: float  # prompt (new input) + completion tokens per execution
+    wall_s: float
+    unsupported: dict[str, str]  # task id -> why it was not run
+    rows: list[ExecutionRow]
+
+
+def run_eval(options: EvalOptions) -> EvalSummary:
+    """Run the evaluation (blocking: owns its event loop) and write the results; see the module."""
+    try:
+        import uvloop
+
+        return uvloop.run(evaluate(options))
+    except ImportError:
+        return asyncio.run(evaluate(options))
+
+
+async def evaluate(options: EvalOptions) -> EvalSummary:
+    """Run the evaluation in the current event loop and write the results."""
+    tasks = resolve_suite(options.suite)
+    if options.limit:
+        tasks = tasks[: options.limit]
+    unsupported = {t.id: t.unsupported for t in tasks if t.unsupported}  # never run, reported
+    runnable = [t for t in tasks if not t.unsupported]
+    agent = _agent_spec(options, runnable)
+    run_dir = Path(options.run_dir)
+    journal = run_dir / "journal"
+    journal.mkdir(parents=True, exist_ok=True)
+    (run_dir / "options.json").write_bytes(msgspec.json.format(msgspec.json.encode(options)))
+    start = time.monotonic()
+    results: list[ExecutionResult] = []
+    async with _serving(options, runnable) as engine_url:
+        router = Router(
+            RouterConfig(
+                engines=[engine_url],
+                model_path=options.model_path,
+                model_name=options.model_name,
+                journal_dir=str(journal),
+            )
+        )
+        verifier = Verifier(options.sandbox, retries=options.verifier_retries)
+        runtime = Runtime(
+            router, options.sandbox, str(journal), max_concurrency=options.concurrency, verifier=verifier
+        )
+        specs = [
+            ExecutionSpec(task=t, group_index=g, agent=_for_task(agent, t, options))
+            for t in runnable
+            for g in range(options.group_size)
+        ]
+        try:
+            results = await _run_with_progress(runtime, specs, options.progress)
+        finally:
+            await runtime.aclose()
+            await router.aclose()
+    summary = summarize(options, tasks, results, unsupported, time.monotonic() - start, router.model_name)
+    write_results(run_dir, summary)
+    return summary
+
+
+def _agent_spec(options: EvalOptions, tasks: list[Task]) -> AgentSpec:
+    kind, _, rest = options.agent.partition(":")
+    match kind:
+        case "builtin":
+            return BuiltinAgentSpec()
+        case "oracle":
+            lacking = [t.id for t in tasks if not t.solution_files and not t.expert]
+            if lacking:
+                raise ConfigError(
+                    f"--agent oracle: tasks without a reference solution or scripted expert: {', '.join(lacking[:5])}"
+                )
+            return OracleAgentSpec()
+        case "command":
+            import shlex
+
+            argv = shlex.split(rest)
+            if not argv:
+                raise ConfigError("--agent command:ARGV needs the scaffold's command line after 'command:'")
+            return CommandAgentSpec(argv=argv)
+    raise ConfigError(f"--agent {options.agent!r}: expected builtin, oracle or command:ARGV")
+
+
+def _for_task(agent: AgentSpec, task: Task, options: EvalOptions) -> AgentSpec:
+    """The agent for one task: a scripted expert plays through the built-in agent; step limits from the task."""
+    if isinstance(agent, OracleAgentSpec) and task.solution_files:
+        return agent
+    if isinstance(agent, OracleAgentSpec | BuiltinAgentSpec):
+        config = BuiltinAgentConfig(
+            max_steps=task.limits.max_turns or options.max_steps,
+            temperature=options.temperature,
+            max_tokens_per_call=options.max_tokens_per_call,
+        )
+        return BuiltinAgentSpec(config=config)
+    return agent
+
+
+@contextlib.asynccontextmanager
+async def _serving(options: EvalOptions, tasks: list[Task]) -> AsyncIterator[str]:
+    """The URL of an engine serving this evaluation, for as long as it runs."""
+    experts = sorted({t.expert for t in tasks if t.expert and not t.solution_files})
+    if options.agent == "oracle" and experts:
+        if len(experts) > 1:
+            raise ConfigError(f"--agent oracle: one scripted expert per run, the suite has {experts}")
+        from gyre.engine.scripted import ScriptedEngine
+        from gyre.models import load_tokenizer
+        from gyre.tasks.builtin import expert
+
+        _ensure_model(options.model_path)
+        tokenizer = load_tokenizer(options.model_path)
+        play = expert(experts[0])
+        with ScriptedEngine(tokenizer, lambda ids: play(str(tokenizer.decode(ids)))) as engine:
+            yield engine.url
+        return
+    if options.engine_url:
+        yield options.engine_url
+        return
+    from gyre.engine.launch import launch_embedded
+
+    _ensure_model(options.model_path)
+    log = Path(options.run_dir) / "engine.log"
+    server = await asyncio.to_thread(launch_embedded, options.model_path, None, None, log)
+    try:
+        yield server.url
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+def _ensure_model(path: str) -> None:
+    """Create the tiny model at ``path`` when it is the default and missing; anything else must exist."""
+    if (Path(path) / "config.json").exists():
+        return
+    if Path(path) == Path("models/tiny"):
+        from gyre.models import init_model
+
+        init_model(path, preset="tiny")
+        return
+    raise ConfigError(f"model directory {path} not found (no config.json); give --model-path")
+
+
+async def _run_with_progress(
+    runtime: Runtime, specs: list[ExecutionSpec], show: bool
+) -> list[ExecutionResult]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    results: list[ExecutionResult | None] = [None] * len(specs)
+    scores: list[float] = []
+    progress = Progress(
+        TextColumn("[bold]eval"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
+        disable=not show,
+    )
+    with progress:
+        bar = progress.add_task("eval", total=len(specs), status="")
+
+        async def one(i: int, spec: ExecutionSpec) -> None:
+            result = await runtime.run_one(spec)
+            results[i] = result
+            if result.verdict is not None and result.verdict.trainable:
+                scores.append(result.reward)
+            stats = runtime.verifier.statistics() if runtime.verifier else None
+            dropped = stats.by_outcome.get("dropped", 0) if stats else 0
+            mean = sum(scores) / len(scores) if scores else 0.0
+            progress.update(
+                bar,
+                advance=1,
+                status=f"mean score {mean:.3f}  running {runtime.statistics().running}  dropped {dropped}",
+            )
+
+        async with asyncio.TaskGroup() as group:
+            for i, spec in enumerate(specs):
+                group.create_task(one(i, spec))
+    return [r for r in results if r is not None]
+
+
+def summarize(
+    options: EvalOptions,
+    tasks: list[Task],
+    results: list[ExecutionResult],
+    unsupported: dict[str, str],
+    wall_s: float,
+    model: str,
+) -> EvalSummary:
+    """The summary of finished executions."""
+    rows = [_row(r) for r in results]
+    counted = [r for r in rows if r.outcome in ("scored", "placeholder")]
+    distribution = Counter(_bin(r.score) for r in counted)
+    return EvalSummary(
+        suite=options.suite,
+        agent=options.agent,
+        model=model,
+        tasks=len(tasks),
+        executions=len(rows),
+        mean_score=statistics.fmean(r.score for r in counted) if counted else 0.0,
+        pass_rate=sum(r.score >= 1.0 for r in counted) / len(counted) if counted else 0.0,
+        score_distribution={label: distribution.get(label, 0) for label in BIN_LABELS},
+        outcomes=dict(Counter(r.outcome for r in rows)),
+        statuses=dict(Counter(r.status for r in rows)),
+        mean_calls=statistics.fmean(r.calls for r in rows) if rows else 0.0,
+        mean_tokens=statistics.fmean(r.prompt_tokens + r.completion_tokens for r in rows) if rows else 0.0,
+        wall_s=wall_s,
+        unsupported=unsupported,
+        rows=rows,
+    )
+
+
+def _row(r: ExecutionResult) -> ExecutionRow:
+    v = r.verdict
+    return ExecutionRow(
+        task_id=r.task_id,
+        group_index=r.group_index,
+        status=r.status,
+        outcome=v.outcome if v is not None else "unscored",
+        score=r.reward,
+        passed=v.passed if v is not None else None,
+        declared=v.declared if v is not None else None,
+        calls=len(r.records),
+        prompt_tokens=r.prompt_tokens,
+        completion_tokens=r.completion_tokens,
+        wall_s=r.finished_s - r.started_s,
+        error=r.error or (v.detail[:500] if v is not None and v.outcome == "dropped" else None),
+    )
+
+
+def _bin(score: float) -> str:
+    if score <= 0:
+        return "0"
+    if score >= 1:
+        return "1"
+    upper = next(b for b in SCORE_BINS[1:] if score <= b)
+    return "(0.75, 1)" if upper == 1.0 else f"({upper - 0.25:g}, {upper:g}]"
+
+
+def write_results(run_dir: Path, summary: EvalSummary) -> None:
+    """``results.json``, ``results.md`` and ``scores.png`` in ``run_dir``."""
+    (run_dir / "results.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
+    (run_dir / "results.md").write_text(markdown(summary))
+    plot_scores(summary, run_dir / "scores.png")
+
+
+def markdown(s: EvalSummary) -> str:
+    """The summary as a Markdown report: headline figures, the distribution, one row per execution."""
+    lines = [
+        f"# gyre eval: {s.suite} ({s.agent}, model {s.model})",
+        "",
+        "| tasks | executions | mean score | pass rate | mean calls | mean tokens | wall time |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {s.tasks} | {s.executions} | {s.mean_score:.3f} | {s.pass_rate:.1%} | {s.mean_calls:.1f} | "
+        f"{s.mean_tokens:,.0f} | {s.wall_s:.1f} s |",
+        "",
+        "Outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(s.outcomes.items())),
+        "Statuses: " + ", ".join(f"{k} {v}" for k, v in sorted(s.statuses.items())),
+        "",
+        "| score | executions |",
+        "|---|---:|",
+        *[f"| {label} | {n} |" for label, n in s.score_distribution.items()],
+        "",
+        "| task | # | status | outcome | score | passed/declared | calls | tokens | wall s |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in s.rows:
+        tests = f"{r.passed}/{r.declared}" if r.passed is not None else ""
+        lines.append(
+            f"| {r.task_id} | {r.group_index} | {r.status} | {r.outcome} | {r.score:.3f} | {tests} | {r.calls} | "
+            f"{r.prompt_tokens + r.completion_tokens:,} | {r.wall_s:.1f} |"
+        )
+    if s.unsupported:
+        lines += [
+            "",
+            "Not run (unsupported on this host):",
+            *[f"- {k}: {v}" for k, v in s.unsupported.items()],
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def plot_scores(s: EvalSummary, path: Path) -> None:
+    """A histogram of scores and scores against calls per execution."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    labels = list(s.score_distribution)
+    left.bar(range(len(labels)), list(s.score_distribution.values()), color="#4c72b0")
+    left.set_xticks(range(len(labels)), labels, rotation=20)
+    left.set_xlabel("score")
+    left.set_ylabel("executions")
+    left.set_title(f"{s.suite}: mean {s.mean_score:.3f}, pass rate {s.pass_rate:.0%}")
+    scored = [r for r in s.rows if r.outcome in ("scored", "placeholder")]
+    right.scatter([r.calls for r in scored], [r.score for r in scored], alpha=0.6, color="#dd8452")
+    right.set_xlabel("model calls in the execution")
+    right.set_ylabel("score")
+    right.set_title("score against horizon")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def print_summary(s: EvalSummary, run_dir: str) -> None:
+    """The headline figures and where the files are, on the terminal."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"gyre eval: {s.suite} ({s.agent})")
+    for column in ("tasks", "executions", "mean score", "pass rate", "dropped", "placeholders", "mean calls",
+                   "mean tokens", "wall time"):  # fmt: skip
+        table.add_column(column, justify="right")
+    table.add_row(
+        str(s.tasks), str(s.executions), f"{s.mean_score:.3f}", f"{s.pass_rate:.1%}",
+        str(s.outcomes.get("dropped", 0)), str(s.outcomes.get("placeholder", 0)), f"{s.mean_calls:.1f}",
+        f"{s.mean_tokens:,.0f}", f"{s.wall_s:.1f} s",
+    )  # fmt: skip
+    console = Console()
+    console.print(table)
+    if s.unsupported:
+        console.print(f"{len(s.unsupported)} task(s) not run (unsupported here): see results.md")
+    console.print(f"results: {run_dir}/results.md, results.json, scores.png; journal: {run_dir}/journal/")

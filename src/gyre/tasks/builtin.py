@@ -1,0 +1,55 @@
+"""Suites shipped inside the package, suite lookup by name or path, and the scripted experts by name.
+
+- ``toy`` (`gyre.tasks.toy`): generated file-chain tasks; ``toy:N`` has N tasks, ``toy:N:SEED`` another fixed set.
+- ``nl2repo-mini``: NL2RepoBench-style library tasks with hidden pytest suites and reference solutions
+  (``gyre/tasks/suites/nl2repo-mini/``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from gyre.errors import TaskError
+from gyre.tasks import toy
+from gyre.tasks.base import Task
+from gyre.tasks.formats import detect_format, load_suite, load_task
+
+SUITES_DIR = Path(__file__).parent / "suites"
+BUILTIN_SUITES = ("toy", "nl2repo-mini")
+
+Expert = Callable[[str], str]  # the rendered prompt -> the expert's assistant message
+EXPERTS: dict[str, Expert] = {"toy-chain": toy.expert_reply}
+
+
+def resolve_suite(spec: str) -> list[Task]:
+    """The tasks of a built-in suite (``toy``, ``toy:N[:SEED]``, ``nl2repo-mini``), a suite directory or one task."""
+    name, _, rest = spec.partition(":")
+    if name == "toy":
+        try:
+            count, seed = ([int(x) for x in rest.split(":")] + [0])[:2] if rest else (64, 0)
+        except ValueError:
+            raise TaskError(f"suite {spec!r}: expected toy, toy:COUNT or toy:COUNT:SEED") from None
+        if count < 1:
+            raise TaskError(f"suite {spec!r}: COUNT must be at least 1")
+        return toy.toy_suite(count, seed)
+    if spec in BUILTIN_SUITES:
+        return load_suite(SUITES_DIR / spec)
+    path = Path(spec)
+    if not path.exists():
+        raise TaskError(
+            f"suite {spec!r}: neither a built-in suite ({', '.join(BUILTIN_SUITES)}) nor an existing directory"
+        )
+    try:
+        detect_format(path)
+    except TaskError:
+        return load_suite(path)  # not a task itself: a directory of tasks
+    return [load_task(path)]
+
+
+def expert(name: str) -> Expert:
+    """The scripted expert called ``name``."""
+    try:
+        return EXPERTS[name]
+    except KeyError:
+        raise TaskError(f"no scripted expert {name!r} (known: {', '.join(sorted(EXPERTS))})") from None

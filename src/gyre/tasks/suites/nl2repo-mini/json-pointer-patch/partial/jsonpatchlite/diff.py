@@ -1,0 +1,5 @@
+"""Generate JSON patches (not written yet)."""
+
+
+def make_patch(a, b):
+    raise NotImplementedError

@@ -1,0 +1,204 @@
+"""The verifier: scores from artifacts in a fresh bubblewrap sandbox, never fooled by the agent, retries, drops."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from gyre.config import SandboxConfig
+from gyre.errors import SandboxError, TaskError
+from gyre.sandbox import Sandbox, make_sandbox
+from gyre.tasks import Task, Verdict, Verifier, VerifierSpec, load_task
+from gyre.tasks.verify import count_junit
+
+DATA = Path(__file__).parent / "data"
+
+TWO_OF_THREE = """\
+from calc import add
+
+
+def test_add():
+    assert add(2, 3) == 5
+
+
+def test_add_negative():
+    assert add(-1, -1) == -2
+
+
+def test_add_strings():
+    assert add("a", 1) == "a1"
+"""
+
+
+def verify(task: Task, workspace: Path | None, verifier: Verifier | None = None) -> Verdict:
+    return asyncio.run((verifier or Verifier(retry_delay_s=0.01)).verify(task, workspace))
+
+
+def workspace(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "ws"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def nl2repo(tmp_path: Path, commands: list[str], declared: int, tests: dict[str, str]) -> Task:
+    root = tmp_path / "task"
+    (root / "tests").mkdir(parents=True)
+    (root / "start.md").write_text("Write calc.add.")
+    (root / "test_commands.json").write_text(json.dumps(commands))
+    (root / "test_files.json").write_text(json.dumps(sorted(tests)))
+    (root / "test_case_count.txt").write_text(str(declared))
+    for rel, text in tests.items():
+        (root / rel).write_text(text)
+    return load_task(root)
+
+
+SOLVED = {"calc.py": "def add(a, b):\n    return a + b\n"}
+
+
+def test_junit_counts_passed_failed_errors_and_skipped() -> None:
+    report = b"""<testsuites><testsuite>
+      <testcase classname="tests.test_a" name="ok"/>
+      <testcase classname="tests.test_a" name="bad"><failure message="x"/></testcase>
+      <testcase classname="tests.test_a.TestX" name="err"><error message="y"/></testcase>
+      <testcase classname="tests.test_a" name="skip"><skipped/></testcase>
+      <testcase classname="tests.test_mine" name="agent_added"/>
+    </testsuite></testsuites>"""
+    assert count_junit(report) == {"passed": 2, "failed": 2, "skipped": 1}
+    assert count_junit(report, frozenset({"test_a"})) == {"passed": 1, "failed": 2, "skipped": 1}
+
+
+def test_gyre_task_scores_what_the_workspace_holds(tmp_path: Path) -> None:
+    task = load_task(DATA / "gyre-add")
+    stub = verify(task, workspace(tmp_path / "a", task.files))
+    assert (stub.outcome, stub.score, stub.passed, stub.failed) == ("scored", 0.0, 0, 1)
+    assert "NotImplementedError" in stub.detail  # the verifier's output says why
+    solved = verify(task, workspace(tmp_path / "b", SOLVED))
+    assert (solved.outcome, solved.score, solved.passed, solved.attempts) == ("scored", 1.0, 1, 1)
+
+
+def test_nl2repo_partial_score_from_junit_in_a_shell(tmp_path: Path) -> None:
+    # `&&` and `>` need a shell (the published grader's command splitting breaks them)
+    task = nl2repo(
+        tmp_path, ["echo graded > marker.txt && python -m pytest tests"], 4, {"tests/test_calc.py": TWO_OF_THREE}
+    )
+    verdict = verify(task, workspace(tmp_path, SOLVED))
+    assert (verdict.passed, verdict.failed, verdict.declared) == (2, 1, 4)
+    assert verdict.score == pytest.approx(0.5)  # min(passed / declared, 1)
+    capped = nl2repo(tmp_path / "c", ["python -m pytest tests"], 1, {"tests/test_calc.py": TWO_OF_THREE})
+    assert verify(capped, workspace(tmp_path / "c", SOLVED)).score == 1.0
+
+
+def test_agent_cannot_inflate_its_score(tmp_path: Path) -> None:
+    task = nl2repo(tmp_path, ["python -m pytest tests"], 3, {"tests/test_calc.py": TWO_OF_THREE})
+    forged = '<testsuite><testcase classname="tests.test_calc" name="x"/></testsuite>'
+    cheat = {
+        **{"calc.py": "def add(a, b):\n    raise NotImplementedError\n"},
+        # extra tests of its own in the hidden tests' directory and beside it: not counted
+        "tests/test_calc.py": "def test_a():\n    pass\n",
+        "tests/test_more.py": "".join(f"def test_{i}():\n    pass\n" for i in range(10)),
+        "test_extra.py": "def test_x():\n    pass\n",
+        # a conftest that turns every failure into a pass: removed before grading
+        "conftest.py": (
+            "import pytest\n@pytest.hookimpl(wrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+            "    rep = yield\n    rep.outcome = 'passed'\n    return rep\n"
+        ),
+        # a report written in advance: removed, pytest writes its own
+        ".gyre-verifier/junit-0.xml": forged,
+    }
+    verdict = verify(task, workspace(tmp_path, cheat))
+    assert (verdict.score, verdict.passed) == (0.0, 0)
+
+
+def test_packaging_the_grader_ships_replaces_the_agents(tmp_path: Path) -> None:
+    check = (
+        "from pathlib import Path\n\n"
+        "def test_packaging_is_the_graders():\n"
+        "    assert not Path('setup.py').exists() and not Path('setup.cfg').exists()\n"
+        "    assert 'grader' in Path('pyproject.toml').read_text()\n"
+    )
+    task = nl2repo(
+        tmp_path,
+        ["pytest tests"],
+        1,
+        {"tests/test_pack.py": check, "pyproject.toml": "# grader\n[tool.pytest.ini_options]\n"},
+    )
+    agent = {"setup.py": "raise SystemExit(1)\n", "setup.cfg": "[x]\n", "pyproject.toml": "# agent\n"}
+    assert verify(task, workspace(tmp_path, agent)).score == 1.0
+
+
+def test_harbor_reward_file_under_logs(tmp_path: Path) -> None:
+    task = load_task(DATA / "harbor-hello")
+    assert verify(task, workspace(tmp_path / "a", {"hello.txt": "hello world\n"})).score == 1.0
+    verdict = verify(task, workspace(tmp_path / "b", {"hello.txt": "bye\n"}))
+    assert (verdict.outcome, verdict.score) == ("scored", 0.0)
+
+
+def test_a_hung_verifier_is_a_legitimate_zero(tmp_path: Path) -> None:
+    spec = VerifierSpec(commands=("sleep 30",), result="exit_code", timeout_s=1.0)
+    verdict = verify(Task(id="t", instruction="x", verifier=spec), workspace(tmp_path, {"a": "1"}))
+    assert (verdict.outcome, verdict.score, verdict.timed_out) == ("scored", 0.0, True)
+
+
+def test_nothing_to_evaluate_is_a_placeholder_and_no_verifier_is_unscored(tmp_path: Path) -> None:
+    task = load_task(DATA / "gyre-add")
+    verifier = Verifier()
+    placeholder = verify(task, None, verifier)
+    assert (placeholder.outcome, placeholder.score, placeholder.trainable) == ("placeholder", 0.0, True)
+    unscored = verify(Task(id="free", instruction="x"), workspace(tmp_path, {"a": "1"}), verifier)
+    assert (unscored.outcome, unscored.trainable) == ("unscored", False)
+    assert verifier.statistics().by_outcome == {"placeholder": 1, "unscored": 1}
+
+
+def test_unsupported_task_is_refused(tmp_path: Path) -> None:
+    task = load_task(DATA / "harbor-image")
+    with pytest.raises(TaskError, match="container image"):
+        verify(task, workspace(tmp_path, {}))
+
+
+class FlakySandboxes:
+    """A sandbox factory whose first ``failures`` sandboxes fail to start (an injected infrastructure failure)."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.calls = failures, 0
+
+    def __call__(self, cfg: SandboxConfig, ws: Path, binds: Sequence[tuple[str, str, bool]]) -> Sandbox:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise SandboxError("injected: cannot create the sandbox's namespaces")
+        return make_sandbox(cfg, ws, binds)
+
+
+def test_infrastructure_failure_is_retried_then_scored(tmp_path: Path) -> None:
+    flaky = FlakySandboxes(failures=2)
+    verifier = Verifier(retries=2, retry_delay_s=0.01, sandbox_factory=flaky)
+    verdict = verify(load_task(DATA / "gyre-add"), workspace(tmp_path, SOLVED), verifier)
+    assert (verdict.outcome, verdict.score, verdict.attempts) == ("scored", 1.0, 3)
+    assert verifier.statistics().retries == 2
+
+
+def test_infrastructure_failure_past_the_budget_is_dropped_and_counted(tmp_path: Path) -> None:
+    verifier = Verifier(retries=1, retry_delay_s=0.01, sandbox_factory=FlakySandboxes(failures=99))
+    task = load_task(DATA / "gyre-add")
+    verdict = verify(task, workspace(tmp_path, SOLVED), verifier)
+    assert (verdict.outcome, verdict.score, verdict.attempts, verdict.trainable) == ("dropped", 0.0, 2, False)
+    assert "injected" in verdict.detail and "attempt 2" in verdict.detail
+    # a grader tool that does not exist is infrastructure too, and so is a junit verifier that wrote no report
+    missing_tool = Task(
+        id="t", instruction="x", verifier=VerifierSpec(commands=("no-such-grader",), result="junit")
+    )
+    assert verify(missing_tool, workspace(tmp_path / "m", {"a": "1"}), verifier).outcome == "dropped"
+    no_report = Task(id="t", instruction="x", verifier=VerifierSpec(commands=("true",), result="junit"))
+    assert verify(no_report, workspace(tmp_path / "n", {"a": "1"}), verifier).outcome == "dropped"
+    assert verifier.statistics().by_outcome == {"dropped": 3}
+
+
+def test_the_agents_workspace_is_left_as_it_was(tmp_path: Path) -> None:
+    ws = workspace(tmp_path, SOLVED)
+    verify(load_task(DATA / "gyre-add"), ws)
+    assert sorted(p.name for p in ws.iterdir()) == ["calc.py"]
