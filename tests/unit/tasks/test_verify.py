@@ -85,7 +85,10 @@ def test_gyre_task_scores_what_the_workspace_holds(tmp_path: Path) -> None:
 def test_nl2repo_partial_score_from_junit_in_a_shell(tmp_path: Path) -> None:
     # `&&` and `>` need a shell (the published grader's command splitting breaks them)
     task = nl2repo(
-        tmp_path, ["echo graded > marker.txt && python -m pytest tests"], 4, {"tests/test_calc.py": TWO_OF_THREE}
+        tmp_path,
+        ["echo graded > marker.txt && python -m pytest tests"],
+        4,
+        {"tests/test_calc.py": TWO_OF_THREE},
     )
     verdict = verify(task, workspace(tmp_path, SOLVED))
     assert (verdict.passed, verdict.failed, verdict.declared) == (2, 1, 4)
