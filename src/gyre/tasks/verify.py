@@ -364,9 +364,8 @@ def count_junit(raw: bytes, only: frozenset[str] = frozenset()) -> Counter[str]:
         raise VerifierFailure(f"the JUnit report is not valid XML: {exc}") from None
     counts: Counter[str] = Counter(passed=0, failed=0, skipped=0)
     for case in root.iter("testcase"):
-        where = case.get("classname") or case.get(
-            "name", ""
-        )  # a collection error names its module as the test
+        # a collection error has no class name; its name is the module's
+        where = case.get("classname") or case.get("name") or ""
         if only and not only.intersection(where.split(".")):
             continue
         kinds = {child.tag for child in case}
