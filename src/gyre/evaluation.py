@@ -134,7 +134,7 @@ async def evaluate(options: EvalOptions) -> EvalSummary:
     async with _serving(options, runnable) as engine_url:
         router = Router(
             RouterConfig(
-                engines=[engine_url],
+                engines=[engine_url] if engine_url else [],
                 model_path=options.model_path,
                 model_name=options.model_name,
                 journal_dir=str(journal),
@@ -196,10 +196,14 @@ def _for_task(agent: AgentSpec, task: Task, options: EvalOptions) -> AgentSpec:
 
 
 @contextlib.asynccontextmanager
-async def _serving(options: EvalOptions, tasks: list[Task]) -> AsyncIterator[str]:
-    """The URL of an engine serving this evaluation, for as long as it runs."""
+async def _serving(options: EvalOptions, tasks: list[Task]) -> AsyncIterator[str | None]:
+    """The URL of an engine serving this evaluation, for as long as it runs (None: no model is needed)."""
     experts = sorted({t.expert for t in tasks if t.expert and not t.solution_files})
-    if options.agent == "oracle" and experts:
+    if options.agent == "oracle" and not experts:  # reference solutions only: no model calls
+        _ensure_model(options.model_path)  # the router still renders with its tokenizer
+        yield None
+        return
+    if options.agent == "oracle":
         if len(experts) > 1:
             raise ConfigError(f"--agent oracle: one scripted expert per run, the suite has {experts}")
         from gyre.engine.scripted import ScriptedEngine

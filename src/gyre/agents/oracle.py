@@ -18,4 +18,12 @@ class OracleAgent:
             raise AgentError(f"task {ctx.task.id} has no reference solution for the oracle")
         for path, text in ctx.task.solution_files.items():
             await ctx.sandbox.write_file(path, text)
-        return AgentResult(status="submitted", detail=f"wrote {len(ctx.task.solution_files)} solution files")
+        detail = f"wrote {len(ctx.task.solution_files)} solution files"
+        if ctx.task.solution_command:
+            result = await ctx.sandbox.exec(ctx.task.solution_command, timeout_s=max(ctx.remaining_s(), 1.0))
+            if not result.ok:
+                raise AgentError(
+                    f"the reference solution's command failed (exit {result.exit_code}): {result.stderr[-500:]}"
+                )
+            detail += f" and ran {ctx.task.solution_command!r}"
+        return AgentResult(status="submitted", detail=detail)

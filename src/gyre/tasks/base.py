@@ -55,4 +55,9 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     solution_files: dict[str, str] = msgspec.field(
         default_factory=dict
     )  # a reference solution (workspace path -> text): `--agent oracle` writes it, the agent never sees it
-    expert: str | None = None  # the scripted expert that solves it (a name in gyre.tasks.experts), if any
+    expert: str | None = (
+        None  # the scripted expert that solves it (a name in gyre.tasks.builtin.EXPERTS), if any
+    )
+    solution_command: str | None = (
+        None  # run after the solution files are written (Harbor: solution/solve.sh)
+    )

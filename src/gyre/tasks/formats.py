@@ -35,6 +35,7 @@ NL2REPO_PACKAGING = ("pyproject.toml", "setup.py", "setup.cfg")
 NL2REPO_PYTEST_CONFIG = ("**/conftest.py", "pytest.ini", "tox.ini")
 HARBOR_REWARD_PATH = "/logs/verifier/reward.txt"  # Harbor's contract: test.sh writes the reward here
 HARBOR_TEST_COMMAND = "bash tests/test.sh"
+HARBOR_SOLVE_COMMAND = "bash solution/solve.sh; status=$?; rm -rf solution; exit $status"
 
 
 def load_task(path: str | Path) -> Task:
@@ -235,6 +236,11 @@ def _load_harbor(root: Path) -> Task:
         env=spec.verifier.env,
     )
     metadata = {k: v for k, v in spec.metadata.items() if isinstance(v, str)}
+    solution = _read_tree(root / "solution", prefix="solution/")
+    if solution and "solution/solve.sh" not in solution:
+        raise TaskError(
+            f"{root / 'solution'}: field 'solve.sh': a Harbor solution is run as solution/solve.sh"
+        )
     return Task(
         id=root.name,
         instruction=_read_instruction(root / "instruction.md"),
@@ -246,6 +252,8 @@ def _load_harbor(root: Path) -> Task:
         limits=TaskLimits(memory_mb=spec.environment.memory_mb, cpus=spec.environment.cpus),
         source_dir=str(root.resolve()),
         unsupported=unsupported,
+        solution_files=solution,
+        solution_command=HARBOR_SOLVE_COMMAND if solution else None,
     )
 
 
