@@ -182,7 +182,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     try:
         options = EvalOptions(
             suite=args.suite, run_dir=run_dir, agent=args.agent, model_path=args.model_path,
-            model_name=args.model, engine_url=args.engine_url, concurrency=args.concurrency,
+            model_name=args.model, engine_url=args.engine_url, base_url=args.base_url, api_key_env=args.api_key_env,
+            concurrency=args.concurrency,
             group_size=args.group_size, limit=args.limit, max_steps=args.max_steps, temperature=args.temperature,
             sandbox=sandbox, progress=not args.no_progress,
         )  # fmt: skip
@@ -319,10 +320,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--engine-url", default="", help="an engine speaking SGLang's API; default: start the embedded one"
     )
+    s.add_argument(
+        "--base-url",
+        default="",
+        help="an outside OpenAI-compatible model (e.g. https://host/v1); evaluation only",
+    )
+    s.add_argument("--api-key-env", default="OPENAI_API_KEY", help="environment variable with its API key")
     s.add_argument("--concurrency", type=int, default=8, help="executions at once")
     s.add_argument("--group-size", type=int, default=1, help="executions per task")
     s.add_argument("--limit", type=int, default=0, help="the first N tasks only")
-    s.add_argument("--max-steps", type=int, default=50, help="agent steps per execution unless the task says")
+    s.add_argument(
+        "--max-steps", type=int, default=50, help="most agent steps per execution (a task may allow fewer)"
+    )
     s.add_argument("--temperature", type=float, default=1.0)
     s.add_argument("--run-dir", help="default: runs/eval-SUITE-TIME")
     s.add_argument("--config", type=Path, help="TOML config file ([sandbox] section)")

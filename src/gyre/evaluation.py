@@ -54,9 +54,9 @@ class EvalOptions(msgspec.Struct, kw_only=True):
     agent: str = "builtin"  # builtin | oracle | command:ARGV (an external scaffold, shell words)
     model_path: str = "models/tiny"  # tokenizer and chat template (and the weights, for the embedded engine)
     model_name: str = ""  # what agents pass as `model`; empty: the model directory's name
-    engine_url: str = (
-        ""  # an engine speaking SGLang's API (a local SGLang server); empty: start the embedded one
-    )
+    engine_url: str = ""  # an engine speaking SGLang's API (e.g. SGLang); empty: start the embedded one
+    base_url: str = ""  # an outside OpenAI-compatible model instead (no token-exact records: evaluation only)
+    api_key_env: str = "OPENAI_API_KEY"  # the environment variable holding its API key
     concurrency: Annotated[int, msgspec.Meta(ge=1)] = 8  # executions at once
     group_size: Annotated[int, msgspec.Meta(ge=1)] = 1  # executions per task
     limit: Annotated[int, msgspec.Meta(ge=0)] = 0  # the first N tasks only; 0: all
@@ -132,14 +132,7 @@ async def evaluate(options: EvalOptions) -> EvalSummary:
     start = time.monotonic()
     results: list[ExecutionResult] = []
     async with _serving(options, runnable) as engine_url:
-        router = Router(
-            RouterConfig(
-                engines=[engine_url] if engine_url else [],
-                model_path=options.model_path,
-                model_name=options.model_name,
-                journal_dir=str(journal),
-            )
-        )
+        router = _router(options, engine_url, journal)
         verifier = Verifier(options.sandbox, retries=options.verifier_retries)
         runtime = Runtime(
             router, options.sandbox, str(journal), max_concurrency=options.concurrency, verifier=verifier
@@ -157,6 +150,24 @@ async def evaluate(options: EvalOptions) -> EvalSummary:
     summary = summarize(options, tasks, results, unsupported, time.monotonic() - start, router.model_name)
     write_results(run_dir, summary)
     return summary
+
+
+def _router(options: EvalOptions, engine_url: str | None, journal: Path) -> Router:
+    if options.base_url and options.agent != "oracle":
+        import os
+
+        from gyre.router.upstream import UpstreamRouter
+
+        cfg = RouterConfig(model_name=options.model_name, journal_dir=str(journal))
+        api_key = os.environ.get(options.api_key_env, "")
+        return UpstreamRouter(cfg, options.base_url, api_key, model=options.model_name)
+    cfg = RouterConfig(
+        engines=[engine_url] if engine_url else [],
+        model_path=options.model_path,
+        model_name=options.model_name,
+        journal_dir=str(journal),
+    )
+    return Router(cfg)
 
 
 def _agent_spec(options: EvalOptions, tasks: list[Task]) -> AgentSpec:
@@ -187,7 +198,7 @@ def _for_task(agent: AgentSpec, task: Task, options: EvalOptions) -> AgentSpec:
         return agent
     if isinstance(agent, OracleAgentSpec | BuiltinAgentSpec):
         config = BuiltinAgentConfig(
-            max_steps=task.limits.max_turns or options.max_steps,
+            max_steps=min(task.limits.max_turns or options.max_steps, options.max_steps),
             temperature=options.temperature,
             max_tokens_per_call=options.max_tokens_per_call,
         )
@@ -216,8 +227,8 @@ async def _serving(options: EvalOptions, tasks: list[Task]) -> AsyncIterator[str
         with ScriptedEngine(tokenizer, lambda ids: play(str(tokenizer.decode(ids)))) as engine:
             yield engine.url
         return
-    if options.engine_url:
-        yield options.engine_url
+    if options.engine_url or options.base_url:
+        yield options.engine_url or None
         return
     from gyre.engine.launch import launch_embedded
 
@@ -321,7 +332,7 @@ def _row(r: ExecutionResult) -> ExecutionRow:
         score=r.reward,
         passed=v.passed if v is not None else None,
         declared=v.declared if v is not None else None,
-        calls=len(r.records),
+        calls=r.calls,
         prompt_tokens=r.prompt_tokens,
         completion_tokens=r.completion_tokens,
         wall_s=r.finished_s - r.started_s,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -56,6 +56,24 @@ class CallRecord(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"CallRecord {self.call_id}: a behaviour logprob is NaN or infinite")
         if (self.parent_call_id is None) != (self.prefix_len == 0):
             raise ValueError(f"CallRecord {self.call_id}: a parent needs a prefix length and vice versa")
+
+
+class ApiCallRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """A call to an outside OpenAI-compatible model (``gyre eval --base-url``): text, not tokens.
+
+    Such a model's tokens and behaviour logprobs are not visible, so these calls are for evaluation only and never
+    become training data; the request and the response are kept as sent and received.
+    """
+
+    call_id: str
+    session: str
+    role: Role
+    endpoint: Literal["chat/completions", "completions"]
+    request: dict[str, Any]  # the body sent upstream
+    response: dict[str, Any]  # the body that came back
+    prompt_tokens: int  # as the upstream's usage reports them (0 when it reports none)
+    completion_tokens: int
+    timing: CallTiming
 
 
 def expand_inputs(records: Iterable[CallRecord]) -> dict[str, list[int]]:

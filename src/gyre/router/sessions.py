@@ -9,7 +9,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
-from gyre.records import CallRecord
+from gyre.records import ApiCallRecord, CallRecord
 
 
 @dataclass(eq=False)
@@ -35,6 +35,7 @@ class Session:
     token: str
     execution_id: str
     records: list[CallRecord] = field(default_factory=list)
+    api_calls: list[ApiCallRecord] = field(default_factory=list)  # calls to an outside model (UpstreamRouter)
     leaves: dict[int, list[Turn]] = field(
         default_factory=dict
     )  # len(raw_messages) -> turns nobody extended yet

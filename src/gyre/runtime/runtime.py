@@ -32,7 +32,7 @@ from gyre.agents.command import SOCKET_DIR
 from gyre.config import SandboxConfig
 from gyre.errors import TaskError
 from gyre.journal import Journal
-from gyre.records import CallRecord
+from gyre.records import ApiCallRecord, CallRecord
 from gyre.router.core import Router
 from gyre.sandbox import make_sandbox
 from gyre.tasks.base import Task
@@ -89,6 +89,12 @@ class ExecutionResult(msgspec.Struct, frozen=True, kw_only=True):
     finished_s: float
     verdict: Verdict | None = None  # the verifier's; None when cancelled or verification is off
     reward: float = 0.0  # the verdict's score (0 for placeholders, dropped and unscored executions)
+    api_calls: list[ApiCallRecord] = msgspec.field(default_factory=list)  # calls to an outside model, as text
+
+    @property
+    def calls(self) -> int:
+        """Model calls made, token-exact or to an outside model."""
+        return len(self.records) + len(self.api_calls)
 
     @property
     def trainable(self) -> bool:
@@ -309,6 +315,7 @@ class Runtime:
     ) -> ExecutionResult:
         session = self.router.sessions.close(token)
         records = session.records if session is not None else []
+        api_calls = session.api_calls if session is not None else []
         result = ExecutionResult(
             execution_id=execution_id,
             task_id=spec.task.id,
@@ -317,13 +324,16 @@ class Runtime:
             agent=agent_result,
             error=error,
             records=list(records),
-            prompt_tokens=sum(len(r.new_input_ids) for r in records),
-            completion_tokens=sum(len(r.output_ids) for r in records),
+            prompt_tokens=sum(len(r.new_input_ids) for r in records)
+            + sum(c.prompt_tokens for c in api_calls),
+            completion_tokens=sum(len(r.output_ids) for r in records)
+            + sum(c.completion_tokens for c in api_calls),
             dispatched_s=dispatched,
             started_s=started,
             finished_s=time.time(),
             verdict=verdict,
             reward=verdict.score if verdict is not None and verdict.outcome == "scored" else 0.0,
+            api_calls=list(api_calls),
         )
         if self.journal is not None:  # journaled before anything downstream sees it
             self.journal.append(result)
