@@ -1,4 +1,5 @@
-# The two set-up commands of the README: `make run` (the main job) and `make test` (lint, types, tests).
+# The two set-up commands of the README: `make run` (the main job: gyre eval of the toy suite on the tiny model)
+# and `make test` (lint, types, tests).
 # Each creates .venv and installs what it needs (scripts/setup.sh).
 .PHONY: setup run test bench
 VENV := .venv/bin
@@ -7,7 +8,7 @@ setup:
 	bash scripts/setup.sh
 
 run: setup
-	$(VENV)/gyre quickstart --model models/tiny
+	$(VENV)/gyre eval --suite toy:16 --concurrency 8 --model-path models/tiny
 
 test: setup
 	$(VENV)/ruff check src tests benchmarks examples

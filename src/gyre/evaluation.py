@@ -122,8 +122,9 @@ async def evaluate(options: EvalOptions) -> EvalSummary:
     tasks = resolve_suite(options.suite)
     if options.limit:
         tasks = tasks[: options.limit]
-    unsupported = {t.id: t.unsupported for t in tasks if t.unsupported}  # never run, reported
-    runnable = [t for t in tasks if not t.unsupported]
+    unsupported = {t.id: _why_not(t, options) for t in tasks}
+    unsupported = {k: v for k, v in unsupported.items() if v}  # never run, reported
+    runnable = [t for t in tasks if t.id not in unsupported]
     agent = _agent_spec(options, runnable)
     run_dir = Path(options.run_dir)
     journal = run_dir / "journal"
@@ -150,6 +151,17 @@ async def evaluate(options: EvalOptions) -> EvalSummary:
     summary = summarize(options, tasks, results, unsupported, time.monotonic() - start, router.model_name)
     write_results(run_dir, summary)
     return summary
+
+
+def _why_not(task: Task, options: EvalOptions) -> str:
+    """Why this host cannot run or score ``task`` ("" when it can)."""
+    from gyre.errors import TaskError
+
+    try:
+        Verifier(options.sandbox).check(task)
+    except TaskError as exc:
+        return task.unsupported or str(exc)
+    return ""
 
 
 def _router(options: EvalOptions, engine_url: str | None, journal: Path) -> Router:

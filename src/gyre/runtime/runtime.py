@@ -159,7 +159,7 @@ class Runtime:
     async def run(self, specs: Iterable[ExecutionSpec]) -> list[ExecutionResult]:
         """Dispatch every spec at once and return their results in order (cancellation cancels them all)."""
         specs = list(specs)
-        _check_supported(specs)
+        self._check_supported(specs)
         self._dispatched += len(specs)
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(self._execute(spec)) for spec in specs]
@@ -167,7 +167,7 @@ class Runtime:
 
     async def run_one(self, spec: ExecutionSpec) -> ExecutionResult:
         """Dispatch one execution and wait for it."""
-        _check_supported([spec])
+        self._check_supported([spec])
         self._dispatched += 1
         return await self._execute(spec)
 
@@ -287,6 +287,14 @@ class Runtime:
         if self.journal is not None:
             self.journal.close()
 
+    def _check_supported(self, specs: list[ExecutionSpec]) -> None:
+        """Refuse, before dispatching anything, tasks this host cannot run or score (`TaskError`)."""
+        for spec in specs:
+            if spec.task.unsupported:
+                raise TaskError(f"task {spec.task.id} cannot run on this host: {spec.task.unsupported}")
+            if self.verifier is not None:
+                self.verifier.check(spec.task)
+
     def _agent(self, spec: ExecutionSpec) -> Agent:
         match spec.agent:
             case BuiltinAgentSpec(config=config):
@@ -340,12 +348,6 @@ class Runtime:
         self._finished += 1
         self._by_status[status] += 1
         return result
-
-
-def _check_supported(specs: list[ExecutionSpec]) -> None:
-    for spec in specs:
-        if spec.task.unsupported:
-            raise TaskError(f"task {spec.task.id} cannot run on this host: {spec.task.unsupported}")
 
 
 async def _remove(path: Path) -> None:

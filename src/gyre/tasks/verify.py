@@ -125,9 +125,23 @@ class Verifier:
         self._retries += max(verdict.attempts - 1, 0)
         return verdict
 
-    async def _verify(self, task: Task, workspace: Path | None) -> Verdict:
+    def check(self, task: Task) -> None:
+        """Raise `TaskError` when this verifier cannot score ``task`` at all (check before running it)."""
         if task.unsupported:
             raise TaskError(f"task {task.id} cannot be verified on this host: {task.unsupported}")
+        report = task.verifier.report_path if task.verifier is not None else ""
+        if report.startswith("/") and self.sandbox_cfg.backend != "bubblewrap":
+            raise TaskError(
+                f"task {task.id}: its verifier writes {report}, outside the workspace, which only the bubblewrap "
+                "backend can give each execution its own copy of (sandbox.backend = 'bubblewrap')"
+            )
+        if report.startswith("/") and not report.startswith(LOGS_DIR + "/"):
+            raise TaskError(
+                f"task {task.id}: verifier report {report}: an absolute path must be under {LOGS_DIR}/"
+            )
+
+    async def _verify(self, task: Task, workspace: Path | None) -> Verdict:
+        self.check(task)
         if task.verifier is None:
             return Verdict(outcome="unscored", detail="the task has no verifier")
         if workspace is None or not await asyncio.to_thread(workspace.is_dir):
