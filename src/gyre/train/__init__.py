@@ -1,0 +1,18 @@
+"""Training data from records: trajectory trees, `Jmax` selection, loss weights, packed micro-steps, the loss.
+
+`gyre.train.loss` imports torch; the rest does not.
+"""
+
+from gyre.train.step import MicroStep, Rollout, StepData, build_step, group_advantages
+from gyre.train.tree import Node, TrajectoryTree, select_paths
+
+__all__ = [
+    "MicroStep",
+    "Node",
+    "Rollout",
+    "StepData",
+    "TrajectoryTree",
+    "build_step",
+    "group_advantages",
+    "select_paths",
+]
