@@ -421,6 +421,7 @@ def plot_scores(s: EvalSummary, path: Path) -> None:
     right.scatter([r.calls for r in scored], [r.score for r in scored], alpha=0.6, color="#dd8452")
     right.set_xlabel("model calls in the execution")
     right.set_ylabel("score")
+    right.set_ylim(-0.05, 1.05)
     right.set_title("score against horizon")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
