@@ -77,12 +77,25 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     containment: Literal["auto", "cgroup", "uid", "rlimit"] = "auto"  # bounds processes (gyre.sandbox.limits)
 
 
+class TrajectoryConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """How finished executions become training data (``gyre.train``: trees, selection, weights, packing)."""
+
+    jmax: NonNegative = 5  # most paths trained per execution; 0: unbounded
+    packing: Literal["tree", "path"] = (
+        "tree"  # tree: an execution's paths share one sequence (prefixes computed once)
+    )
+    micro_step_tokens: Positive = 8192  # token budget of one micro-step (a longer sequence gets its own)
+    advantage: Literal["mean_std", "mean"] = "mean_std"  # group-relative: reward - group mean (/ group std)
+    seed: int = 0  # path selection is seeded per execution from this
+
+
 class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One run's whole configuration: one TOML file."""
 
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     router: RouterConfig = msgspec.field(default_factory=RouterConfig)
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
+    trajectory: TrajectoryConfig = msgspec.field(default_factory=TrajectoryConfig)
 
 
 T = TypeVar("T", bound=msgspec.Struct)

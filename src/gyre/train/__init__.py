@@ -3,7 +3,7 @@
 `gyre.train.loss` imports torch; the rest does not.
 """
 
-from gyre.train.step import MicroStep, Rollout, StepData, build_step, group_advantages
+from gyre.train.step import MicroStep, Rollout, StepData, build_step, build_step_from_config, group_advantages
 from gyre.train.tree import Node, TrajectoryTree, select_paths
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "StepData",
     "TrajectoryTree",
     "build_step",
+    "build_step_from_config",
     "group_advantages",
     "select_paths",
 ]

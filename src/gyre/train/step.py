@@ -23,6 +23,7 @@ from typing import Literal
 
 import msgspec
 
+from gyre.config import TrajectoryConfig
 from gyre.records import CallRecord
 from gyre.train.tree import Node, TrajectoryTree, select_paths
 
@@ -85,6 +86,18 @@ def group_advantages(
             centred = r.reward - mean
             out[r.execution_id] = centred / (std + 1e-6) if normalization == "mean_std" else centred
     return out
+
+
+def build_step_from_config(rollouts: Sequence[Rollout], cfg: TrajectoryConfig, step: int = 0) -> StepData:
+    """`build_step` with a run's ``[trajectory]`` settings; ``step`` varies the selection seed between steps."""
+    return build_step(
+        rollouts,
+        jmax=cfg.jmax or None,
+        packing=cfg.packing,
+        token_budget=cfg.micro_step_tokens,
+        seed=cfg.seed * 1_000_003 + step,
+        normalization=cfg.advantage,
+    )
 
 
 def build_step(
