@@ -29,18 +29,55 @@ def ancestor_mask(parents: list[int], device: torch.device | str = "cpu") -> tor
 
 
 def token_logprobs(model: Any, micro: MicroStep) -> torch.Tensor:
-    """``out[i]``: log p(token i | its ancestors) under ``model`` (0 where a sequence starts)."""
+    """``out[i]``: log p(token i | its ancestors) under ``model`` (0 where a sequence starts).
+
+    The row's sequences are independent (each starts at a token without a parent), so each is computed on its own:
+    a chain (a path) with the model's plain causal attention, a tree with its ancestor mask. Attention then costs the
+    sum of the squared sequence lengths, not the square of the row's.
+    """
+    pieces = []
+    for start, end in sequence_bounds(micro.parents):
+        parents = [p - start if p >= 0 else -1 for p in micro.parents[start:end]]
+        pieces.append(
+            _sequence_logprobs(model, micro.input_ids[start:end], micro.position_ids[start:end], parents)
+        )
+    if not pieces:
+        return torch.zeros(0, device=next(model.parameters()).device)
+    return torch.cat(pieces)
+
+
+def sequence_bounds(parents: list[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of each sequence of a packed row: each starts at a token without a parent, and its tokens'
+    ancestors lie within it (sequences are laid out one after another, a tree's subtrees contiguous)."""
+    starts = [i for i, p in enumerate(parents) if p < 0]
+    bounds = list(zip(starts, [*starts[1:], len(parents)], strict=True))
+    for start, end in bounds:
+        for i in range(start + 1, end):
+            if not start <= parents[i] < i:
+                raise ValueError(
+                    f"token {i}'s parent {parents[i]} lies outside its sequence [{start}, {end})"
+                )
+    return bounds
+
+
+def _sequence_logprobs(
+    model: Any, input_ids: list[int], position_ids: list[int], parents: list[int]
+) -> torch.Tensor:
     device = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
-    ids = torch.tensor([micro.input_ids], device=device)
-    positions = torch.tensor([micro.position_ids], device=device)
-    allowed = ancestor_mask(micro.parents, device)
-    bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    bias.masked_fill_(~allowed, torch.finfo(dtype).min)
-    logits = model(input_ids=ids, attention_mask=bias[None, None], position_ids=positions).logits[0]
-    parents = torch.tensor(micro.parents, device=device)
-    has_parent = parents >= 0
-    source = logits[parents.clamp(min=0)].float().log_softmax(-1)
+    ids = torch.tensor([input_ids], device=device)
+    positions = torch.tensor([position_ids], device=device)
+    chain = all(p == i - 1 for i, p in enumerate(parents))
+    if chain:
+        logits = model(input_ids=ids, position_ids=positions).logits[0]
+    else:
+        allowed = ancestor_mask(parents, device)
+        bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
+        bias.masked_fill_(~allowed, torch.finfo(dtype).min)
+        logits = model(input_ids=ids, attention_mask=bias[None, None], position_ids=positions).logits[0]
+    index = torch.tensor(parents, device=device)
+    has_parent = index >= 0
+    source = logits[index.clamp(min=0)].float().log_softmax(-1)
     picked = source.gather(-1, ids[0, :, None]).squeeze(-1)
     return torch.where(has_parent, picked, torch.zeros_like(picked))
 

@@ -173,14 +173,15 @@ class _Sequence:
 
 
 def _union(leaves: list[Node]) -> list[Node]:
-    """The nodes on the paths to ``leaves``, each once, parents before children (depth-first)."""
-    seen: set[int] = set()
+    """The nodes on the paths to ``leaves``, each once, depth-first: parents before children, subtrees contiguous."""
+    selected = {id(node) for leaf in leaves for node in leaf.path()}
+    roots = {id(leaf.path()[0]): leaf.path()[0] for leaf in leaves}
     nodes: list[Node] = []
-    for leaf in leaves:
-        for node in leaf.path():
-            if id(node) not in seen:
-                seen.add(id(node))
-                nodes.append(node)
+    stack = list(roots.values())[::-1]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack.extend(child for child in reversed(node.children.values()) if id(child) in selected)
     return nodes
 
 

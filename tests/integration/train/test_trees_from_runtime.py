@@ -102,28 +102,29 @@ def _rollouts(executions: list[ExecutionResult]) -> list[Rollout]:
     ]
 
 
-def _logprobs_by_prefix(model: Any, micro_steps: list[MicroStep]) -> dict[tuple[int, ...], float]:
-    out: dict[tuple[int, ...], float] = {}
-    with torch.no_grad():
-        for micro in micro_steps:
-            lps = token_logprobs(model, micro).tolist()
-            for i, lp in enumerate(lps):
-                prefix, j = [], i
-                while j >= 0:
-                    prefix.append(micro.input_ids[j])
-                    j = micro.parents[j]
-                out[tuple(prefix[::-1])] = lp
-    return out
+def _prefix(micro: MicroStep, i: int) -> tuple[int, ...]:
+    prefix = []
+    while i >= 0:
+        prefix.append(micro.input_ids[i])
+        i = micro.parents[i]
+    return tuple(prefix[::-1])
 
 
-def _gradient(model: Any, micro_steps: list[MicroStep]) -> tuple[float, torch.Tensor]:
+def _backward(
+    model: Any, micro_steps: list[MicroStep]
+) -> tuple[float, torch.Tensor, dict[tuple[int, ...], float]]:
+    """The step's loss, its gradient, and every token's logprob keyed by its whole prefix."""
     model.zero_grad()
     total = 0.0
+    by_prefix: dict[tuple[int, ...], float] = {}
     for micro in micro_steps:
-        loss = policy_loss(token_logprobs(model, micro), micro)
+        logprobs = token_logprobs(model, micro)
+        loss = policy_loss(logprobs, micro)
         loss.backward()
         total += loss.item()
-    return total, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        by_prefix.update({_prefix(micro, i): lp for i, lp in enumerate(logprobs.tolist())})
+    grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return total, grad, by_prefix
 
 
 def test_tree_packed_equals_per_path_on_the_tiny_model(
@@ -131,11 +132,10 @@ def test_tree_packed_equals_per_path_on_the_tiny_model(
 ) -> None:
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     rollouts = _rollouts(executions)
-    tree = build_step(rollouts, jmax=None, packing="tree", token_budget=4096)
-    path = build_step(rollouts, jmax=None, packing="path", token_budget=4096)
+    tree = build_step(rollouts, jmax=None, packing="tree", token_budget=8192)
+    path = build_step(rollouts, jmax=None, packing="path", token_budget=8192)
     assert (
         tree.trainable_tokens
         == path.trainable_tokens
@@ -144,14 +144,10 @@ def test_tree_packed_equals_per_path_on_the_tiny_model(
     assert tree.computed_tokens < path.computed_tokens
     for step in (tree, path):
         assert sum(sum(m.weights) for m in step.micro_steps) == pytest.approx(1.0, abs=1e-9)
-    by_tree, by_path = (
-        _logprobs_by_prefix(model, tree.micro_steps),
-        _logprobs_by_prefix(model, path.micro_steps),
-    )
-    assert by_tree.keys() == by_path.keys()
+    loss_tree, grad_tree, by_tree = _backward(model, tree.micro_steps)
+    loss_path, grad_path, by_path = _backward(model, path.micro_steps)
+    assert by_tree.keys() == by_path.keys()  # the same tokens, each under the same prefix
     assert max(abs(by_tree[k] - by_path[k]) for k in by_tree) < 1e-5
-    loss_tree, grad_tree = _gradient(model, tree.micro_steps)
-    loss_path, grad_path = _gradient(model, path.micro_steps)
     assert loss_tree == pytest.approx(loss_path, abs=1e-6)
     assert grad_tree.abs().max() > 0
     assert (grad_tree - grad_path).abs().max().item() < 1e-5
@@ -164,11 +160,11 @@ def test_micro_step_split_does_not_change_the_gradient(
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     rollouts = _rollouts(executions)
-    whole = build_step(rollouts, jmax=None, packing="path", token_budget=1 << 20)
-    split = build_step(rollouts, jmax=None, packing="path", token_budget=64)
+    whole = build_step(rollouts, jmax=None, packing="tree", token_budget=1 << 20)
+    split = build_step(rollouts, jmax=None, packing="tree", token_budget=64)
     assert len(whole.micro_steps) == 1 < len(split.micro_steps)
-    _, grad_whole = _gradient(model, whole.micro_steps)
-    _, grad_split = _gradient(model, split.micro_steps)
+    _, grad_whole, _ = _backward(model, whole.micro_steps)
+    _, grad_split, _ = _backward(model, split.micro_steps)
     assert (grad_whole - grad_split).abs().max().item() < 1e-5
 
 
