@@ -1,40 +1,38 @@
 """Log-probabilities of a packed micro-step under a causal LM, and the policy loss both packings feed.
 
 A micro-step row holds sequences whose tokens attend to their ancestors only (``parents``): a chain for a path, a
-tree for a tree-packed execution, several of either side by side. The attention mask is that ancestor relation and
-the position ids are depths, so a token's logits are exactly those of the same token at the end of its own path.
+tree for a tree-packed execution, several of either side by side. Each sequence is computed on its own. A chain uses
+the model's plain causal attention. A tree uses ancestor-only attention: it is cut into chain segments (maximal runs
+where each token follows the one before), and each segment's queries attend to the keys and values of its ancestors'
+tokens (gathered by index) plus a causal block over its own, so a tree costs the attention pairs it needs, not the
+square of its length. Position ids are depths, so a token's logits are exactly those of the same token at the end of
+its own path.
+
+Tree attention is a Hugging Face attention function (``gyre_tree``, registered on import) that the model uses for
+the duration of one tree's forward; any model whose attention goes through ``AttentionInterface`` works.
 """
 
 from __future__ import annotations
 
+import contextvars
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 
 if TYPE_CHECKING:
     from gyre.train.step import MicroStep
 
+TREE_ATTENTION = "gyre_tree"
 
-def ancestor_mask(parents: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
-    """``mask[i, j]``: token j is token i or one of its ancestors (parents come before children)."""
-    n = len(parents)
-    mask = torch.zeros(n, n, dtype=torch.bool, device=device)
-    for i, p in enumerate(parents):
-        if p >= 0:
-            if p >= i:
-                raise ValueError(f"token {i}'s parent {p} does not come before it")
-            mask[i, : p + 1] = mask[p, : p + 1]
-        mask[i, i] = True
-    return mask
+# The segments of the tree being computed: (start, end, key/value indices, mask over those keys) per chain segment.
+_segments: contextvars.ContextVar[list[tuple[int, int, torch.Tensor, torch.Tensor]]] = contextvars.ContextVar(
+    "gyre_tree_segments"
+)
 
 
 def token_logprobs(model: Any, micro: MicroStep) -> torch.Tensor:
-    """``out[i]``: log p(token i | its ancestors) under ``model`` (0 where a sequence starts).
-
-    The row's sequences are independent (each starts at a token without a parent), so each is computed on its own:
-    a chain (a path) with the model's plain causal attention, a tree with its ancestor mask. Attention then costs the
-    sum of the squared sequence lengths, not the square of the row's.
-    """
+    """``out[i]``: log p(token i | its ancestors) under ``model`` (0 where a sequence starts)."""
     pieces = []
     for start, end in sequence_bounds(micro.parents):
         parents = [p - start if p >= 0 else -1 for p in micro.parents[start:end]]
@@ -60,26 +58,87 @@ def sequence_bounds(parents: list[int]) -> list[tuple[int, int]]:
     return bounds
 
 
+def chain_segments(parents: list[int]) -> list[tuple[int, int, list[int]]]:
+    """A tree sequence's chain segments: ``(start, end, the tokens it attends to)``, ancestors first, then its own."""
+    starts = [i for i, p in enumerate(parents) if i == 0 or p != i - 1]
+    bounds = list(zip(starts, [*starts[1:], len(parents)], strict=True))
+    segment_of: list[int] = [0] * len(parents)
+    visible: list[list[int]] = []
+    for s, (a, b) in enumerate(bounds):
+        p = parents[a]
+        if p < 0:
+            ancestors: list[int] = []
+        else:
+            ps = segment_of[p]
+            pa, pb = bounds[ps]
+            ancestors = visible[ps][: len(visible[ps]) - (pb - pa) + (p - pa) + 1]  # up to and including p
+        visible.append(ancestors + list(range(a, b)))
+        segment_of[a:b] = [s] * (b - a)
+    return [(a, b, visible[s]) for s, (a, b) in enumerate(bounds)]
+
+
 def _sequence_logprobs(
     model: Any, input_ids: list[int], position_ids: list[int], parents: list[int]
 ) -> torch.Tensor:
     device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
     ids = torch.tensor([input_ids], device=device)
     positions = torch.tensor([position_ids], device=device)
-    chain = all(p == i - 1 for i, p in enumerate(parents))
-    if chain:
+    if all(p == i - 1 for i, p in enumerate(parents)):  # a chain: plain causal attention
         logits = model(input_ids=ids, position_ids=positions).logits[0]
     else:
-        allowed = ancestor_mask(parents, device)
-        bias = torch.zeros(allowed.shape, dtype=dtype, device=device)
-        bias.masked_fill_(~allowed, torch.finfo(dtype).min)
-        logits = model(input_ids=ids, attention_mask=bias[None, None], position_ids=positions).logits[0]
+        segments = []
+        for a, b, keys in chain_segments(parents):
+            n = b - a
+            mask = torch.ones(n, len(keys), dtype=torch.bool, device=device)
+            mask[:, len(keys) - n :] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+            segments.append((a, b, torch.tensor(keys, device=device), mask))
+        token = _segments.set(segments)
+        previous = model.config._attn_implementation
+        model.set_attn_implementation(TREE_ATTENTION)
+        try:
+            logits = model(input_ids=ids, position_ids=positions).logits[0]
+        finally:
+            model.set_attn_implementation(previous)
+            _segments.reset(token)
     index = torch.tensor(parents, device=device)
     has_parent = index >= 0
     source = logits[index.clamp(min=0)].float().log_softmax(-1)
     picked = source.gather(-1, ids[0, :, None]).squeeze(-1)
     return torch.where(has_parent, picked, torch.zeros_like(picked))
+
+
+def _tree_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Hugging Face attention (``[batch, heads, tokens, dim]`` in, ``[batch, tokens, heads, dim]`` out) over the
+    current tree's segments: each segment's queries see only its ancestors and itself (the model's mask is unused)."""
+    groups = query.shape[1] // key.shape[1]
+    if groups > 1:  # grouped-query attention: share each key/value head
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    p = dropout if module.training else 0.0
+    outs = [
+        F.scaled_dot_product_attention(
+            query[:, :, a:b], key[:, :, keys], value[:, :, keys], attn_mask=mask, dropout_p=p, scale=scaling
+        )  # fmt: skip
+        for a, b, keys, mask in _segments.get()
+    ]
+    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(TREE_ATTENTION, _tree_attention)
+
+
+_register()
 
 
 def policy_loss(logprobs: torch.Tensor, micro: MicroStep, clip: float = 0.2) -> torch.Tensor:
