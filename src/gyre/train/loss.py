@@ -126,7 +126,7 @@ def _tree_attention(
     outs = [
         F.scaled_dot_product_attention(
             query[:, :, a:b], key[:, :, keys], value[:, :, keys], attn_mask=mask, dropout_p=p, scale=scaling
-        )  # fmt: skip
+        )
         for a, b, keys, mask in _segments.get()
     ]
     return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
