@@ -186,27 +186,26 @@ class Runtime:
         scratch: Path | None = None
         verdict: Verdict | None = None
         try:
-            scratch = await asyncio.to_thread(self._make_scratch)
-            workspace = scratch / "workspace"
-            ready = (
-                asyncio.Event()
-            )  # set once the task's files are in: from then on there is something to score
+            # set once the task's files are in: from then on there is something to score
+            ready = asyncio.Event()
             try:
+                scratch = await asyncio.to_thread(self._make_scratch)
                 async with asyncio.timeout(spec.task.time_budget_s):
-                    agent_result = await self._run_agent(spec, execution_id, token, workspace, ready)
+                    agent_result = await self._run_agent(
+                        spec, execution_id, token, scratch / "workspace", ready
+                    )
                 status = "done"
             except TimeoutError:
                 status = "budget_exceeded"
-            except (
-                Exception
-            ) as exc:  # a failed execution is data: recorded here, never raised to its neighbours
+            except Exception as exc:  # a failed execution is data, never raised to its neighbours
                 error = "".join(traceback.format_exception_only(exc)).strip()
                 log.info("execution %s crashed: %s", execution_id, error)
             if self._slots is not None:  # verification needs no model: free the slot for the next execution
                 self._slots.release()
                 held = False
             if self.verifier is not None:
-                verdict = await self.verifier.verify(spec.task, workspace if ready.is_set() else None)
+                workspace = scratch / "workspace" if scratch is not None and ready.is_set() else None
+                verdict = await self.verifier.verify(spec.task, workspace)
         except asyncio.CancelledError:
             self._finish(spec, execution_id, token, "cancelled", None, "cancelled", dispatched, started, None)
             raise
