@@ -34,6 +34,7 @@ from gyre.runtime import (
     Runtime,
 )
 from gyre.tasks import Task, Verifier, resolve_suite
+from gyre.tasks.verify import TRAINABLE_OUTCOMES
 
 SCORE_BINS = (0.0, 0.25, 0.5, 0.75, 1.0)
 BIN_LABELS = (
@@ -313,7 +314,7 @@ def summarize(
 ) -> EvalSummary:
     """The summary of finished executions."""
     rows = [_row(r) for r in results]
-    counted = [r for r in rows if r.outcome in ("scored", "placeholder")]
+    counted = [r for r in rows if r.outcome in TRAINABLE_OUTCOMES]
     distribution = Counter(_bin(r.score) for r in counted)
     return EvalSummary(
         suite=options.suite,
@@ -417,7 +418,7 @@ def plot_scores(s: EvalSummary, path: Path) -> None:
     left.set_xlabel("score")
     left.set_ylabel("executions")
     left.set_title(f"{s.suite}: mean {s.mean_score:.3f}, pass rate {s.pass_rate:.0%}")
-    scored = [r for r in s.rows if r.outcome in ("scored", "placeholder")]
+    scored = [r for r in s.rows if r.outcome in TRAINABLE_OUTCOMES]
     right.scatter([r.calls for r in scored], [r.score for r in scored], alpha=0.6, color="#dd8452")
     right.set_xlabel("model calls in the execution")
     right.set_ylabel("score")

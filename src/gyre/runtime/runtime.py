@@ -35,6 +35,7 @@ from gyre.journal import Journal
 from gyre.records import ApiCallRecord, CallRecord
 from gyre.router.core import Router
 from gyre.sandbox import make_sandbox
+from gyre.sandbox.workspace import make_scratch
 from gyre.tasks.base import Task
 from gyre.tasks.verify import Verdict, Verifier
 
@@ -220,10 +221,7 @@ class Runtime:
 
     def _make_scratch(self) -> Path:
         """A private directory holding the execution's workspace, which outlives its sandbox until it is scored."""
-        base = Path(self.sandbox_cfg.workspace_root or tempfile.gettempdir())
-        base.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(prefix="gyre-execution-", dir=base))
-        scratch.chmod(0o711)  # a sandbox running as its own uid must reach the workspace below
+        scratch = make_scratch(self.sandbox_cfg.workspace_root, "gyre-execution-")
         (scratch / "workspace").mkdir()
         return scratch
 

@@ -254,6 +254,16 @@ class HostSandbox(Sandbox):
         await copy_tree(src, self.workspace)
 
 
+def make_scratch(workspace_root: str, prefix: str) -> Path:
+    """A new private directory under ``workspace_root`` (empty: the system temp dir) that sandboxes running as
+    their own uid can traverse (mode 0711): where a workspace that outlives one sandbox is kept (blocking)."""
+    base = Path(workspace_root or tempfile.gettempdir())
+    base.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    scratch.chmod(0o711)
+    return scratch
+
+
 async def copy_tree(src: Path, dest: Path) -> None:
     """Copy the directory ``src`` onto ``dest`` exactly (modes, owners, times, links), with ``cp -a``."""
     proc = await asyncio.create_subprocess_exec(

@@ -24,7 +24,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -37,12 +36,13 @@ import msgspec
 from gyre.config import SandboxConfig
 from gyre.errors import SandboxError, TaskError
 from gyre.sandbox import Sandbox, make_sandbox, paths
-from gyre.sandbox.workspace import SYSTEM_PATH, copy_tree
+from gyre.sandbox.workspace import SYSTEM_PATH, copy_tree, make_scratch
 from gyre.tasks.base import Task, VerifierSpec
 
 log = logging.getLogger(__name__)
 
 Outcome = Literal["scored", "placeholder", "dropped", "unscored"]
+TRAINABLE_OUTCOMES: tuple[Outcome, ...] = ("scored", "placeholder")  # these stay in their group for training
 SandboxFactory = Callable[[SandboxConfig, Path, Sequence[tuple[str, str, bool]]], Sandbox]
 
 REPORT_DIR = ".gyre-verifier"  # where pytest writes its JUnit reports (one per command) in the graded copy
@@ -73,7 +73,7 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def trainable(self) -> bool:
         """Whether the execution belongs in its group for training (dropped and unscored ones do not)."""
-        return self.outcome in ("scored", "placeholder")
+        return self.outcome in TRAINABLE_OUTCOMES
 
 
 class VerifierStatistics(msgspec.Struct, frozen=True):
@@ -189,10 +189,7 @@ class Verifier:
 
 def _make_scratch(workspace_root: str) -> Path:
     """A private directory for one attempt: the graded copy goes in ``workspace/``, /logs is ``logs/``."""
-    base = Path(workspace_root or tempfile.gettempdir())
-    base.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix="gyre-verify-", dir=base))
-    scratch.chmod(0o711)  # a sandbox running as its own uid must reach the workspace below
+    scratch = make_scratch(workspace_root, "gyre-verify-")
     (scratch / "logs" / "verifier").mkdir(parents=True)
     for d in (scratch / "logs", scratch / "logs" / "verifier"):
         d.chmod(0o777)  # and write the reward under /logs
