@@ -105,7 +105,16 @@ class _InstantPool(EnginePool):
     async def generate(self, input_ids, params, affinity=None, top_logprobs_num=0):  # type: ignore[no-untyped-def]
         ids = list(range(100, 115)) + [258]
         return Generation(
-            ids, [-0.5] * 16, [], {"type": "stop", "matched": 258}, "0", "e", ["e"], time.time()
+            ids,
+            [-0.5] * 16,
+            [],
+            {"type": "stop", "matched": 258},
+            0,
+            "e",
+            ["e"],
+            time.time(),
+            [0] * 16,
+            "policy",
         )
 
 

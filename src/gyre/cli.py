@@ -232,6 +232,37 @@ def cmd_sandbox_run(args: argparse.Namespace) -> int:
     return 124 if r.timed_out else r.exit_code
 
 
+def cmd_trainer_core(args: argparse.Namespace) -> int:
+    """Run the core trainer process (authoritative weights, optimizer, micro-step queue)."""
+    from gyre.config import load_config
+    from gyre.train.core import run_core
+
+    overrides = list(args.set or [])
+    for key, value in (("model_path", args.model), ("bind", args.bind), ("resume_from", args.resume),
+                       ("num_threads", args.threads)):  # fmt: skip
+        if value is not None and value != "":
+            overrides.append(_override(f"trainer.{key}", value))
+    cfg = load_config(args.config, overrides).trainer
+    run_core(cfg, ready=lambda address: print(f"gyre trainer core: listening at {address}", file=sys.stderr))
+    return 0
+
+
+def cmd_trainer_satellite(args: argparse.Namespace) -> int:
+    """Run a satellite trainer that joins the core's steps until told to leave (SIGTERM: after its micro-step)."""
+    import signal
+
+    from gyre.train.satellite import Satellite
+
+    satellite = Satellite(args.core, args.name, args.threads or 0)
+    signal.signal(signal.SIGTERM, lambda *_: satellite.request_leave())
+    while True:
+        summary = satellite.run()
+        print(f"gyre trainer satellite {summary.member}: {summary.micro_steps} micro-steps, "
+              f"{summary.tokens} tokens, joined in {summary.join_s:.3f} s", file=sys.stderr)  # fmt: skip
+        if not args.stay:
+            return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     p = argparse.ArgumentParser(prog="gyre", description="Elastic online RL for long-horizon LLM agents.")
@@ -340,6 +371,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(fn=cmd_eval)
+
+    s = sub.add_parser("trainer", help="trainer processes: the core, and satellites that join its steps")
+    trainer_sub = s.add_subparsers(dest="trainer_command", required=True)
+    s = trainer_sub.add_parser(
+        "core", help="the core trainer: weights, optimizer, the step's micro-step queue"
+    )
+    s.add_argument("--model", help="Hugging Face model directory to train (trainer.model_path)")
+    s.add_argument("--bind", help="ZeroMQ address to listen at (default tcp://127.0.0.1:5570)")
+    s.add_argument("--resume", help="checkpoint directory to continue from (trainer.resume_from)")
+    s.add_argument("--threads", type=int, help="torch CPU threads")
+    s.add_argument("--config", type=Path, help="TOML config file ([trainer] section)")
+    s.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="dotted override, e.g. trainer.learning_rate=1e-4"
+    )
+    s.set_defaults(fn=cmd_trainer_core)
+    s = trainer_sub.add_parser("satellite", help="a satellite trainer joining the core's steps")
+    s.add_argument("--core", required=True, help="the core's address, tcp://HOST:PORT")
+    s.add_argument("--name", help="member name (default: host, pid and a random suffix)")
+    s.add_argument("--threads", type=int, help="torch CPU threads")
+    s.add_argument("--stay", action="store_true", help="rejoin after being told to leave (until killed)")
+    s.set_defaults(fn=cmd_trainer_satellite)
 
     s = sub.add_parser("quickstart", help="init the tiny model if missing, serve it and send it a generation")
     s.add_argument("--model", default="models/tiny")

@@ -89,6 +89,49 @@ class TrajectoryConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     seed: int = 0  # path selection is seeded per execution from this
 
 
+class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The training objectives (``gyre.train.objective``); ratios are exp(logprob - behaviour logprob)."""
+
+    clip_low: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.2  # ratio clipped below at 1 - clip_low
+    clip_high: Annotated[float, msgspec.Meta(ge=0.0)] = 0.28  # ... and above at 1 + clip_high (clip-higher)
+    tis_cap: Annotated[float, msgspec.Meta(ge=0.0)] = (
+        2.0  # truncated importance sampling: a token's ratio weighs at most this much; 0: no cap
+    )
+    kl_coef: Annotated[float, msgspec.Meta(ge=0.0)] = (
+        0.0  # weight of the k3 KL to the reference (nats); 0: off
+    )
+    supervised_coef: Annotated[float, msgspec.Meta(gt=0.0)] = 1.0  # weight of demonstrations' NLL (nats)
+
+
+class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The trainer processes (``gyre.train.elastic``): one core, any number of satellites."""
+
+    model_path: str = ""  # Hugging Face model directory the core starts from (or a Gyre checkpoint)
+    resume_from: str = ""  # a checkpoint directory (weights + optimizer + step); empty: fresh optimizer
+    bind: str = "tcp://127.0.0.1:5570"  # the core's ZeroMQ address; satellites and the driver connect here
+    group_host: str = ""  # address satellites and engines reach the core's pair groups at; empty: bind's host
+    backend: Literal["gloo", "nccl"] = "gloo"  # torch.distributed backend of pair groups (nccl on GPUs)
+    num_threads: NonNegative = 0  # torch threads per trainer process; 0: torch's default
+    core_computes: bool = True  # the core claims micro-steps too (False: it only sums and applies)
+    learning_rate: Annotated[float, msgspec.Meta(gt=0.0)] = 1e-5
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"  # after warm-up, towards lr_min_ratio
+    lr_warmup_steps: NonNegative = 0  # steps of linear warm-up from 0
+    lr_decay_steps: NonNegative = 0  # steps over which linear/cosine decay (0: constant after warm-up)
+    lr_min_ratio: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.1  # final lr / learning_rate
+    adam_beta1: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.9
+    adam_beta2: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.999
+    adam_eps: Annotated[float, msgspec.Meta(gt=0.0)] = 1e-8
+    weight_decay: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0  # AdamW's decoupled decay per step, times lr
+    grad_clip_norm: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0  # global L2 norm cap; 0: no clipping
+    heartbeat_s: Annotated[float, msgspec.Meta(gt=0.0)] = 0.5  # how often members and the core say "alive"
+    member_timeout_s: Annotated[float, msgspec.Meta(gt=0.0)] = 5.0  # silence after which a member is gone
+    transfer_timeout_s: Annotated[float, msgspec.Meta(gt=0.0)] = 60.0  # one weight/gradient transfer, at most
+    checkpoint_every_steps: NonNegative = 0  # write checkpoint_dir/step-N after every N steps; 0: never
+    checkpoint_dir: str = ""
+    seed: int = 0  # torch's seed in every trainer process (dropout, if a model has any)
+    loss: LossConfig = msgspec.field(default_factory=LossConfig)
+
+
 class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One run's whole configuration: one TOML file."""
 
@@ -96,6 +139,7 @@ class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     router: RouterConfig = msgspec.field(default_factory=RouterConfig)
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
     trajectory: TrajectoryConfig = msgspec.field(default_factory=TrajectoryConfig)
+    trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
 
 
 T = TypeVar("T", bound=msgspec.Struct)

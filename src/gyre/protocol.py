@@ -4,6 +4,7 @@ Channels:
 - engine HTTP API (client <-> inference engine): SGLang's native JSON bodies, so one client serves the embedded
   engine and a real SGLang server. Fields and defaults follow SGLang's ``io_struct.py``; the embedded engine rejects
   sampling parameters it does not know, and ignores top-level fields it does not use (as SGLang clients send many).
+- trainer (satellites and the driver <-> the core trainer, ZeroMQ, msgpack): `TrainerRequest` / `TrainerReply`.
 - control plane (controller <-> cells, ZeroMQ, msgpack): added with the elastic scheduler.
 
 New fields go at the end with defaults.
@@ -11,6 +12,7 @@ New fields go at the end with defaults.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
@@ -19,6 +21,7 @@ from gyre.errors import ProtocolError
 
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 T = TypeVar("T")
+MAX_WEIGHT_VERSION = 2**63 - 1  # versions are int64 wherever they are stored
 
 
 class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -76,12 +79,15 @@ class GenerateMeta(msgspec.Struct, kw_only=True, omit_defaults=True):
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int = 0
-    weight_version: str = "default"
+    weight_version: str = "default"  # Gyre needs a decimal integer (`parse_weight_version`)
     e2e_latency: float = 0.0
     # [[logprob, token_id, None], ...] when return_logprob was set
     output_token_logprobs: list[tuple[float, int, str | None]] | None = None
     input_token_logprobs: list[tuple[float | None, int, str | None]] | None = None
     output_top_logprobs: list[list[tuple[float, int, str | None]] | None] | None = None
+    # Gyre extension (a real SGLang server never sends it): "scripted" when a script wrote the tokens rather
+    # than a policy sampling them (`gyre.engine.scripted`); their logprobs are made up.
+    gyre_source: str = "policy"
 
 
 class GenerateResponse(msgspec.Struct, kw_only=True):
@@ -183,3 +189,271 @@ def decode_json(data: bytes, type_: type[T], what: str) -> T:
         raise ProtocolError(f"invalid {what}: {exc}") from None
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"{what} is not valid JSON: {exc}") from None
+
+
+def parse_weight_version(value: str, where: str) -> int:
+    """A weight version as SGLang's API carries it (a string) -> the optimizer step it names.
+
+    Gyre numbers weights by optimizer step, so anything but a non-negative decimal integer (SGLang's
+    ``"default"`` when a server was started without ``--weight-version``, ``"v2"``, ``"-1"``, ``" 3"``) is a
+    ProtocolError that names ``where`` the value came from.
+    """
+    ok = isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 19
+    if not (ok and int(value) <= MAX_WEIGHT_VERSION):
+        shown = repr(value[:40]) + "..." if isinstance(value, str) and len(value) > 40 else repr(value)
+        raise ProtocolError(
+            f"{where}: weight version {shown} is not a non-negative integer; Gyre numbers weights by "
+            "optimizer step (start SGLang servers with --weight-version 0, update weights with integer versions)"
+        )
+    return int(value)
+
+
+def format_weight_version(version: int) -> str:
+    """The wire form (a decimal string) of a weight version; refuses what `parse_weight_version` refuses."""
+    if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version <= MAX_WEIGHT_VERSION:
+        raise ProtocolError(f"weight version {version!r} is not a non-negative integer")
+    return str(version)
+
+
+# ---- trainer channel: satellites and the driver <-> the core trainer (ZeroMQ DEALER -> ROUTER, msgpack) ----------
+# Tensors never travel here: weights and gradients go over each member's torch.distributed pair group with the
+# core (gyre.train.elastic). Every pair-group transfer is announced by a message on this channel first, from the side
+# that starts it, so both ends issue their collectives in the same order.
+
+Objective = Literal["policy", "supervised"]
+
+
+class MicroStep(msgspec.Struct, frozen=True, kw_only=True):
+    """One packed row of sequences a trainer computes gradients for; index ``i`` is a token.
+
+    Token ``i`` is predicted from the logits at ``parents[i]`` (-1: a sequence's first token, never predicted);
+    attention runs from each token to its ancestors along ``parents`` only. ``objective`` says which loss the
+    weighted tokens feed: ``policy`` (clipped policy gradient: only tokens the policy sampled) or ``supervised``
+    (negative log-likelihood of demonstrations).
+    """
+
+    input_ids: list[int]
+    position_ids: list[int]
+    parents: list[int]
+    weights: list[float]  # loss weight of predicting token i (0: context, or trained in another sequence)
+    advantages: list[float]
+    behaviour_logprobs: list[float]
+    versions: list[int]  # weight version that sampled token i (-1: context)
+    sequences: int  # sequences packed in this row
+    objective: Objective = "policy"
+
+
+class MicroStats(msgspec.Struct, frozen=True, kw_only=True):
+    """Sums over the loss-weighted tokens of one micro-step; a step's figures are sums over its micro-steps."""
+
+    loss: float = 0.0  # weighted loss (the step's weights sum to 1, so these add up to the step's loss)
+    tokens: int = 0  # tokens with loss weight
+    policy_tokens: int = 0  # of which feed the policy-gradient loss (the ratio figures are over these)
+    computed_tokens: int = 0  # tokens through the forward pass
+    clipped: int = 0  # tokens whose ratio was clipped (their gradient is zero)
+    truncated: int = 0  # tokens whose importance weight was cut at ``tis_cap``
+    ratio_sum: float = 0.0  # of exp(logprob - behaviour logprob)
+    ratio_sq_sum: float = 0.0
+    ratio_min: float = math.inf
+    ratio_max: float = 0.0
+    entropy_sum: float = 0.0  # nats
+    kl_sum: float = 0.0  # k3 estimate against the reference, nats
+    staleness_sum: int = 0  # policy version minus behaviour version, summed over sampled tokens
+    staleness_max: int = 0
+    seconds: float = 0.0  # forward + backward
+
+
+class StepMetrics(msgspec.Struct, frozen=True, kw_only=True):
+    """What one optimizer step did (one line of metrics)."""
+
+    step: int  # the step that finished (0-based)
+    version: int  # the weight version after it
+    loss: float
+    tokens: int  # trained tokens
+    computed_tokens: int
+    micro_steps: int
+    clip_fraction: float
+    truncated_fraction: float
+    ratio_mean: float
+    ratio_std: float
+    ratio_min: float
+    ratio_max: float
+    entropy: float  # mean per trained token, nats
+    kl: float  # mean per trained token, nats (0 without a reference)
+    grad_norm: float  # before clipping
+    lr: float
+    staleness_mean: float  # versions
+    staleness_max: int
+    seconds: float  # from the step's first micro-step to its update
+    by_member: dict[str, int]  # micro-steps each member computed (accepted gradients)
+    discarded: int  # gradients received for micro-steps already done (a member declared gone came back)
+    reclaimed: int  # claims returned to the queue (members that left or were declared gone mid-micro-step)
+
+
+class Hello(msgspec.Struct, tag="hello", kw_only=True):
+    """A satellite joins (or rejoins) training; the core answers ``Welcome``."""
+
+    member: str
+    hostname: str = ""
+    pid: int = 0
+    group_name: str = ""  # the pair group it still holds from an earlier join (reused if the core agrees)
+
+
+class Claim(msgspec.Struct, tag="claim", kw_only=True):
+    """A member asks for work, holding weights of ``version`` (-1: none yet)."""
+
+    member: str
+    version: int
+
+
+class GradientReady(msgspec.Struct, tag="gradient", kw_only=True):
+    """A member finished micro-step ``index`` of ``step``; its flat fp32 gradient follows over the pair group."""
+
+    member: str
+    step: int
+    index: int
+    numel: int
+    stats: MicroStats
+
+
+class Goodbye(msgspec.Struct, tag="goodbye", kw_only=True):
+    """A member leaves the step (after the micro-step it held); its pair group stays for a later rejoin."""
+
+    member: str
+
+
+class Heartbeat(msgspec.Struct, tag="heartbeat", kw_only=True):
+    """A member is alive (sent from its own thread, also while it computes)."""
+
+    member: str
+
+
+class SubmitMicroSteps(msgspec.Struct, tag="submit", kw_only=True):
+    """Driver: micro-steps of ``step`` (streamed: several submits per step); ``seal`` when none will follow."""
+
+    step: int
+    micro_steps: list[MicroStep]
+    seal: bool = False
+    data_cursor: dict[str, Any] | None = None  # kept in the checkpoint of this step (set with ``seal``)
+
+
+class WaitStep(msgspec.Struct, tag="wait_step", kw_only=True):
+    """Driver: answer ``StepDone`` once ``step`` has been applied (at once if it already was)."""
+
+    step: int
+
+
+class ReleaseMember(msgspec.Struct, tag="release", kw_only=True):
+    """Driver/controller: tell ``member`` to leave after the micro-step it holds."""
+
+    member: str
+
+
+class AttachEngine(msgspec.Struct, tag="attach_engine", kw_only=True):
+    """Driver: push weights to the engine at ``url`` after every update (and now, to bring it up to date)."""
+
+    url: str
+
+
+class SaveCheckpoint(msgspec.Struct, tag="save_checkpoint", kw_only=True):
+    """Driver: write a checkpoint of the current weights and optimizer state to ``path`` (between steps)."""
+
+    path: str
+
+
+class GetStatistics(msgspec.Struct, tag="get_statistics", kw_only=True):
+    """Anyone: answer ``TrainerStatistics``."""
+
+
+class Shutdown(msgspec.Struct, tag="shutdown", kw_only=True):
+    """Driver: stop the core (members are told to leave)."""
+
+
+TrainerRequest = (
+    Hello | Claim | GradientReady | Goodbye | Heartbeat | SubmitMicroSteps | WaitStep | ReleaseMember
+    | AttachEngine | SaveCheckpoint | GetStatistics | Shutdown
+)  # fmt: skip
+
+
+class Welcome(msgspec.Struct, tag="welcome", kw_only=True):
+    """The core accepted a member; both now join the pair group at ``group_host:group_port`` (core rank 0)."""
+
+    member: str
+    group_host: str
+    group_port: int
+    group_name: str
+    model_config: dict[str, Any]  # the Hugging Face config.json of the trained model
+    reference: bool  # the reference weights for the KL term follow first over the pair group
+    loss: dict[str, Any]  # the core's [trainer.loss], so every member computes the same objective
+    heartbeat_s: float
+    member_timeout_s: float
+    transfer_timeout_s: float
+    backend: str = "gloo"
+
+
+class Assign(msgspec.Struct, tag="assign", kw_only=True):
+    """Compute micro-step ``index`` of ``step`` at weight ``version``."""
+
+    step: int
+    version: int
+    index: int
+    micro: MicroStep
+
+
+class Refresh(msgspec.Struct, tag="refresh", kw_only=True):
+    """The step's weights (``version``) follow now over the pair group; then claim again."""
+
+    step: int
+    version: int
+
+
+class Idle(msgspec.Struct, tag="idle", kw_only=True):
+    """Nothing to claim now; wait for ``Wake``."""
+
+
+class Wake(msgspec.Struct, tag="wake", kw_only=True):
+    """There may be work: claim again."""
+
+
+class Leave(msgspec.Struct, tag="leave", kw_only=True):
+    """Leave training (answered to a claim after the member was released)."""
+
+
+class Ping(msgspec.Struct, tag="ping", kw_only=True):
+    """The core is alive."""
+
+
+class StepDone(msgspec.Struct, tag="step_done", kw_only=True):
+    """A step was applied."""
+
+    metrics: StepMetrics
+
+
+class Ack(msgspec.Struct, tag="ack", kw_only=True):
+    """A driver request was carried out."""
+
+    detail: str = ""
+
+
+class Refused(msgspec.Struct, tag="refused", kw_only=True):
+    """A request could not be carried out; ``reason`` says why and what to do."""
+
+    reason: str
+
+
+class TrainerStatistics(msgspec.Struct, tag="statistics", kw_only=True, frozen=True):
+    """The core's view of the current step and its members."""
+
+    step: int  # the step being computed (or next to be)
+    version: int  # weight version of that step
+    members: dict[str, str]  # member -> active | parked | gone
+    claims: dict[str, list[int]]  # member -> micro-step indices it holds now
+    pending: int  # micro-steps nobody holds
+    done: int  # micro-steps with their gradient summed
+    sealed: bool
+    engines: list[str]
+
+
+TrainerReply = (
+    Welcome | Assign | Refresh | Idle | Wake | Leave | Ping | StepDone | Ack | Refused | TrainerStatistics
+)  # fmt: skip

@@ -11,6 +11,10 @@ import msgspec
 Role = Literal["main", "main-summary", "sub-agent", "sub-agent-summary"]
 ROLE_PRIORITY: tuple[Role, ...] = ("main", "main-summary", "sub-agent", "sub-agent-summary")
 FinishReason = Literal["stop", "length", "abort", "error"]
+# Who produced a call's output: ``policy`` (the model being trained sampled it: training data), ``scripted`` (a
+# scripted expert at the engine edge: demonstrations, whose logprobs are made up), ``upstream`` (an outside model
+# behind ``gyre eval --base-url``: evaluation only).
+RecordSource = Literal["policy", "scripted", "upstream"]
 
 
 class CallTiming(msgspec.Struct, frozen=True):
@@ -30,7 +34,9 @@ class CallRecord(msgspec.Struct, frozen=True, kw_only=True):
     compaction, sub-agent, edited history) has no parent and stores its whole input.
 
     Invariant: ``output_ids`` are exactly the tokens the engine sampled and ``output_logprobs[i]`` is the
-    behaviour log-probability of ``output_ids[i]`` under weight version ``weight_version``.
+    behaviour log-probability of ``output_ids[i]`` under weight version ``token_versions()[i]``. A call moved
+    between engines mid-generation (a drain, a failure) may have tokens sampled under different versions; then
+    ``output_versions`` holds one version per output token, else it is None and every token has ``weight_version``.
     """
 
     call_id: str  # unique per run
@@ -42,9 +48,11 @@ class CallRecord(msgspec.Struct, frozen=True, kw_only=True):
     output_ids: list[int]
     output_logprobs: list[float]
     finish_reason: FinishReason
-    weight_version: int  # optimizer step that produced the weights; a rerouted call keeps the first
+    weight_version: int  # optimizer step that sampled the first output token (or answered, with no output)
     cell: str  # engine/cell that produced the output (the last one when a call was moved)
     timing: CallTiming
+    output_versions: list[int] | None = None  # a weight version per output token; None: all weight_version
+    source: RecordSource = "policy"  # who produced the output; only "policy" output is the behaviour policy's
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.output_logprobs):
@@ -56,6 +64,23 @@ class CallRecord(msgspec.Struct, frozen=True, kw_only=True):
             raise ValueError(f"CallRecord {self.call_id}: a behaviour logprob is NaN or infinite")
         if (self.parent_call_id is None) != (self.prefix_len == 0):
             raise ValueError(f"CallRecord {self.call_id}: a parent needs a prefix length and vice versa")
+        if self.output_versions is not None:
+            if len(self.output_versions) != len(self.output_ids):
+                raise ValueError(
+                    f"CallRecord {self.call_id}: {len(self.output_ids)} output ids but "
+                    f"{len(self.output_versions)} weight versions"
+                )
+            if self.output_versions and self.output_versions[0] != self.weight_version:
+                raise ValueError(
+                    f"CallRecord {self.call_id}: weight_version {self.weight_version} is not the first output "
+                    f"token's ({self.output_versions[0]})"
+                )
+
+    def token_versions(self) -> list[int]:
+        """The weight version that sampled each output token."""
+        if self.output_versions is not None:
+            return list(self.output_versions)
+        return [self.weight_version] * len(self.output_ids)
 
 
 class ApiCallRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,6 +99,7 @@ class ApiCallRecord(msgspec.Struct, frozen=True, kw_only=True):
     prompt_tokens: int  # as the upstream's usage reports them (0 when it reports none)
     completion_tokens: int
     timing: CallTiming
+    source: Literal["upstream"] = "upstream"
 
 
 def expand_inputs(records: Iterable[CallRecord]) -> dict[str, list[int]]:

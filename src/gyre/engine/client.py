@@ -8,7 +8,7 @@ serve now (``EngineUnavailable``) and the router may retry elsewhere.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, TypeVar
 
 import httpx
@@ -16,7 +16,13 @@ import msgspec
 
 from gyre.engine.http import HttpPool, HttpResponse
 from gyre.errors import EngineCapacityError, EngineRequestError, EngineUnavailable
-from gyre.protocol import GenerateRequest, GenerateResponse, SamplingParams
+from gyre.protocol import (
+    GenerateRequest,
+    GenerateResponse,
+    SamplingParams,
+    format_weight_version,
+    parse_weight_version,
+)
 
 T = TypeVar("T")
 _encoder = msgspec.json.Encoder()
@@ -111,7 +117,7 @@ class EngineClient:
         rid: str | None = None,
         return_logprob: bool = True,
         top_logprobs_num: int = 0,
-    ) -> AsyncIterator[GenerateResponse]:
+    ) -> AsyncGenerator[GenerateResponse, None]:
         """Stream cumulative responses; the last one carries the finish reason."""
         body = GenerateRequest(
             text=text,
@@ -167,9 +173,9 @@ class EngineClient:
         """Rebuild what ``release_memory_occupation`` freed."""
         await self._request("POST", "/resume_memory_occupation", {"tags": tags})
 
-    async def update_weights_from_disk(self, model_path: str, weight_version: str | None = None) -> str:
-        """Load weights from a Hugging Face directory the engine can read."""
-        body = {"model_path": model_path, "weight_version": weight_version}
+    async def update_weights_from_disk(self, model_path: str, weight_version: int | None = None) -> str:
+        """Load weights from a Hugging Face directory the engine can read (None: the version stays)."""
+        body = {"model_path": model_path, "weight_version": _wire(weight_version)}
         return await self._result("/update_weights_from_disk", body)
 
     async def init_weights_update_group(
@@ -198,7 +204,7 @@ class EngineClient:
         dtypes: list[str],
         shapes: list[list[int]],
         group_name: str = "weight_update_group",
-        weight_version: str | None = None,
+        weight_version: int | None = None,
         flush_cache: bool = True,
     ) -> str:
         """Tell the engine to receive these tensors from rank 0 (see ``weight_sync.push_weights``)."""
@@ -207,7 +213,7 @@ class EngineClient:
             "dtypes": dtypes,
             "shapes": shapes,
             "group_name": group_name,
-            "weight_version": weight_version,
+            "weight_version": _wire(weight_version),
             "flush_cache": flush_cache,
         }
         await self._optional("/begin_weight_update", {"selector": "all"})
@@ -224,10 +230,10 @@ class EngineClient:
             if exc.status != 404:
                 raise
 
-    async def get_weight_version(self) -> str:
-        """The weight version the engine serves now."""
+    async def get_weight_version(self) -> int:
+        """The weight version the engine serves now; ProtocolError if the engine reports no integer."""
         info = await self.get_model_info()
-        return str(info.get("weight_version"))
+        return parse_weight_version(str(info.get("weight_version")), f"{self.base_url}/model_info")
 
     async def get_model_info(self) -> dict[str, Any]:
         """Model path, architecture, weight version and more."""
@@ -257,6 +263,10 @@ class EngineClient:
         """The embedded engine's load and counters."""
         data: dict[str, Any] = await self._json("GET", "/gyre/statistics")
         return data
+
+
+def _wire(weight_version: int | None) -> str | None:
+    return None if weight_version is None else format_weight_version(weight_version)
 
 
 def _raise_for_status(resp: httpx.Response | HttpResponse, url: str) -> None:

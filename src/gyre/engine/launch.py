@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 
 from gyre.errors import EngineUnavailable
+from gyre.protocol import format_weight_version
 
 
 def free_port() -> int:
@@ -105,6 +106,29 @@ def launch_embedded(
     return ServerProcess(args, port, log_path).wait_ready(timeout_s)
 
 
+def sglang_command(
+    model_path: str | Path,
+    port: int,
+    tp_size: int = 1,
+    mem_fraction_static: float = 0.8,
+    weight_version: int = 0,
+    extra_args: list[str] | None = None,
+) -> list[str]:
+    """The command line of an SGLang server: memory saver on, weights numbered ``weight_version`` (not SGLang's
+    ``"default"``, which Gyre refuses to record)."""
+    return [
+        sys.executable, "-m", "sglang.launch_server",
+        "--model-path", str(model_path),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--tp-size", str(tp_size),
+        "--mem-fraction-static", str(mem_fraction_static),
+        "--enable-memory-saver",
+        "--weight-version", format_weight_version(weight_version),
+        *(extra_args or []),
+    ]  # fmt: skip
+
+
 def launch_sglang(
     model_path: str | Path,
     port: int | None = None,
@@ -113,21 +137,13 @@ def launch_sglang(
     extra_args: list[str] | None = None,
     log_path: Path | None = None,
     timeout_s: float = 900.0,
+    weight_version: int = 0,
 ) -> ServerProcess:
-    """Start a real SGLang server with the memory saver enabled and wait for it to serve."""
+    """Start a real SGLang server (see `sglang_command`) and wait for it to serve."""
     try:
         import sglang  # noqa: F401
     except ImportError:
         raise EngineUnavailable("the sglang backend needs the gpu extra: pip install 'gyre[gpu]'") from None
     port = port or free_port()
-    args = [
-        sys.executable, "-m", "sglang.launch_server",
-        "--model-path", str(model_path),
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--tp-size", str(tp_size),
-        "--mem-fraction-static", str(mem_fraction_static),
-        "--enable-memory-saver",
-        *(extra_args or []),
-    ]  # fmt: skip
+    args = sglang_command(model_path, port, tp_size, mem_fraction_static, weight_version, extra_args)
     return ServerProcess(args, port, log_path).wait_ready(timeout_s)

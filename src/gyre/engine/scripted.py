@@ -3,7 +3,8 @@
 ``ScriptedEngine`` speaks the engine's HTTP API (``/generate`` and friends) and answers each request with
 ``script(input_ids)``, tokenized. The router, agents and records see a real engine: `gyre eval --agent oracle` runs a
 suite's scripted expert through it (the records are demonstrations), and tests use it where they need a capable
-model (tool calls, a solved task) that the tiny model cannot be.
+model (tool calls, a solved task) that the tiny model cannot be. Every response says ``"gyre_source": "scripted"``,
+so the router records its calls with source ``scripted``: their logprobs are made up, not a policy's.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ Script = Callable[[list[int]], str]  # input ids -> the reply text
 class ScriptedEngine:
     """An engine that answers each ``/generate`` with ``script(input_ids)``, tokenized, then end-of-sequence."""
 
-    def __init__(self, tokenizer: Any, script: Script, weight_version: str = "0") -> None:
+    def __init__(self, tokenizer: Any, script: Script, weight_version: int = 0) -> None:
         self.tokenizer, self.script, self.weight_version = tokenizer, script, weight_version
         self.requests: list[dict[str, Any]] = []
         self.port = free_port()
@@ -60,8 +61,9 @@ class ScriptedEngine:
             "finish_reason": finish,
             "prompt_tokens": len(body["input_ids"]),
             "completion_tokens": len(ids),
-            "weight_version": self.weight_version,
+            "weight_version": str(self.weight_version),
             "output_token_logprobs": logprobs,
+            "gyre_source": "scripted",
         }
         if not body.get("stream"):
             return Response(msgspec.json.encode({"text": "", "output_ids": ids, "meta_info": meta}))
@@ -82,7 +84,7 @@ class ScriptedEngine:
         return Response(status_code=200)
 
     async def _info(self, request: Request) -> Response:
-        return Response(msgspec.json.encode({"weight_version": self.weight_version}))
+        return Response(msgspec.json.encode({"weight_version": str(self.weight_version)}))
 
     def __enter__(self) -> ScriptedEngine:
         self._thread.start()

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from gyre.errors import ConfigError
+from gyre.protocol import format_weight_version
 
 if TYPE_CHECKING:
     from gyre.engine.client import EngineClient
@@ -73,10 +74,10 @@ class WeightGroup:
     def __init__(self, pg: Any, store: Any, rank: int, world_size: int) -> None:
         self.pg, self.store, self.rank, self.world_size = pg, store, rank, world_size
 
-    def broadcast(self, tensor: torch.Tensor) -> None:
-        """Broadcast ``tensor`` from rank 0 into every rank's tensor of the same shape (blocking)."""
+    def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
+        """Broadcast ``tensor`` from rank ``src`` into every rank's tensor of the same shape (blocking)."""
         opts = dist.BroadcastOptions()
-        opts.rootRank = 0
+        opts.rootRank = src
         self.pg.broadcast([tensor], opts).wait()
 
 
@@ -84,13 +85,15 @@ async def push_weights(
     client: EngineClient,
     group: WeightGroup,
     named_tensors: Iterable[tuple[str, torch.Tensor]],
-    weight_version: str,
+    weight_version: int,
     group_name: str = "weight_update_group",
 ) -> None:
     """Trainer side: send weights to one engine through an initialised group (rank 0 here).
 
-    The engine is told what to expect over HTTP while the tensors are broadcast from a worker thread.
+    The engine is told what to expect over HTTP (``weight_version`` as SGLang's string) while the tensors are
+    broadcast from a worker thread.
     """
+    format_weight_version(weight_version)  # refused before any tensor moves
     tensors = [(name, t.detach().contiguous()) for name, t in named_tensors]
     request = client.update_weights_from_distributed(
         names=[n for n, _ in tensors],
@@ -99,10 +102,11 @@ async def push_weights(
         group_name=group_name,
         weight_version=weight_version,
     )
-    task = asyncio.ensure_future(request)
 
     def send() -> None:
         for _, t in tensors:
             group.broadcast(t)
 
-    await asyncio.gather(task, asyncio.to_thread(send))
+    async with asyncio.TaskGroup() as tasks:  # the engine receives while we send; either failing ends both
+        tasks.create_task(request)
+        tasks.create_task(asyncio.to_thread(send))

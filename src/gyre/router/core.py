@@ -352,9 +352,12 @@ class Router:
             output_ids=gen.output_ids,
             output_logprobs=gen.logprobs,
             finish_reason=finish if finish in ("stop", "length", "abort") else "error",  # type: ignore[arg-type]
-            weight_version=_version(gen.weight_version),
+            weight_version=gen.weight_version,
             cell=gen.engine,
             timing=CallTiming(submitted_s=submitted, first_token_s=gen.first_token_s, finished_s=time.time()),
+            # per-token versions only where a call moved across versions: most records stay one number
+            output_versions=gen.versions if len(set(gen.versions)) > 1 else None,
+            source=gen.source,
         )
         if self.journal is not None:  # journaled before the caller can see the response
             self.journal.append(record)
@@ -432,10 +435,3 @@ def _offsets(pieces: list[str]) -> list[int]:
         offsets.append(at)
         at += len(piece)
     return offsets
-
-
-def _version(value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        return -1

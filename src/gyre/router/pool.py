@@ -1,9 +1,10 @@
 """The pool of inference engines a router sends calls to, and the one loop that makes a call survive them.
 
-Each engine is ``serving``, ``draining`` or ``gone``. A call sticks to the engine that holds its session's prefix
-while that engine serves, else goes to the least loaded one. When its engine drains or fails mid-generation, the call
-continues on another engine from the tokens generated so far (its KV handed over where both engines can), so the
-caller sees one normal response whose tokens and logprobs are exactly what the engines sampled.
+Each engine is ``serving``, ``draining``, ``gone`` or ``misconfigured``. A call sticks to the engine that holds its
+session's prefix while that engine serves, else goes to the least loaded one. When its engine drains or fails
+mid-generation, the call continues on another engine from the tokens generated so far (its KV handed over where both
+engines can), so the caller sees one normal response whose tokens and logprobs are exactly what the engines sampled,
+each token with the weight version of the engine that sampled it.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from dataclasses import dataclass, field
 import msgspec
 
 from gyre.engine.client import EngineClient
-from gyre.errors import EngineCapacityError, EngineError, EngineRequestError, EngineUnavailable
-from gyre.protocol import GenerateResponse, SamplingParams
+from gyre.errors import EngineCapacityError, EngineError, EngineRequestError, EngineUnavailable, ProtocolError
+from gyre.protocol import GenerateResponse, SamplingParams, parse_weight_version
+from gyre.records import RecordSource
 
 log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = 1.0  # while no engine serves, gone engines are asked for /health this often
@@ -34,6 +36,9 @@ class EngineState(enum.Enum):
     SERVING = "serving"
     DRAINING = "draining"
     GONE = "gone"
+    # answered what Gyre cannot record (a non-integer weight version): gets no calls, and no health probe brings
+    # it back; `EnginePool.resume` does, once it is fixed
+    MISCONFIGURED = "misconfigured"
 
 
 class NoCapacity(EngineError):
@@ -54,6 +59,7 @@ class Engine:
     calls: int = 0
     failures: int = 0
     last_probe: float = 0.0  # time.monotonic() of the last health probe while gone
+    problem: str = ""  # why it is misconfigured
 
 
 class PoolStatistics(msgspec.Struct, frozen=True):
@@ -84,10 +90,12 @@ class Generation:
     logprobs: list[float]
     top_logprobs: list[list[tuple[float, int]]]
     finish_reason: dict[str, object]
-    weight_version: str
+    weight_version: int  # of the first output token (no output: of the engine that finished the call)
     engine: str  # the engine that finished it
     engines: list[str]  # every engine that contributed, in order
     first_token_s: float | None
+    versions: list[int]  # the weight version that sampled each output token
+    source: RecordSource  # "scripted" when any engine that answered the call is scripted, else "policy"
 
 
 class EnginePool:
@@ -138,9 +146,10 @@ class EnginePool:
             await asyncio.sleep(0.02)
 
     def resume(self, name: str) -> None:
-        """Let a drained engine serve again (after it switched back from training, say)."""
+        """Let a drained engine (back from training, say) or a fixed misconfigured one serve again."""
         engine = self.get(name)
         engine.state = EngineState.SERVING
+        engine.problem = ""
         self._notify()
 
     async def remove(self, name: str) -> None:
@@ -181,6 +190,15 @@ class EnginePool:
             self._failures += 1
             self._notify()
 
+    def _mark_misconfigured(self, engine: Engine, problem: object) -> None:
+        if engine.state is not EngineState.MISCONFIGURED:
+            log.error("engine %s (%s) is misconfigured; it gets no calls until resumed: %s",
+                      engine.name, engine.url, problem)  # fmt: skip
+            engine.state = EngineState.MISCONFIGURED
+            engine.problem = str(problem)
+            engine.failures += 1
+            self._notify()
+
     async def _pick(self, affinity: str | None) -> Engine:
         """The session's engine while it serves, else the least loaded serving one; waits for one to appear."""
         deadline = time.monotonic() + self.wait_for_engine_s
@@ -196,7 +214,11 @@ class EnginePool:
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
-                raise NoCapacity(f"no engine is serving (waited {self.wait_for_engine_s:g} s)")
+                wrong = [e.problem for e in self.engines.values() if e.state is EngineState.MISCONFIGURED]
+                raise NoCapacity(
+                    f"no engine is serving (waited {self.wait_for_engine_s:g} s)"
+                    + "".join(f"; misconfigured: {problem}" for problem in wrong)
+                )
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=min(left, PROBE_INTERVAL_S))
 
@@ -241,8 +263,10 @@ class EnginePool:
         out: list[int] = []
         logprobs: list[float] = []
         tops: list[list[tuple[float, int]]] = []
+        versions: list[int] = []  # one per token of ``out``
         engines: list[str] = []
-        version = ""
+        version = 0  # of the last engine that answered
+        source: RecordSource = "policy"
         first_token_s: float | None = None
         failures = 0
         previous: Engine | None = None
@@ -268,26 +292,38 @@ class EnginePool:
                     chunks = engine.client.generate_stream(
                         input_ids + out, attempt, rid=rid, return_logprob=True, top_logprobs_num=top
                     )
-                    async for resp in chunks:
-                        if len(resp.output_ids) > seen:
-                            first_token_s = first_token_s or time.time()
-                            chunk = self._append(resp, seen, out, logprobs, tops, top)
-                            seen = len(resp.output_ids)
-                            yield chunk
+                    async with contextlib.aclosing(chunks):
+                        async for resp in chunks:  # each chunk's version, before its tokens
+                            version, scripted = self._provenance(engine, resp)
+                            source = "scripted" if scripted else source
+                            if len(resp.output_ids) > seen:
+                                first_token_s = first_token_s or time.time()
+                                chunk = self._append(resp, seen, version, out, logprobs, tops, versions, top)
+                                seen = len(resp.output_ids)
+                                yield chunk
                     if resp is None:
                         raise EngineUnavailable(f"{engine.url}: the stream ended without a response")
                 else:
                     resp = await engine.client.generate(
                         input_ids + out, attempt, rid=rid, return_logprob=True, top_logprobs_num=top
                     )
+                    version, scripted = self._provenance(engine, resp)
+                    source = "scripted" if scripted else source
                     if resp.output_ids:
                         first_token_s = first_token_s or time.time()
-                    self._append(resp, 0, out, logprobs, tops, top)
+                    self._append(resp, 0, version, out, logprobs, tops, versions, top)
                 finished = True
             except (EngineCapacityError, EngineRequestError):
                 raise
-            except EngineUnavailable as exc:
-                self._mark_gone(engine, exc)
+            except (EngineUnavailable, ProtocolError) as exc:
+                # An engine whose answer cannot be recorded is misconfigured, not the caller's problem: its
+                # tokens of this attempt are dropped (tokens of earlier chunks, recorded correctly, are kept)
+                # and the call goes on elsewhere like after a crash; with no other engine, the caller gets the
+                # 503 of an empty pool, which names the misconfiguration. Never a record with a made-up version.
+                if isinstance(exc, ProtocolError):
+                    self._mark_misconfigured(engine, exc)
+                else:
+                    self._mark_gone(engine, exc)
                 failures += 1
                 if failures > self.retry_budget:
                     raise NoCapacity(f"gave up after {failures} engine failures; last: {exc}") from exc
@@ -303,7 +339,6 @@ class EnginePool:
                             await engine.client.abort(rid)
             assert resp is not None
             engines.append(engine.name)
-            version = version or resp.meta_info.weight_version
             moved = resp.finish_type == "abort" and engine.state is not EngineState.SERVING
             if moved and (budget is None or len(resp.output_ids) < budget):
                 previous = engine
@@ -312,19 +347,42 @@ class EnginePool:
             finish = dict(resp.meta_info.finish_reason or {"type": "abort"})
             if moved:
                 finish = {"type": "length", "length": len(out)}
-            yield Generation(out, logprobs, tops, finish, version, engine.name, engines, first_token_s)
+            first_version = versions[0] if versions else version
+            yield Generation(
+                out,
+                logprobs,
+                tops,
+                finish,
+                first_version,
+                engine.name,
+                engines,
+                first_token_s,
+                versions,
+                source,
+            )
             return
+
+    @staticmethod
+    def _provenance(engine: Engine, resp: GenerateResponse) -> tuple[int, bool]:
+        """The weight version of a response's tokens and whether a script wrote them; ProtocolError if unclear."""
+        where = f"engine {engine.name} ({engine.url})"
+        version = parse_weight_version(resp.meta_info.weight_version, where)
+        if resp.meta_info.gyre_source not in ("policy", "scripted"):
+            raise ProtocolError(f"{where}: unknown gyre_source {resp.meta_info.gyre_source!r}")
+        return version, resp.meta_info.gyre_source == "scripted"
 
     @staticmethod
     def _append(
         resp: GenerateResponse,
         seen: int,
+        version: int,
         out: list[int],
         logprobs: list[float],
         tops: list[list[tuple[float, int]]],
+        versions: list[int],
         top: int,
     ) -> Chunk:
-        """Take the tokens of a (cumulative) response past ``seen`` into the call's lists; return them."""
+        """Take the tokens of a (cumulative) response past ``seen``, sampled at ``version``, into the lists."""
         ids = resp.output_ids[seen:]
         lps = resp.output_logprobs[seen:]
         new_tops = []
@@ -334,6 +392,7 @@ class EnginePool:
         out.extend(ids)
         logprobs.extend(lps)
         tops.extend(new_tops)
+        versions.extend([version] * len(ids))
         return Chunk(ids, lps, new_tops)
 
     async def _hand_over(self, source: Engine, dest: Engine, ids: list[int]) -> None:

@@ -8,6 +8,8 @@ tokens (gathered by index) plus a causal block over its own, so a tree costs the
 square of its length. Position ids are depths, so a token's logits are exactly those of the same token at the end of
 its own path.
 
+The losses these logprobs feed live in `gyre.train.objective`.
+
 Tree attention is a Hugging Face attention function (``gyre_tree``, registered on import) that the model uses for
 the duration of one tree's forward; any model whose attention goes through ``AttentionInterface`` works.
 """
@@ -33,15 +35,23 @@ _segments: contextvars.ContextVar[list[tuple[int, int, torch.Tensor, torch.Tenso
 
 def token_logprobs(model: Any, micro: MicroStep) -> torch.Tensor:
     """``out[i]``: log p(token i | its ancestors) under ``model`` (0 where a sequence starts)."""
-    pieces = []
+    return token_logprobs_and_entropy(model, micro)[0]
+
+
+def token_logprobs_and_entropy(model: Any, micro: MicroStep) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs`, and the entropy (nats, without gradient) of the distribution each token was drawn from."""
+    pieces, entropies = [], []
     for start, end in sequence_bounds(micro.parents):
         parents = [p - start if p >= 0 else -1 for p in micro.parents[start:end]]
-        pieces.append(
-            _sequence_logprobs(model, micro.input_ids[start:end], micro.position_ids[start:end], parents)
+        lp, ent = _sequence_logprobs(
+            model, micro.input_ids[start:end], micro.position_ids[start:end], parents
         )
+        pieces.append(lp)
+        entropies.append(ent)
     if not pieces:
-        return torch.zeros(0, device=next(model.parameters()).device)
-    return torch.cat(pieces)
+        empty = torch.zeros(0, device=next(model.parameters()).device)
+        return empty, empty
+    return torch.cat(pieces), torch.cat(entropies)
 
 
 def sequence_bounds(parents: list[int]) -> list[tuple[int, int]]:
@@ -79,7 +89,7 @@ def chain_segments(parents: list[int]) -> list[tuple[int, int, list[int]]]:
 
 def _sequence_logprobs(
     model: Any, input_ids: list[int], position_ids: list[int], parents: list[int]
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     device = next(model.parameters()).device
     ids = torch.tensor([input_ids], device=device)
     positions = torch.tensor([position_ids], device=device)
@@ -104,7 +114,10 @@ def _sequence_logprobs(
     has_parent = index >= 0
     source = logits[index.clamp(min=0)].float().log_softmax(-1)
     picked = source.gather(-1, ids[0, :, None]).squeeze(-1)
-    return torch.where(has_parent, picked, torch.zeros_like(picked))
+    with torch.no_grad():
+        entropy = -(source.exp() * source).sum(-1)
+    zero = torch.zeros_like(picked)
+    return torch.where(has_parent, picked, zero), torch.where(has_parent, entropy, zero.detach())
 
 
 def _tree_attention(
@@ -139,19 +152,3 @@ def _register() -> None:
 
 
 _register()
-
-
-def policy_loss(logprobs: torch.Tensor, micro: MicroStep, clip: float = 0.2) -> torch.Tensor:
-    """The clipped importance-weighted policy-gradient loss of a micro-step, weighted per token.
-
-    ``sum_i w_i * -min(r_i * A_i, clip(r_i) * A_i)`` with ``r_i = exp(logprob_i - behaviour_logprob_i)``; the
-    weights of a step sum to 1, so the micro-steps' losses add up to the step's loss.
-    """
-    device = logprobs.device
-    weights = torch.tensor(micro.weights, device=device)
-    advantages = torch.tensor(micro.advantages, device=device)
-    behaviour = torch.tensor(micro.behaviour_logprobs, device=device)
-    ratio = torch.exp(logprobs - behaviour)
-    unclipped = ratio * advantages
-    clipped = ratio.clamp(1 - clip, 1 + clip) * advantages
-    return -(weights * torch.minimum(unclipped, clipped)).sum()

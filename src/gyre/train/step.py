@@ -24,6 +24,7 @@ from typing import Literal
 import msgspec
 
 from gyre.config import TrajectoryConfig
+from gyre.protocol import MicroStep, Objective
 from gyre.records import CallRecord
 from gyre.train.tree import Node, TrajectoryTree, select_paths
 
@@ -39,23 +40,6 @@ class Rollout(msgspec.Struct, frozen=True, kw_only=True):
     reward: float
     records: list[CallRecord]
     dropped: bool = False  # the verifier failed: it leaves its group and is not trained
-
-
-class MicroStep(msgspec.Struct, frozen=True, kw_only=True):
-    """One packed row of sequences a trainer computes gradients for; index ``i`` is a token.
-
-    Token ``i`` is predicted from the logits at ``parents[i]`` (-1: a sequence's first token, never predicted);
-    attention runs from each token to its ancestors along ``parents`` only.
-    """
-
-    input_ids: list[int]
-    position_ids: list[int]
-    parents: list[int]
-    weights: list[float]  # loss weight of predicting token i (0: context, or trained in another sequence)
-    advantages: list[float]
-    behaviour_logprobs: list[float]
-    versions: list[int]  # weight version that sampled token i (-1: context)
-    sequences: int  # sequences packed in this row
 
 
 class StepData(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,10 +72,13 @@ def group_advantages(
     return out
 
 
-def build_step_from_config(rollouts: Sequence[Rollout], cfg: TrajectoryConfig, step: int = 0) -> StepData:
+def build_step_from_config(
+    rollouts: Sequence[Rollout], cfg: TrajectoryConfig, step: int = 0, objective: Objective = "policy"
+) -> StepData:
     """`build_step` with a run's ``[trajectory]`` settings; ``step`` varies the selection seed between steps."""
     return build_step(
         rollouts,
+        objective=objective,
         jmax=cfg.jmax or None,
         packing=cfg.packing,
         token_budget=cfg.micro_step_tokens,
@@ -108,10 +95,25 @@ def build_step(
     token_budget: int = 8192,
     seed: int = 0,
     normalization: Normalization = "mean_std",
+    objective: Objective = "policy",
 ) -> StepData:
-    """The micro-steps of one optimizer step over ``rollouts`` (see the module); seeded and reproducible."""
+    """The micro-steps of one optimizer step over ``rollouts`` (see the module); seeded and reproducible.
+
+    ``objective="policy"`` refuses (ValueError) any record the policy did not sample (a scripted expert's
+    demonstration): its logprobs and version are not a behaviour policy's. ``"supervised"`` trains every output
+    token of every record with the negative log-likelihood (advantages are unused).
+    """
     if token_budget < 1:
         raise ValueError(f"token_budget must be positive, not {token_budget}")
+    if objective == "policy":
+        for r in rollouts:
+            for record in r.records:
+                if record.source != "policy":
+                    raise ValueError(
+                        f"execution {r.execution_id}: call {record.call_id} is a {record.source} record, not "
+                        "sampled by the policy; the policy-gradient loss trains only sampled tokens (train "
+                        "demonstrations with objective='supervised')"
+                    )
     advantages = group_advantages(rollouts, normalization)
     chosen: list[tuple[Rollout, TrajectoryTree, list[Node], int]] = []
     for r in rollouts:
@@ -134,7 +136,7 @@ def build_step(
             trained: set[int] = set()
             for leaf in leaves:
                 sequences.append(_path_sequence(leaf.path(), trained, weight, advantage))
-    micro_steps = [_pack(group) for group in _first_fit(sequences, token_budget)]
+    micro_steps = [_pack(group, objective) for group in _first_fit(sequences, token_budget)]
     return StepData(
         micro_steps=micro_steps,
         advantages=advantages,
@@ -218,7 +220,7 @@ def _first_fit(sequences: list[_Sequence], budget: int) -> list[list[_Sequence]]
     return bins
 
 
-def _pack(group: list[_Sequence]) -> MicroStep:
+def _pack(group: list[_Sequence], objective: Objective) -> MicroStep:
     ids: list[int] = []
     positions: list[int] = []
     parents: list[int] = []
@@ -238,4 +240,4 @@ def _pack(group: list[_Sequence]) -> MicroStep:
     assert all(math.isfinite(w) for w in weights)
     return MicroStep(input_ids=ids, position_ids=positions, parents=parents, weights=weights,
                      advantages=advantages, behaviour_logprobs=logprobs, versions=versions,
-                     sequences=len(group))  # fmt: skip
+                     sequences=len(group), objective=objective)  # fmt: skip

@@ -87,16 +87,18 @@ class TrajectoryTree:
                 )
         seq = [*record.new_input_ids, *record.output_ids]
         n_input = len(record.new_input_ids)
-        end = self._insert(start, seq, n_input, record, index)
+        end = self._insert(start, seq, n_input, record, record.token_versions(), index)
         end.ends.append(index)
         self._end_of[record.call_id] = end
 
-    def _insert(self, node: Node, seq: list[int], n_input: int, record: CallRecord, index: int) -> Node:
+    def _insert(
+        self, node: Node, seq: list[int], n_input: int, record: CallRecord, versions: list[int], index: int
+    ) -> Node:
         pos = 0
         while pos < len(seq):
             child = node.children.get(seq[pos])
             if child is None:
-                return self._new_leaf(node, seq, pos, n_input, record, index)
+                return self._new_leaf(node, seq, pos, n_input, record, versions, index)
             k = 1
             limit = min(len(child.tokens), len(seq) - pos)
             while k < limit and child.tokens[k] == seq[pos + k]:
@@ -106,22 +108,30 @@ class TrajectoryTree:
                     j = pos + i - n_input
                     child.sampled[i] = True
                     child.logprobs[i] = record.output_logprobs[j]
-                    child.versions[i] = record.weight_version
+                    child.versions[i] = versions[j]
             if k < len(child.tokens):
                 child = _split(child, k)
             node, pos = child, pos + k
         return node
 
     def _new_leaf(
-        self, parent: Node, seq: list[int], pos: int, n_input: int, record: CallRecord, index: int
+        self,
+        parent: Node,
+        seq: list[int],
+        pos: int,
+        n_input: int,
+        record: CallRecord,
+        versions: list[int],
+        index: int,
     ) -> Node:
         leaf = Node(parent, parent.depth + len(parent.tokens))
         leaf.tokens = seq[pos:]
         n_context = max(n_input - pos, 0)
         n_out = len(seq) - pos - n_context
+        first_out = len(record.output_ids) - n_out
         leaf.sampled = [False] * n_context + [True] * n_out
-        leaf.logprobs = [0.0] * n_context + list(record.output_logprobs[len(record.output_ids) - n_out :])
-        leaf.versions = [-1] * n_context + [record.weight_version] * n_out
+        leaf.logprobs = [0.0] * n_context + list(record.output_logprobs[first_out:])
+        leaf.versions = [-1] * n_context + versions[first_out:]
         leaf.calls = [index] * len(leaf.tokens)
         parent.children[seq[pos]] = leaf
         return leaf

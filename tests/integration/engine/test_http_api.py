@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import httpx
 import pytest
@@ -98,10 +99,28 @@ def test_admin_endpoints(server: ServerProcess) -> None:
             info = await client.get_model_info()
             assert info["architecture"] == "Qwen3ForCausalLM" and info["weight_version"] == "0"
             await client.flush_cache()
-            assert await client.get_weight_version() == "0"
+            assert await client.get_weight_version() == 0
 
     asyncio.run(go())
     assert httpx.get(server.url + "/get_weight_version").json() == {"weight_version": "0"}
+
+
+@pytest.mark.parametrize("version", ["default", "v2", "-1", "3.0", ""])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/update_weights_from_disk", {"model_path": "/nowhere"}),
+        ("/update_weights_from_distributed", {"names": [], "dtypes": [], "shapes": [], "group_name": "none"}),
+    ],
+)
+def test_weight_update_with_a_non_integer_version_is_a_400_naming_the_field(
+    server: ServerProcess, path: str, body: dict[str, Any], version: str
+) -> None:
+    resp = httpx.post(server.url + path, json={**body, "weight_version": version}, timeout=30)
+    assert resp.status_code == 400
+    assert resp.json()["success"] is False
+    assert "weight_version" in resp.json()["message"] and repr(version) in resp.json()["message"]
+    assert httpx.get(server.url + "/get_weight_version").json() == {"weight_version": "0"}  # unchanged
 
 
 BAD_BODIES = [

@@ -62,7 +62,7 @@ def test_import_refuses_foreign_or_stale_kv(
             blob = await a.export_kv(PROMPT)
             with pytest.raises(EngineRequestError, match="not a KV export"):
                 await b.import_kv(b"garbage")
-            await b.update_weights_from_disk(str(tiny_model), weight_version="9")
+            await b.update_weights_from_disk(str(tiny_model), weight_version=9)
             with pytest.raises(EngineRequestError, match="weight version"):
                 await b.import_kv(blob)
 

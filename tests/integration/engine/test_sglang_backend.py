@@ -40,13 +40,14 @@ def test_generate_release_resume_and_distributed_update(
         async with EngineClient(sglang_server.url) as client:
             out = await client.generate(PROMPT, params)
             assert len(out.output_ids) == 16 and len(out.output_logprobs) == 16
+            assert out.meta_info.weight_version == "0"  # launched with --weight-version 0, not "default"
             await client.release_memory_occupation()
             await client.resume_memory_occupation()
             group = asyncio.to_thread(weight_sync.create_group, "127.0.0.1", port, 0, 2, "wug", "nccl")
             init = client.init_weights_update_group("127.0.0.1", port, 1, 2, group_name="wug", backend="nccl")
             pg, _ = await asyncio.gather(group, init)
-            await weight_sync.push_weights(client, pg, sorted(weights.items()), "3", group_name="wug")
+            await weight_sync.push_weights(client, pg, sorted(weights.items()), 3, group_name="wug")
             after = await client.generate(PROMPT, params)
-            assert after.meta_info.weight_version == "3"
+            assert after.meta_info.weight_version == "3" and await client.get_weight_version() == 3
 
     asyncio.run(go())

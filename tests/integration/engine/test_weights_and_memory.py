@@ -31,11 +31,9 @@ def test_update_weights_from_disk_serves_new_weights_and_version(
     async def go() -> tuple[list[int], list[int], str]:
         async with EngineClient(server.url) as client:
             before = (await client.generate(PROMPT, GREEDY)).output_ids
-            await client.update_weights_from_disk(str(tiny_model_b), weight_version="5")
+            await client.update_weights_from_disk(str(tiny_model_b), weight_version=5)
             after = await client.generate(PROMPT, GREEDY)
-            await client.update_weights_from_disk(
-                str(tiny_model), weight_version="6"
-            )  # back, for other tests
+            await client.update_weights_from_disk(str(tiny_model), weight_version=6)  # back, for other tests
             return before, after.output_ids, after.meta_info.weight_version
 
     before, after, version = asyncio.run(go())
@@ -48,24 +46,24 @@ def test_weight_update_through_distributed_group(server: ServerProcess, tiny_mod
     weights = load_file(str(tiny_model_b / "model.safetensors"))
     port = free_port()
 
-    async def go() -> tuple[list[int], str]:
+    async def go() -> tuple[list[int], int]:
         async with EngineClient(server.url) as client:
             group = asyncio.to_thread(weight_sync.create_group, "127.0.0.1", port, 0, 2, "wug")
             init = client.init_weights_update_group("127.0.0.1", port, 1, 2, group_name="wug", backend="gloo")
             pg, _ = await asyncio.gather(group, init)
-            await weight_sync.push_weights(client, pg, sorted(weights.items()), "42", group_name="wug")
+            await weight_sync.push_weights(client, pg, sorted(weights.items()), 42, group_name="wug")
             out = await client.generate(PROMPT, GREEDY)
             return out.output_ids, await client.get_weight_version()
 
     ids, version = asyncio.run(go())
-    assert version == "42"
+    assert version == 42
     assert ids == hf_greedy(_hf(tiny_model_b), PROMPT, 20)
 
 
 def test_release_then_resume_keeps_serving(server: ServerProcess, tiny_model: Path) -> None:
     async def go() -> tuple[dict[str, Any], list[int], str]:
         async with EngineClient(server.url) as client:
-            await client.update_weights_from_disk(str(tiny_model), weight_version="7")
+            await client.update_weights_from_disk(str(tiny_model), weight_version=7)
             await client.release_memory_occupation()
             released = await client.statistics()
             pending = asyncio.create_task(client.generate(PROMPT, GREEDY))  # waits while memory is released

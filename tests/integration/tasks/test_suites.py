@@ -140,6 +140,7 @@ def test_eval_oracle_runs_the_toy_expert_through_the_real_pipeline(tmp_path: Pat
         json.loads(line) for line in (run / "journal" / "executions.jsonl").read_text().splitlines()
     ]
     assert len(calls) == sum(r.calls for r in summary.rows)  # the journal holds every call: demonstrations
+    assert {c.source for c in calls} == {"scripted"}  # marked as such: their logprobs are made up
     assert all(e["verdict"]["outcome"] == "scored" and e["reward"] == 1.0 for e in executions)
 
 

@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 
@@ -21,7 +22,8 @@ from gyre.router.core import Router
 from gyre.runtime import BuiltinAgentSpec, ExecutionResult, ExecutionSpec, Runtime
 from gyre.tasks import Task
 from gyre.train import MicroStep, Rollout, TrajectoryTree, build_step, select_paths
-from gyre.train.loss import policy_loss, token_logprobs
+from gyre.train.loss import token_logprobs
+from gyre.train.objective import policy_loss
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -96,10 +98,13 @@ def test_runtime_records_make_the_expected_tree(executions: list[ExecutionResult
 
 
 def _rollouts(executions: list[ExecutionResult]) -> list[Rollout]:
+    """The executions as policy samples: the scripted engine's records say "scripted", and the policy-gradient
+    loss refuses those; what is tested here (packing equivalence) does not depend on who sampled the tokens."""
     return [
-        Rollout(execution_id=e.execution_id, group=e.task_id, reward=float(i), records=e.records)
+        Rollout(execution_id=e.execution_id, group=e.task_id, reward=float(i),
+                records=[msgspec.structs.replace(r, source="policy") for r in e.records])
         for i, e in enumerate(executions)
-    ]
+    ]  # fmt: skip
 
 
 def _prefix(micro: MicroStep, i: int) -> tuple[int, ...]:

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gyre.records import CallRecord, CallTiming, decode_record, encode_record, expand_inputs
+from gyre.records import ApiCallRecord, CallRecord, CallTiming, decode_record, encode_record, expand_inputs
 
 
 def _record(**changes: object) -> CallRecord:
@@ -89,6 +89,7 @@ def test_mismatched_lengths_raise_on_decode() -> None:
         (b'"role":"main"', b'"role":"critic"'),
         (b'"finish_reason":"stop"', b'"finish_reason":"done"'),
         (b'"weight_version":3', b'"weight_version":"3"'),
+        (b'"output_versions":null', b'"output_versions":["3","3"]'),
     ],
 )
 def test_decode_rejects_invalid_fields(old: bytes, new: bytes) -> None:
@@ -133,3 +134,57 @@ def test_non_finite_logprob_is_refused_at_construction(bad: float) -> None:
     # JSON cannot carry NaN or infinities back, so such a record would be written but never read again
     with pytest.raises(ValueError, match="NaN or infinite"):
         _record(output_ids=[1], output_logprobs=[bad])
+
+
+# ---- weight versions per token, and who produced the output ---------------------------------------------------------
+def test_a_moved_call_keeps_each_tokens_version_through_its_journal_line() -> None:
+    record = _record(output_ids=[7, 8, 9], output_logprobs=[-0.1, -0.2, -0.3], output_versions=[3, 3, 4])
+    decoded = decode_record(encode_record(record))
+    assert decoded == record
+    assert decoded.token_versions() == [3, 3, 4]
+    assert decoded.weight_version == 3  # the first output token's
+
+
+def test_without_per_token_versions_every_token_has_the_calls_version() -> None:
+    record = _record(output_ids=[7, 8, 9], output_logprobs=[-0.1, -0.2, -0.3])
+    assert record.output_versions is None
+    assert record.token_versions() == [3, 3, 3]
+    assert _record(output_ids=[], output_logprobs=[]).token_versions() == []
+
+
+def test_per_token_versions_must_pair_with_output_ids() -> None:
+    with pytest.raises(ValueError, match=r"run-1/c0: 2 output ids but 3 weight versions"):
+        _record(output_versions=[3, 3, 4])
+    with pytest.raises(ValueError, match="weight_version 3 is not the first output token's"):
+        _record(output_versions=[4, 4])
+    fields = msgspec.to_builtins(_record(output_versions=[3, 4]))
+    fields["output_versions"] = [3]
+    with pytest.raises(msgspec.ValidationError, match="2 output ids but 1 weight versions"):
+        decode_record(msgspec.json.encode(fields))
+
+
+def test_a_journal_line_written_before_versions_and_sources_still_decodes() -> None:
+    old = (
+        b'{"call_id":"run-1/c0","session":"s0","role":"main","parent_call_id":null,"prefix_len":0,'
+        b'"new_input_ids":[151644,872,198],"output_ids":[9707,151645],"output_logprobs":[-0.125,-1e-9],'
+        b'"finish_reason":"stop","weight_version":3,"cell":"engine-0",'
+        b'"timing":{"submitted_s":1700000000.25,"first_token_s":1700000000.5,"finished_s":1700000001.0}}'
+    )
+    record = decode_record(old)
+    assert record == _record()
+    assert (record.source, record.output_versions, record.token_versions()) == ("policy", None, [3, 3])
+
+
+def test_source_is_recorded_and_checked() -> None:
+    line = encode_record(_record(source="scripted"))
+    assert decode_record(line).source == "scripted"
+    with pytest.raises(msgspec.ValidationError, match="source"):
+        decode_record(line.replace(b'"source":"scripted"', b'"source":"human"'))
+
+
+def test_upstream_calls_say_they_are_upstream() -> None:
+    timing = CallTiming(submitted_s=1.0, first_token_s=1.5, finished_s=2.0)
+    record = ApiCallRecord(call_id="u0", session="s0", role="main", endpoint="chat/completions", request={},
+                           response={}, prompt_tokens=3, completion_tokens=2, timing=timing)  # fmt: skip
+    assert record.source == "upstream"
+    assert msgspec.json.decode(msgspec.json.encode(record), type=ApiCallRecord) == record

@@ -28,7 +28,7 @@ from gyre.engine import weight_sync
 from gyre.engine.embedded.device import auto_threads, keep_freed_memory_in_heap, resolve_device
 from gyre.engine.embedded.model import ModelSpec, TransformerLM
 from gyre.engine.embedded.scheduler import Request, Scheduler
-from gyre.errors import ConfigError, EngineCapacityError, EngineError, EngineRequestError
+from gyre.errors import ConfigError, EngineCapacityError, EngineError, EngineRequestError, ProtocolError
 from gyre.protocol import (
     GenerateMeta,
     GenerateRequest,
@@ -36,6 +36,7 @@ from gyre.protocol import (
     InitWeightsUpdateGroupRequest,
     UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDistributedRequest,
+    parse_weight_version,
 )
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class EngineStatistics(msgspec.Struct, frozen=True):
     retracted_requests: int
     paused: bool
     released: list[str]
-    weight_version: str
+    weight_version: int
 
 
 class _Sink:
@@ -105,7 +106,7 @@ class EmbeddedEngine:
             seed=cfg.seed,
             decode_text=self._decode if self.tokenizer is not None else None,
         )
-        self.weight_version = str(cfg.weight_version)  # SGLang's API carries versions as strings
+        self.weight_version: int = cfg.weight_version  # SGLang's API carries it as a (decimal) string
         self._weights_source = (cfg.model_path, self.weight_version)  # what a memory resume reloads
         self._released: set[str] = set()
         self._groups: dict[str, weight_sync.WeightGroup] = {}
@@ -271,7 +272,7 @@ class EmbeddedEngine:
             prompt_tokens=req.n_input,
             completion_tokens=n,
             cached_tokens=max(req.cached_tokens, 0),
-            weight_version=self.weight_version,
+            weight_version=str(self.weight_version),
             e2e_latency=time.time() - req.created_s,
         )
         if req.return_logprob:
@@ -380,8 +381,9 @@ class EmbeddedEngine:
 
         await self._call(run)
 
-    async def update_weights_from_disk(self, body: UpdateWeightsFromDiskRequest) -> str:
+    async def update_weights_from_disk(self, body: UpdateWeightsFromDiskRequest) -> int:
         """Load new weights from a Hugging Face directory of the same architecture; returns the new version."""
+        version = self._requested_version(body.weight_version, "update_weights_from_disk")
         spec = ModelSpec.from_dir(body.model_path)
         if (spec.num_layers, spec.hidden_size, spec.vocab_size) != (
             self.spec.num_layers,
@@ -390,13 +392,13 @@ class EmbeddedEngine:
         ):
             raise EngineRequestError(f"{body.model_path} has a different architecture than the served model")
 
-        def run() -> str:
+        def run() -> int:
             if body.abort_all_requests:
                 for req in list(self.scheduler.running) + list(self.scheduler.waiting):
                     self._abort_now(req, "aborted for a weight update")
             self.model.load_dir(body.model_path)
             self.scheduler.cache.invalidate()
-            self.weight_version = body.weight_version or self.weight_version
+            self.weight_version = version
             self._weights_source = (body.model_path, self.weight_version)
             return self.weight_version
 
@@ -417,8 +419,9 @@ class EmbeddedEngine:
         )
         self._groups[body.group_name] = group
 
-    async def update_weights_from_distributed(self, body: UpdateWeightsFromDistributedRequest) -> str:
+    async def update_weights_from_distributed(self, body: UpdateWeightsFromDistributedRequest) -> int:
         """Receive the named tensors broadcast by rank 0 of the group, in order; returns the new version."""
+        version = self._requested_version(body.weight_version, "update_weights_from_distributed")
         group = self._groups.get(body.group_name)
         if group is None:
             raise EngineRequestError(
@@ -434,7 +437,7 @@ class EmbeddedEngine:
                 )
         dtypes = [weight_sync.parse_dtype(d) for d in body.dtypes]
 
-        def run() -> str:
+        def run() -> int:
             if not self.model.loaded:
                 raise EngineRequestError("weights are released; resume_memory_occupation first")
             if body.abort_all_requests:
@@ -448,10 +451,19 @@ class EmbeddedEngine:
                 self.model.update_tensor(name, buf)
             if body.flush_cache:
                 self.scheduler.cache.invalidate()
-            self.weight_version = body.weight_version or self.weight_version
+            self.weight_version = version
             return self.weight_version
 
         return await self._call(run)
+
+    def _requested_version(self, requested: str | None, endpoint: str) -> int:
+        """The version an update request asks for (None: the current one); a 400 naming the field otherwise."""
+        if requested is None:
+            return self.weight_version
+        try:
+            return parse_weight_version(requested, f"{endpoint} request: weight_version")
+        except ProtocolError as exc:
+            raise EngineRequestError(str(exc)) from None
 
     # ---- KV hand-over (Gyre extension) -------------------------------------------------------------------------
     async def export_kv(self, input_ids: list[int]) -> bytes:
@@ -463,7 +475,7 @@ class EmbeddedEngine:
             n = slots.shape[0]
             k = self.scheduler.k_pool[:, slots].cpu()
             v = self.scheduler.v_pool[:, slots].cpu()
-            meta = {"weight_version": self.weight_version, "layout": json.dumps(self._kv_layout())}
+            meta = {"weight_version": str(self.weight_version), "layout": json.dumps(self._kv_layout())}
             return bytes(
                 save({"k": k, "v": v, "input_ids": torch.tensor(input_ids[:n], dtype=torch.int64)}, meta)
             )
@@ -482,7 +494,7 @@ class EmbeddedEngine:
             raise EngineRequestError(f"the body is not a KV export: {exc}") from None
         if layout != self._kv_layout():
             raise EngineRequestError(f"KV layout {layout} does not match this engine's {self._kv_layout()}")
-        if version != self.weight_version:
+        if version != str(self.weight_version):
             raise EngineRequestError(
                 f"KV was computed with weight version {version}; this engine serves {self.weight_version}",
                 status=409,
@@ -518,7 +530,7 @@ class EmbeddedEngine:
             "model_path": self.cfg.model_path,
             "tokenizer_path": self.cfg.model_path,
             "is_generation": True,
-            "weight_version": self.weight_version,
+            "weight_version": str(self.weight_version),
             "architecture": self.spec.architecture,
             "context_length": self.context_length,
             "vocab_size": self.spec.vocab_size,

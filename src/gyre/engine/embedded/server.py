@@ -173,7 +173,7 @@ def build_app(engine: EmbeddedEngine) -> Starlette:
         return _json({"success": True, "message": ""})
 
     async def get_weight_version(request: Request) -> Response:
-        return _json({"weight_version": engine.weight_version})
+        return _json({"weight_version": str(engine.weight_version)})
 
     async def model_info(request: Request) -> Response:
         return _json(engine.model_info())

@@ -1,0 +1,157 @@
+"""``TrainerClient``: what the driver (or a script) uses to feed the core trainer and wait for its updates.
+
+Blocking calls over one ZeroMQ DEALER socket, one request at a time; from an event loop call them through
+``asyncio.to_thread``. ``launch_core`` / ``launch_satellite`` start trainer processes (``gyre trainer ...``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import zmq
+
+from gyre.errors import GyreError
+from gyre.protocol import (
+    Ack,
+    AttachEngine,
+    GetStatistics,
+    MicroStep,
+    Refused,
+    ReleaseMember,
+    SaveCheckpoint,
+    Shutdown,
+    StepDone,
+    StepMetrics,
+    SubmitMicroSteps,
+    TrainerReply,
+    TrainerRequest,
+    TrainerStatistics,
+    WaitStep,
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(TrainerReply)
+
+
+class TrainerError(GyreError):
+    """The core refused a request or did not answer in time; the message says which and why."""
+
+
+class TrainerClient:
+    """Requests to the core at ``address`` (``tcp://HOST:PORT``)."""
+
+    def __init__(self, address: str, timeout_s: float = 60.0) -> None:
+        self.address, self.timeout_s = address, timeout_s
+        self._sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(address)
+
+    def __enter__(self) -> TrainerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the socket."""
+        self._sock.close(0)
+
+    def _ask(self, request: TrainerRequest, timeout_s: float | None = None) -> TrainerReply:
+        self._sock.send(_encoder.encode(request))
+        wait_s = self.timeout_s if timeout_s is None else timeout_s
+        if not self._sock.poll(int(wait_s * 1000)):
+            raise TrainerError(
+                f"the core at {self.address} did not answer {type(request).__name__} in {wait_s:g} s"
+            )
+        reply = _decoder.decode(self._sock.recv())
+        if isinstance(reply, Refused):
+            raise TrainerError(f"the core refused {type(request).__name__}: {reply.reason}")
+        return reply
+
+    def submit(
+        self,
+        step: int,
+        micro_steps: list[MicroStep],
+        seal: bool = False,
+        data_cursor: dict[str, Any] | None = None,
+    ) -> None:
+        """Add micro-steps to ``step`` (streamed: call as data becomes ready); ``seal`` with the last ones."""
+        self._ask(SubmitMicroSteps(step=step, micro_steps=micro_steps, seal=seal, data_cursor=data_cursor))
+
+    def wait_step(self, step: int, timeout_s: float = 3600.0) -> StepMetrics:
+        """Block until ``step`` is applied; its metrics."""
+        reply = self._ask(WaitStep(step=step), timeout_s)
+        assert isinstance(reply, StepDone)
+        return reply.metrics
+
+    def release(self, member: str) -> None:
+        """Tell a member to leave after the micro-step it holds."""
+        self._ask(ReleaseMember(member=member))
+
+    def attach_engine(self, url: str, timeout_s: float = 120.0) -> str:
+        """Push weights to the engine at ``url`` now and after every update."""
+        reply = self._ask(AttachEngine(url=url), timeout_s)
+        assert isinstance(reply, Ack)
+        return reply.detail
+
+    def save_checkpoint(self, path: str | Path) -> Path:
+        """A checkpoint of the current weights and optimizer state at ``path``."""
+        reply = self._ask(SaveCheckpoint(path=str(Path(path).resolve())), 600.0)
+        assert isinstance(reply, Ack)
+        return Path(reply.detail)
+
+    def statistics(self) -> TrainerStatistics:
+        """The core's current step, members and claims."""
+        reply = self._ask(GetStatistics())
+        assert isinstance(reply, TrainerStatistics)
+        return reply
+
+    def shutdown(self) -> None:
+        """Stop the core (members are told to leave)."""
+        self._ask(Shutdown())
+
+
+def _spawn(args: list[str], env: dict[str, str] | None, log: Path | None) -> subprocess.Popen[bytes]:
+    out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
+    try:
+        return subprocess.Popen([sys.executable, "-m", "gyre", "trainer", *args], stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **(env or {})})  # fmt: skip
+    finally:
+        if log is not None:
+            out.close()  # type: ignore[union-attr]
+
+
+def launch_core(
+    config: str | Path | None,
+    overrides: list[str],
+    bind: str,
+    log: Path | None = None,
+    timeout_s: float = 120.0,
+) -> subprocess.Popen[bytes]:
+    """Start ``gyre trainer core`` listening at ``bind`` and wait until it answers."""
+    args = ["core", "--bind", bind, *(["--config", str(config)] if config else [])]
+    for item in overrides:
+        args += ["--set", item]
+    proc = _spawn(args, None, log)
+    with TrainerClient(bind, timeout_s=timeout_s) as client:
+        try:
+            client.statistics()
+        except TrainerError:
+            proc.kill()
+            detail = log.read_text()[-2000:] if log is not None and log.exists() else ""
+            raise TrainerError(
+                f"the core trainer did not start at {bind} within {timeout_s:g} s\n{detail}"
+            ) from None
+    return proc
+
+
+def launch_satellite(
+    core: str, name: str, num_threads: int = 0, log: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """Start ``gyre trainer satellite`` joining the core at ``core``."""
+    return _spawn(["satellite", "--core", core, "--name", name, "--threads", str(num_threads)], None, log)

@@ -1,0 +1,563 @@
+"""The core trainer process: authoritative weights, the only optimizer state, and the step's micro-step queue.
+
+Elastic data parallelism (DESIGN section 4). Weights are frozen during a step. The driver streams a step's
+micro-steps in (``SubmitMicroSteps``) and seals it; members claim micro-steps one at a time, compute gradients at the
+step's weights and send them here, where they are summed; when the step is sealed and every micro-step is done the
+core applies one AdamW update, bumps the version, pushes the new weights to attached engines and answers
+``StepDone``. The core is a member too (``core_computes``), computing in its own thread.
+
+How groups are formed (never rebuilt when membership changes): each member has its own two-rank torch.distributed
+group with the core (core rank 0, member rank 1), created once when the member first says ``Hello``, from a TCPStore
+the core hosts on a fresh port, and kept while the member stays reachable, across leaving and rejoining. Nothing
+is shared between members' groups, so a member joining, leaving or dying never touches anyone else's group, and the
+core never waits for a collective of the whole membership. Engines get a two-rank group each the same way
+(SGLang's ``/init_weights_update_group``), once, when attached. Each pair group's transfers run in order on one
+thread per member (a weight send after ``Refresh``, a gradient receive after ``GradientReady``), in the order the
+member announced them on the ZeroMQ channel, so both ends always issue the same collective next.
+
+Threads: the coordinator (this module's loop: the ROUTER socket, every decision, updates), the core's compute worker,
+one transfer thread per member, one asyncio thread for engine pushes. Only the coordinator touches sockets it did not
+create; the others report back through an inproc PUSH/PULL pair.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import logging
+import math
+import queue as queue_mod
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import msgspec
+import torch
+import zmq
+
+from gyre.config import TrainerConfig
+from gyre.engine import weight_sync
+from gyre.engine.launch import free_port
+from gyre.errors import GyreError
+from gyre.protocol import (
+    Ack,
+    Assign,
+    AttachEngine,
+    Claim,
+    GetStatistics,
+    Goodbye,
+    GradientReady,
+    Heartbeat,
+    Hello,
+    Idle,
+    Leave,
+    MicroStats,
+    MicroStep,
+    Ping,
+    Refresh,
+    Refused,
+    ReleaseMember,
+    SaveCheckpoint,
+    Shutdown,
+    StepDone,
+    StepMetrics,
+    SubmitMicroSteps,
+    TrainerReply,
+    TrainerRequest,
+    TrainerStatistics,
+    WaitStep,
+    Wake,
+    Welcome,
+)
+from gyre.train.objective import compute_gradients, merge_stats
+from gyre.train.queue import StepQueue
+from gyre.train.state import TrainState
+
+log = logging.getLogger(__name__)
+CORE = "core"
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(TrainerRequest)
+
+
+@dataclass(eq=False)
+class _Member:
+    name: str
+    identity: bytes
+    pair: _Pair
+    state: str = "active"  # active | parked (left, group kept) | gone
+    last_seen: float = field(default_factory=time.monotonic)
+    version: int = -1  # weights it holds (-1: none)
+    leaving: bool = False
+    idle: bool = False
+    transferring: set[int] = field(default_factory=set)  # micro-steps whose gradient is on its way
+
+
+class _Pair:
+    """A member's (or engine's) two-rank group with the core, and the thread running its transfers in order."""
+
+    def __init__(self, name: str, host: str, backend: str, timeout_s: float, on_fail: Callable[[str], None]):
+        self.name, self.host, self.port = name, host, free_port()
+        self.dead = False
+        self._ops: queue_mod.SimpleQueue[Callable[[weight_sync.WeightGroup], None] | None] = (
+            queue_mod.SimpleQueue()
+        )
+        self._thread = threading.Thread(
+            target=self._run, args=(backend, timeout_s, on_fail), name=f"pair-{name}", daemon=True
+        )
+        self._thread.start()
+
+    def submit(self, op: Callable[[weight_sync.WeightGroup], None]) -> None:
+        """Run ``op(group)`` after every op submitted before it."""
+        self._ops.put(op)
+
+    def close(self) -> None:
+        """Stop after the ops already submitted."""
+        self._ops.put(None)
+
+    def _run(self, backend: str, timeout_s: float, on_fail: Callable[[str], None]) -> None:
+        try:
+            group = weight_sync.create_group(self.host, self.port, 0, 2, self.name, backend, timeout_s)
+            while (op := self._ops.get()) is not None:
+                op(group)
+        except Exception as exc:  # a dead or silent peer: the coordinator declares it gone
+            self.dead = True
+            on_fail(f"{type(exc).__name__}: {exc}")
+
+
+class CoreTrainer:
+    """The core process's state and loop (``run``); ``address`` is where members and the driver connect."""
+
+    def __init__(self, cfg: TrainerConfig) -> None:
+        self.cfg = cfg
+        torch.manual_seed(cfg.seed)
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        self.state = TrainState(cfg)
+        self.queue = StepQueue()
+        self.queue.open(self.state.step)
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.router = self.ctx.socket(zmq.ROUTER)
+        self.router.setsockopt(zmq.LINGER, 0)
+        bind = cfg.bind[:-2] + ":*" if cfg.bind.endswith(":0") else cfg.bind
+        self.router.bind(bind)
+        self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.group_host = cfg.group_host or urlparse(self.address.replace("tcp://", "http://")).hostname or ""
+        self._events_at = f"inproc://gyre-core-events-{id(self)}"
+        self.events = self.ctx.socket(zmq.PULL)
+        self.events.bind(self._events_at)
+        self._local = threading.local()
+        self.members: dict[str, _Member] = {}
+        self.future: dict[int, list[MicroStep]] = {}  # micro-steps submitted for steps not open yet
+        self.sealed_at: dict[int, dict[str, Any]] = {}  # step -> data cursor, once sealed
+        self.waiters: dict[int, list[bytes]] = {}
+        self.metrics: dict[int, StepMetrics] = {}
+        self.weights_lock = threading.Lock()  # held while weights are read for a transfer; updates wait
+        self.engines: dict[str, tuple[Any, weight_sync.WeightGroup, str]] = {}  # url -> client, group, name
+        self._engine_loop = asyncio.new_event_loop()
+        threading.Thread(target=self._engine_loop.run_forever, name="engine-push", daemon=True).start()
+        self._pushes: list[Any] = []
+        self._group_names = itertools.count()
+        self.stopping = False
+        self._worker: threading.Thread | None = None
+
+    # ---- the loop ---------------------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Serve members and the driver until ``Shutdown``."""
+        if self.cfg.core_computes:
+            self._worker = threading.Thread(target=self._compute, name="core-compute", daemon=True)
+            self._worker.start()
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.events, zmq.POLLIN)
+        next_beat = time.monotonic()
+        log.info(
+            "core trainer at %s (step %d, version %d)", self.address, self.state.step, self.state.version
+        )
+        try:
+            while not self.stopping:
+                ready = dict(poller.poll(timeout=max(1, int(self.cfg.heartbeat_s * 500))))
+                if self.router in ready:
+                    while self.router.poll(0):
+                        identity, payload = self.router.recv_multipart()
+                        self._handle(identity, payload)
+                if self.events in ready:
+                    while self.events.poll(0):
+                        self._event(msgspec.msgpack.decode(self.events.recv()))
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.cfg.heartbeat_s
+                    self._beat()
+                if self.queue.complete and self.queue.items:
+                    self._finish_step()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop the worker and threads; close sockets."""
+        self.stopping = True
+        with self.queue.changed:
+            self.queue.changed.notify_all()
+        for member in self.members.values():
+            member.pair.close()
+        self._engine_loop.call_soon_threadsafe(self._engine_loop.stop)
+        self.router.close(0)
+        self.events.close(0)
+
+    def _reply(self, identity: bytes, message: TrainerReply) -> None:
+        self.router.send_multipart([identity, _encoder.encode(message)])
+
+    def _notify(self, *event: Any) -> None:
+        """From any thread: hand an event to the coordinator."""
+        sock = getattr(self._local, "push", None)
+        if sock is None:
+            sock = self._local.push = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(self._events_at)
+        sock.send(msgspec.msgpack.encode(list(event)))
+
+    # ---- requests -----------------------------------------------------------------------------------------------
+    def _handle(self, identity: bytes, payload: bytes) -> None:
+        try:
+            message = _decoder.decode(payload)
+        except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+            self._reply(identity, Refused(reason=f"not a trainer request: {exc}"))
+            return
+        member = self.members.get(getattr(message, "member", ""))
+        if member is not None and member.state != "gone":
+            member.last_seen = time.monotonic()
+        match message:
+            case Heartbeat():
+                pass
+            case Hello(member=name, group_name=held):
+                self._hello(identity, name, held)
+            case Claim(member=name, version=version):
+                self._claim(identity, name, version)
+            case GradientReady():
+                self._gradient(message)
+            case Goodbye(member=name):
+                if member is not None:
+                    self._park(member)
+            case SubmitMicroSteps():
+                self._submit(identity, message)
+            case WaitStep(step=step):
+                if step in self.metrics:
+                    self._reply(identity, StepDone(metrics=self.metrics[step]))
+                elif step < self.state.step:
+                    self._reply(identity, Refused(reason=f"step {step} was applied before this core started"))
+                else:
+                    self.waiters.setdefault(step, []).append(identity)
+            case ReleaseMember(member=name):
+                self._release(identity, name)
+            case AttachEngine(url=url):
+                self._attach(identity, url)
+            case SaveCheckpoint(path=path):
+                with self.weights_lock:
+                    where = self.state.save(path)
+                self._reply(identity, Ack(detail=str(where)))
+            case GetStatistics():
+                self._reply(identity, self.statistics())
+            case Shutdown():
+                for m in self.members.values():
+                    if m.state != "gone":
+                        self._reply(m.identity, Leave())
+                self._reply(identity, Ack(detail="shutting down"))
+                self.stopping = True
+
+    def _hello(self, identity: bytes, name: str, held: str) -> None:
+        if not name or name == CORE:
+            self._reply(identity, Refused(reason=f"member name {name!r} is reserved or empty"))
+            return
+        member = self.members.get(name)
+        if member is None or member.state == "gone" or member.pair.dead or member.pair.name != held:
+            if member is not None and member.state != "gone":  # the same name from a new process
+                self._gone(member, "it said Hello again without its pair group (restarted)")
+            group_name = f"gyre-pair-{name}-{next(self._group_names)}"
+            pair = _Pair(group_name, self.group_host, self.cfg.backend, self.cfg.transfer_timeout_s,
+                         functools.partial(self._notify, "pair_failed", name))  # fmt: skip
+            member = self.members[name] = _Member(name, identity, pair)
+            if self.state.reference is not None:
+                reference = self.state.reference
+                pair.submit(lambda group: _send_weights(group, reference))
+        member.identity, member.state, member.leaving = identity, "active", False
+        member.version, member.last_seen = -1, time.monotonic()  # a rejoin gets the step's weights again
+        log.info("member %s joined (step %d, version %d)", name, self.queue.step, self.state.version)
+        self._reply(identity, Welcome(
+            member=name, group_host=member.pair.host, group_port=member.pair.port, group_name=member.pair.name,
+            model_config=self.state.model.config.to_dict(), reference=self.state.reference is not None,
+            loss=msgspec.to_builtins(self.cfg.loss), heartbeat_s=self.cfg.heartbeat_s,
+            member_timeout_s=self.cfg.member_timeout_s, transfer_timeout_s=self.cfg.transfer_timeout_s,
+            backend=self.cfg.backend,
+        ))  # fmt: skip
+
+    def _claim(self, identity: bytes, name: str, version: int) -> None:
+        member = self.members.get(name)
+        if member is None or member.state != "active":
+            self._reply(identity, Refused(reason=f"{name} is not an active member: say Hello first"))
+            return
+        member.identity = identity
+        if member.leaving:
+            self._park(member)
+            self._reply(identity, Leave())
+            return
+        if version != self.state.version or member.version != self.state.version:
+            if not self.queue.has_pending():
+                member.idle = True
+                self._reply(identity, Idle())
+                return
+            member.version = self.state.version
+            self._reply(identity, Refresh(step=self.queue.step, version=self.state.version))
+            member.pair.submit(self._weights_op())
+            return
+        claimed = self.queue.claim(name)
+        if claimed is None:
+            member.idle = True
+            self._reply(identity, Idle())
+            return
+        member.idle = False
+        index, micro = claimed
+        self._reply(
+            identity, Assign(step=self.queue.step, version=self.state.version, index=index, micro=micro)
+        )
+
+    def _weights_op(self) -> Callable[[weight_sync.WeightGroup], None]:
+        def op(group: weight_sync.WeightGroup) -> None:
+            with self.weights_lock:
+                _send_weights(group, self.state.model)
+
+        return op
+
+    def _gradient(self, message: GradientReady) -> None:
+        member = self.members.get(message.member)
+        if member is None or member.pair.dead:
+            return  # nothing can be received from it; its claim was (or will be) given back
+        member.transferring.add(message.index)
+        if message.numel != self.state.numel:
+            self._notify(
+                "pair_failed", member.name, f"sent {message.numel} gradient values for {self.state.numel}"
+            )
+            return
+
+        def op(group: weight_sync.WeightGroup) -> None:
+            buffer = torch.empty(message.numel, dtype=torch.float32)
+            group.broadcast(buffer, src=1)
+            with self.queue.lock:
+                if message.step == self.queue.step:
+                    self.queue.finish(
+                        message.index, member.name, message.stats, lambda: self.state.add(buffer)
+                    )
+                else:
+                    self.queue.discarded += 1
+            self._notify("received", member.name, message.index)
+
+        member.pair.submit(op)
+
+    def _park(self, member: _Member) -> None:
+        member.state, member.idle = "parked", False
+        self.queue.release(member.name, keep=member.transferring)
+
+    def _release(self, identity: bytes, name: str) -> None:
+        member = self.members.get(name)
+        if member is None or member.state != "active":
+            self._reply(identity, Refused(reason=f"{name} is not an active member"))
+            return
+        member.leaving = True
+        if member.idle:  # not computing: tell it now rather than at its next claim
+            self._park(member)
+            self._reply(member.identity, Leave())
+        self._reply(identity, Ack(detail=f"{name} leaves after the micro-step it holds"))
+
+    def _submit(self, identity: bytes, message: SubmitMicroSteps) -> None:
+        step = message.step
+        if step < self.queue.step or (step == self.queue.step and self.queue.sealed):
+            self._reply(
+                identity, Refused(reason=f"step {step} is sealed or applied (open step: {self.queue.step})")
+            )
+            return
+        if message.seal and not message.micro_steps and not self._has_data(step):
+            self._reply(
+                identity, Refused(reason=f"step {step} has no micro-steps; an empty step cannot be sealed")
+            )
+            return
+        if message.seal:
+            self.sealed_at[step] = dict(message.data_cursor or {})
+        if step == self.queue.step:
+            self.queue.add(message.micro_steps, seal=message.seal)
+            self._wake_idle()
+        else:
+            self.future.setdefault(step, []).extend(message.micro_steps)
+        self._reply(identity, Ack(detail=f"step {step}: {len(message.micro_steps)} micro-steps"))
+
+    def _has_data(self, step: int) -> bool:
+        return bool(self.queue.items) if step == self.queue.step else bool(self.future.get(step))
+
+    def _wake_idle(self) -> None:
+        for member in self.members.values():
+            if member.state == "active" and member.idle:
+                member.idle = False
+                self._reply(member.identity, Wake())
+
+    # ---- events from other threads ------------------------------------------------------------------------------
+    def _event(self, event: list[Any]) -> None:
+        match event:
+            case ["received", name, index]:
+                member = self.members.get(name)
+                if member is not None:
+                    member.transferring.discard(index)
+            case ["pair_failed", name, reason]:
+                member = self.members.get(name)
+                if member is not None and member.state != "gone":
+                    self._gone(member, f"its transfer failed: {reason}")
+            case ["reply", identity, kind, text]:
+                self._reply(identity, Ack(detail=text) if kind == "ack" else Refused(reason=text))
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        for member in list(self.members.values()):
+            if member.state == "gone":
+                continue
+            if now - member.last_seen > self.cfg.member_timeout_s:
+                self._gone(member, f"silent for {now - member.last_seen:.1f} s")
+            else:
+                self._reply(member.identity, Ping())
+
+    def _gone(self, member: _Member, reason: str) -> None:
+        back = self.queue.release(member.name)
+        log.warning("member %s is gone (%s); %d micro-steps claimed again", member.name, reason, len(back))
+        member.state, member.idle = "gone", False
+        member.transferring.clear()
+        member.pair.dead = True
+        member.pair.close()
+        if back:
+            self._wake_idle()
+
+    # ---- the core's own compute -----------------------------------------------------------------------------------
+    def _compute(self) -> None:
+        if self.cfg.num_threads:
+            torch.set_num_threads(self.cfg.num_threads)
+        model, loss = self.state.model, self.cfg.loss
+        while not self.stopping:
+            with self.queue.changed:
+                if not self.queue.has_pending():
+                    self.queue.changed.wait(timeout=0.5)
+                    continue
+                claimed = self.queue.claim(CORE)
+                step, version = self.queue.step, self.state.version
+            if claimed is None:
+                continue
+            index, micro = claimed
+            stats = compute_gradients(model, micro, loss, version, self.state.reference)
+            with self.queue.lock:
+                if step == self.queue.step:
+                    self.queue.finish(index, CORE, stats, self.state.add_model_gradients)
+            model.zero_grad(set_to_none=True)
+            self._notify("received", CORE, index)
+
+    # ---- the update ---------------------------------------------------------------------------------------------
+    def _finish_step(self) -> None:
+        q = self.queue
+        step = q.step
+        for push in self._pushes:  # the previous version reached every engine before the weights change
+            with contextlib.suppress(Exception):
+                push.result()
+        self._pushes = []
+        with self.weights_lock:
+            norm, lr = self.state.apply()
+        self.state.data_cursor = self.sealed_at.pop(step, {})
+        metrics = _metrics(step, self.state.version, merge_stats(q.stats), len(q.items), norm, lr, q)
+        self.metrics[step] = metrics
+        log.info("step %d applied: version %d, loss %.4f, %d tokens, %d micro-steps by %s", step,
+                 self.state.version, metrics.loss, metrics.tokens, metrics.micro_steps, dict(q.by_member))  # fmt: skip
+        if self.cfg.checkpoint_every_steps and self.state.step % self.cfg.checkpoint_every_steps == 0:
+            root = Path(self.cfg.checkpoint_dir or "checkpoints")
+            self.state.save(root / f"step-{self.state.step}")
+        for url in self.engines:
+            self._pushes.append(asyncio.run_coroutine_threadsafe(self._push(url), self._engine_loop))
+        q.open(self.state.step)
+        if self.state.step in self.future:
+            q.add(self.future.pop(self.state.step), seal=self.state.step in self.sealed_at)
+        for identity in self.waiters.pop(step, []):
+            self._reply(identity, StepDone(metrics=metrics))
+        self._wake_idle()
+
+    # ---- engines ------------------------------------------------------------------------------------------------
+    def _attach(self, identity: bytes, url: str) -> None:
+        if url in self.engines:
+            self._reply(identity, Ack(detail=f"{url} is attached already"))
+            return
+
+        async def attach() -> None:
+            from gyre.engine.client import EngineClient
+
+            client = EngineClient(url, timeout_s=self.cfg.transfer_timeout_s)
+            port, name = free_port(), f"gyre-weights-{next(self._group_names)}"
+            try:
+                _, group = await asyncio.gather(
+                    client.init_weights_update_group(self.group_host, port, 1, 2, name, self.cfg.backend),
+                    asyncio.to_thread(weight_sync.create_group, self.group_host, port, 0, 2, name,
+                                      self.cfg.backend, self.cfg.transfer_timeout_s),
+                )  # fmt: skip
+                self.engines[url] = (client, group, name)
+                await self._push(url)
+            except (GyreError, OSError, RuntimeError) as exc:
+                self.engines.pop(url, None)
+                await client.aclose()
+                self._notify("reply", identity, "refused", f"could not attach engine {url}: {exc}")
+                return
+            self._notify("reply", identity, "ack", f"{url} serves version {self.state.version}")
+
+        asyncio.run_coroutine_threadsafe(attach(), self._engine_loop)
+
+    async def _push(self, url: str) -> None:
+        """Send the current weights to one engine (it reports the new version once they are in)."""
+        client, group, name = self.engines[url]
+        await asyncio.to_thread(self.weights_lock.acquire)
+        try:
+            named = [(n, p.detach()) for n, p in self.state.named]
+            await weight_sync.push_weights(client, group, named, self.state.version, name)
+        finally:
+            self.weights_lock.release()
+
+    def statistics(self) -> TrainerStatistics:
+        """The current step, members and claims."""
+        q = self.queue
+        with q.lock:
+            return TrainerStatistics(
+                step=q.step, version=self.state.version, members={n: m.state for n, m in self.members.items()},
+                claims=q.claims(), pending=sum(1 for i in q.pending if not q.done[i]), done=q.done_count,
+                sealed=q.sealed, engines=sorted(self.engines),
+            )  # fmt: skip
+
+
+def _send_weights(group: weight_sync.WeightGroup, model: Any) -> None:
+    for _, p in model.named_parameters():
+        group.broadcast(p.data, src=0)
+
+
+def _metrics(
+    step: int, version: int, s: MicroStats, micro_steps: int, norm: float, lr: float, q: StepQueue
+) -> StepMetrics:
+    n, tokens = max(s.policy_tokens, 1), max(s.tokens, 1)
+    mean = s.ratio_sum / n if s.policy_tokens else 1.0
+    var = max(s.ratio_sq_sum / n - mean * mean, 0.0) if s.policy_tokens else 0.0
+    return StepMetrics(
+        step=step, version=version, loss=s.loss, tokens=s.tokens, computed_tokens=s.computed_tokens,
+        micro_steps=micro_steps, clip_fraction=s.clipped / n, truncated_fraction=s.truncated / n,
+        ratio_mean=mean, ratio_std=math.sqrt(var), ratio_min=s.ratio_min if s.policy_tokens else 1.0,
+        ratio_max=s.ratio_max if s.policy_tokens else 1.0, entropy=s.entropy_sum / tokens, kl=s.kl_sum / tokens,
+        grad_norm=norm, lr=lr, staleness_mean=s.staleness_sum / n, staleness_max=s.staleness_max,
+        seconds=time.monotonic() - (q.started_s or time.monotonic()), by_member=dict(q.by_member),
+        discarded=q.discarded, reclaimed=q.reclaimed,
+    )  # fmt: skip
+
+
+def run_core(cfg: TrainerConfig, ready: Callable[[str], None] | None = None) -> None:
+    """The core trainer process's entry: serve until ``Shutdown``; ``ready(address)`` once it listens."""
+    core = CoreTrainer(cfg)
+    if ready is not None:
+        ready(core.address)
+    core.run()

@@ -1,0 +1,123 @@
+"""The micro-step queue of the open step: who holds which micro-step, and which are done (thread-safe).
+
+Invariant: a micro-step's gradient is added to the step's sum exactly once. ``finish`` adds it and marks the
+micro-step done under one lock, and refuses a micro-step that is already done (a member declared gone that comes
+back, or a claim given out twice after a member went silent): such a gradient is counted as discarded, never added.
+A member that leaves or goes silent gives its unfinished claims back to the front of the queue.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+
+from gyre.protocol import MicroStats, MicroStep
+
+
+class StepQueue:
+    """Micro-steps of one step at a time; a step is complete when it is sealed and every micro-step is done."""
+
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)  # notified on new work and on completion
+        self.step = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.items: list[MicroStep] = []
+        self.done: list[bool] = []
+        self.pending: deque[int] = deque()
+        self.holders: dict[int, set[str]] = {}  # index -> members holding it
+        self.sealed = False
+        self.stats: list[MicroStats] = []
+        self.by_member: Counter[str] = Counter()
+        self.discarded = 0
+        self.reclaimed = 0
+        self.started_s: float | None = None
+        self.done_count = 0
+
+    def open(self, step: int) -> None:
+        """Start step ``step`` with no micro-steps yet."""
+        with self.lock:
+            self.step = step
+            self._reset()
+            self.changed.notify_all()
+
+    def add(self, items: list[MicroStep], seal: bool = False) -> None:
+        """Append micro-steps to the open step (it streams in); ``seal`` when none will follow."""
+        with self.lock:
+            if self.sealed and items:
+                raise ValueError(f"step {self.step} is sealed; its micro-steps can no longer grow")
+            start = len(self.items)
+            self.items += items
+            self.done += [False] * len(items)
+            self.pending.extend(range(start, start + len(items)))
+            self.sealed = self.sealed or seal
+            self.changed.notify_all()
+
+    def claim(self, member: str) -> tuple[int, MicroStep] | None:
+        """The next unclaimed micro-step for ``member``, or None."""
+        with self.lock:
+            while self.pending:
+                index = self.pending.popleft()
+                if not self.done[index]:
+                    self.holders.setdefault(index, set()).add(member)
+                    if self.started_s is None:
+                        self.started_s = time.monotonic()
+                    return index, self.items[index]
+            return None
+
+    def finish(self, index: int, member: str, stats: MicroStats, add: Callable[[], None]) -> bool:
+        """Record ``member``'s gradient of ``index``: call ``add`` (which sums it) unless it is done already."""
+        with self.lock:
+            self.holders.get(index, set()).discard(member)
+            if self.done[index]:
+                self.discarded += 1
+                return False
+            add()
+            self.done[index] = True
+            self.done_count += 1
+            self.stats.append(stats)
+            self.by_member[member] += 1
+            self.changed.notify_all()
+            return True
+
+    def release(self, member: str, keep: set[int] | None = None) -> list[int]:
+        """Give ``member``'s unfinished claims back (except ``keep``: gradients already on their way)."""
+        with self.lock:
+            back = [
+                i
+                for i, held in self.holders.items()
+                if member in held and not self.done[i] and i not in (keep or set())
+            ]
+            for i in back:
+                self.holders[i].discard(member)
+                if not self.holders[i]:
+                    self.pending.appendleft(i)
+            self.reclaimed += len(back)
+            if back:
+                self.changed.notify_all()
+            return back
+
+    def claims(self) -> dict[str, list[int]]:
+        """Member -> indices it holds now."""
+        with self.lock:
+            out: dict[str, list[int]] = {}
+            for i, held in sorted(self.holders.items()):
+                for member in held:
+                    if not self.done[i]:
+                        out.setdefault(member, []).append(i)
+            return out
+
+    @property
+    def complete(self) -> bool:
+        """Sealed, and every micro-step's gradient is in the sum."""
+        with self.lock:
+            return self.sealed and self.done_count == len(self.items)
+
+    def has_pending(self) -> bool:
+        """Some micro-step waits for a member."""
+        with self.lock:
+            return any(not self.done[i] for i in self.pending)

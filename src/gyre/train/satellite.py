@@ -1,0 +1,208 @@
+"""A satellite trainer: joins the core's step at any moment, claims micro-steps one at a time, sends gradients.
+
+It needs nothing but the core's address: the model's architecture, the loss settings and the step's weights come
+from the core (``Welcome``, then ``Refresh`` over the pair group), so a satellite on another machine needs no files.
+Its loop is sequential (one micro-step at a time), so the order of its pair-group transfers is the order of its
+messages; a separate thread sends heartbeats, also while it computes. Told to leave (``Leave`` from the core, or
+``request_leave`` here), it finishes the micro-step it holds, sends its gradient and leaves; the pair group stays,
+so ``run`` can be called again to rejoin a later step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import msgspec
+import torch
+import zmq
+
+from gyre.config import LossConfig
+from gyre.engine import weight_sync
+from gyre.errors import GyreError
+from gyre.protocol import (
+    Assign,
+    Claim,
+    Goodbye,
+    GradientReady,
+    Heartbeat,
+    Hello,
+    Idle,
+    Leave,
+    Ping,
+    Refresh,
+    Refused,
+    TrainerReply,
+    Wake,
+    Welcome,
+)
+from gyre.train.objective import compute_gradients
+from gyre.train.state import flat_gradient, model_from_config
+
+log = logging.getLogger(__name__)
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(TrainerReply)
+
+
+class CoreUnreachable(GyreError):
+    """The core stopped answering (or refused this member); the satellite stops."""
+
+
+class SatelliteSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """What one ``Satellite.run`` did."""
+
+    member: str
+    micro_steps: int  # gradients sent
+    tokens: int  # tokens through the forward pass
+    join_s: float  # from Hello to the first gradient sent (0 if none)
+    compute_s: float
+
+
+class Satellite:
+    """One satellite member of the core at ``core`` (``tcp://HOST:PORT``)."""
+
+    def __init__(self, core: str, name: str | None = None, num_threads: int = 0) -> None:
+        self.core = core
+        self.name = name or f"sat-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.model: Any | None = None
+        self.reference: Any | None = None
+        self.group: weight_sync.WeightGroup | None = None
+        self.group_name = ""
+        self.version = -1
+        self._leave = threading.Event()
+        self._sock: zmq.Socket[bytes] | None = None
+
+    def request_leave(self) -> None:
+        """Leave after the micro-step in hand (thread-safe; also what SIGTERM does in ``gyre trainer``)."""
+        self._leave.set()
+
+    def run(self) -> SatelliteSummary:
+        """Join, compute until told to leave (or the core shuts down), and return what was done."""
+        self._leave.clear()
+        sock = self._sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.connect(self.core)
+        stop_beats = threading.Event()
+        started = time.monotonic()
+        first_gradient = 0.0
+        count = tokens = 0
+        compute_s = 0.0
+        try:
+            self._send(Hello(member=self.name, hostname=socket.gethostname(), pid=os.getpid(),
+                             group_name=self.group_name))  # fmt: skip
+            welcome = self._expect_welcome()
+            threading.Thread(target=self._beat, args=(welcome.heartbeat_s, stop_beats), daemon=True).start()
+            loss = msgspec.convert(welcome.loss, LossConfig)
+            log.info("%s welcomed after %.3f s", self.name, time.monotonic() - started)
+            self._join_group(welcome)
+            log.info("%s in its pair group after %.3f s", self.name, time.monotonic() - started)
+            self._send(Claim(member=self.name, version=self.version))
+            while True:
+                message = self._recv(welcome.member_timeout_s * 2)
+                match message:
+                    case Ping() | Idle():
+                        continue
+                    case Wake():
+                        self._send(Claim(member=self.name, version=self.version))
+                    case Refresh(version=version):
+                        assert self.group is not None and self.model is not None
+                        for _, p in self.model.named_parameters():
+                            self.group.broadcast(p.data, src=0)
+                        self.version = version
+                        log.info(
+                            "%s has weights %d after %.3f s", self.name, version, time.monotonic() - started
+                        )
+                        self._send(Claim(member=self.name, version=self.version))
+                    case Assign(step=step, version=version, index=index, micro=micro):
+                        assert self.group is not None and self.model is not None
+                        stats = compute_gradients(self.model, micro, loss, version, self.reference)
+                        flat = flat_gradient(self.model)
+                        self.model.zero_grad(set_to_none=True)
+                        self._send(GradientReady(member=self.name, step=step, index=index, numel=flat.numel(),
+                                                 stats=stats))  # fmt: skip
+                        self.group.broadcast(flat, src=1)
+                        count, tokens, compute_s = (
+                            count + 1,
+                            tokens + len(micro.input_ids),
+                            compute_s + stats.seconds,
+                        )
+                        first_gradient = first_gradient or time.monotonic()
+                        if self._leave.is_set():
+                            self._send(Goodbye(member=self.name))
+                            break
+                        self._send(Claim(member=self.name, version=self.version))
+                    case Leave():
+                        if self._leave.is_set():
+                            self._send(Goodbye(member=self.name))
+                        break
+                    case Refused(reason=reason):
+                        raise CoreUnreachable(f"the core refused {self.name}: {reason}")
+                    case _:
+                        log.warning("satellite %s ignores %s", self.name, type(message).__name__)
+        finally:
+            stop_beats.set()
+            sock.close()
+            self._sock = None
+        join_s = first_gradient - started if first_gradient else 0.0
+        return SatelliteSummary(member=self.name, micro_steps=count, tokens=tokens, join_s=join_s,
+                                compute_s=compute_s)  # fmt: skip
+
+    def _expect_welcome(self) -> Welcome:
+        while True:
+            message = self._recv(60.0)
+            if isinstance(message, Welcome):
+                return message
+            if isinstance(message, Refused):
+                raise CoreUnreachable(f"the core refused {self.name}: {message.reason}")
+
+    def _join_group(self, welcome: Welcome) -> None:
+        if self.model is None:
+            self.model = model_from_config(welcome.model_config)
+        if welcome.group_name == self.group_name and self.group is not None:
+            return  # a rejoin over the group we kept
+        self.group = weight_sync.create_group(welcome.group_host, welcome.group_port, 1, 2, welcome.group_name,
+                                              welcome.backend, welcome.transfer_timeout_s)  # fmt: skip
+        self.group_name = welcome.group_name
+        self.version = -1
+        if welcome.reference:
+            self.reference = model_from_config(welcome.model_config).eval().requires_grad_(False)
+            for _, p in self.reference.named_parameters():
+                self.group.broadcast(p.data, src=0)
+
+    def _send(self, message: Any) -> None:
+        assert self._sock is not None
+        self._sock.send(_encoder.encode(message))
+
+    def _recv(self, timeout_s: float) -> TrainerReply:
+        """The next message; a Leave of our own when ``request_leave`` was called (we hold no micro-step here)."""
+        assert self._sock is not None
+        deadline = time.monotonic() + timeout_s
+        while not self._sock.poll(100):
+            if self._leave.is_set():
+                return Leave()
+            if time.monotonic() > deadline:
+                raise CoreUnreachable(f"the core at {self.core} did not answer for {timeout_s:.0f} s")
+        return _decoder.decode(self._sock.recv())
+
+    def _beat(self, interval_s: float, stop: threading.Event) -> None:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.core)
+        try:
+            while not stop.wait(interval_s):
+                sock.send(_encoder.encode(Heartbeat(member=self.name)))
+        finally:
+            sock.close()
+
+
+def run_satellite(core: str, name: str | None = None, num_threads: int = 0) -> SatelliteSummary:
+    """A satellite process's entry: join the core at ``core`` and compute until told to leave."""
+    return Satellite(core, name, num_threads).run()

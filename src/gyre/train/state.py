@@ -1,0 +1,185 @@
+"""The core's training state: authoritative weights, the only optimizer state, step, version; checkpoints.
+
+Gradients of a step are summed into one float64 buffer laid out like ``flat_parameters`` (parameters in
+``named_parameters`` order, each flattened), whichever process computed them: summing in float64 makes the result
+independent of the order in which micro-steps arrive, so an elastic step matches one process computing the whole
+batch. ``apply`` turns the sum into one AdamW update and bumps the weight version.
+
+A checkpoint is a directory that loads as a Hugging Face model (``config.json``, ``model.safetensors`` and the
+tokenizer files of the source model, so ``gyre serve-engine`` and transformers read it) plus
+``optimizer.safetensors`` (AdamW's moments and step counts, exact) and ``trainer_state.json`` (step, version, the
+driver's data cursor). Resuming from it gives the same next update, bit for bit, as not stopping.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gyre.config import TrainerConfig
+from gyre.errors import ConfigError
+
+STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.safetensors"
+_WEIGHT_FILES = (
+    "config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    STATE_FILE,
+    OPTIMIZER_FILE,
+)
+
+
+def load_model(directory: str | Path) -> Any:
+    """A Hugging Face causal LM from ``directory`` in float32, in training mode."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(directory)
+    if not (path / "config.json").is_file():
+        raise ConfigError(f"{path} is not a Hugging Face model directory (no config.json)")
+    model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32)
+    return model.train()
+
+
+def model_from_config(config: dict[str, Any]) -> Any:
+    """An uninitialised model of the architecture in a ``config.json`` dict (a satellite's, before weights come)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(**config)
+    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).train()
+
+
+def parameters(model: Any) -> list[tuple[str, torch.Tensor]]:
+    """The trained parameters in the order every member lays out weights and gradients."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def flat_gradient(model: Any) -> torch.Tensor:
+    """All parameters' gradients as one float32 vector (zeros where a parameter has none)."""
+    return torch.cat(
+        [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for _, p in parameters(model)]
+    )
+
+
+class TrainState:
+    """The core's weights, AdamW state, gradient sum, step and version."""
+
+    def __init__(self, cfg: TrainerConfig) -> None:
+        self.cfg = cfg
+        source = cfg.resume_from or cfg.model_path
+        if not source:
+            raise ConfigError("trainer.model_path is empty: name the Hugging Face model directory to train")
+        self.source = Path(source)
+        self.model = load_model(source)
+        self.named = parameters(self.model)
+        self.numel = sum(p.numel() for _, p in self.named)
+        self.optimizer = torch.optim.AdamW(
+            [p for _, p in self.named],
+            lr=cfg.learning_rate,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+            foreach=False,
+        )
+        self.gradient_sum = torch.zeros(self.numel, dtype=torch.float64)
+        self.step = 0  # optimizer updates applied
+        self.version = 0  # weight version of the current weights
+        self.data_cursor: dict[str, Any] = {}
+        self.reference: Any | None = None
+        if cfg.resume_from:
+            self._load(Path(cfg.resume_from))
+        if cfg.loss.kl_coef > 0:
+            self.reference = load_model(cfg.model_path or source).eval().requires_grad_(False)
+
+    # ---- gradients ------------------------------------------------------------------------------------------
+    def add(self, flat: torch.Tensor) -> None:
+        """Add one micro-step's flat float32 gradient to the step's sum (caller serialises)."""
+        if flat.numel() != self.numel:
+            raise ValueError(f"a gradient of {flat.numel()} values for a model of {self.numel}")
+        self.gradient_sum.add_(flat.to(torch.float64))
+
+    def add_model_gradients(self) -> None:
+        """Move the core's own ``.grad`` into the sum and clear it."""
+        self.add(flat_gradient(self.model))
+        self.model.zero_grad(set_to_none=True)
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of update ``step`` (0-based): linear warm-up, then the schedule."""
+        cfg = self.cfg
+        if step < cfg.lr_warmup_steps:
+            return cfg.learning_rate * (step + 1) / cfg.lr_warmup_steps
+        if cfg.lr_schedule == "constant" or cfg.lr_decay_steps == 0:
+            return cfg.learning_rate
+        progress = min((step - cfg.lr_warmup_steps) / cfg.lr_decay_steps, 1.0)
+        shape = 1 - progress if cfg.lr_schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+        return cfg.learning_rate * (cfg.lr_min_ratio + (1 - cfg.lr_min_ratio) * shape)
+
+    def apply(self) -> tuple[float, float]:
+        """One AdamW update from the gradient sum; clears it, bumps step and version. Returns (grad norm, lr)."""
+        summed = self.gradient_sum.to(torch.float32)
+        offset = 0
+        for _, p in self.named:
+            p.grad = summed[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        params = [p for _, p in self.named]
+        if self.cfg.grad_clip_norm > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.grad_clip_norm, foreach=False))
+        else:
+            norm = float(torch.linalg.vector_norm(summed))
+        lr = self.lr_at(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.model.zero_grad(set_to_none=True)
+        self.gradient_sum.zero_()
+        self.step += 1
+        self.version += 1
+        return norm, lr
+
+    # ---- checkpoints ----------------------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        """Write a checkpoint (see the module); replaces what ``directory`` held."""
+        from safetensors.torch import save_file
+
+        path = Path(directory)
+        tmp = path.with_name(path.name + ".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.model.save_pretrained(tmp, safe_serialization=True)
+        for item in self.source.iterdir():  # the tokenizer and chat template travel with the weights
+            if item.is_file() and item.name not in _WEIGHT_FILES and not item.name.endswith(".safetensors"):
+                shutil.copy2(item, tmp / item.name)
+        moments: dict[str, torch.Tensor] = {}
+        for i, (_, p) in enumerate(self.named):  # keyed by position; trainer_state.json keeps the names
+            for key, value in self.optimizer.state.get(p, {}).items():
+                moments[f"{i}.{key}"] = value.detach().contiguous()
+        save_file(moments, str(tmp / OPTIMIZER_FILE))
+        state = {"step": self.step, "version": self.version, "data_cursor": self.data_cursor,
+                 "parameters": [n for n, _ in self.named]}  # fmt: skip
+        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
+        shutil.rmtree(path, ignore_errors=True)
+        tmp.rename(path)
+        return path
+
+    def _load(self, path: Path) -> None:
+        from safetensors.torch import load_file
+
+        state_file = path / STATE_FILE
+        if not state_file.is_file():
+            raise ConfigError(f"{path} is not a Gyre checkpoint (no {STATE_FILE})")
+        state = json.loads(state_file.read_text())
+        names = [n for n, _ in self.named]
+        if state.get("parameters") != names:
+            raise ConfigError(f"{path}: its optimizer state is for other parameters than the model's")
+        moments = load_file(str(path / OPTIMIZER_FILE))
+        for i, (_, p) in enumerate(self.named):
+            entry = {key.split(".", 1)[1]: v for key, v in moments.items() if key.split(".", 1)[0] == str(i)}
+            if entry:
+                self.optimizer.state[p] = entry
+        self.step, self.version = int(state["step"]), int(state["version"])
+        self.data_cursor = dict(state.get("data_cursor") or {})

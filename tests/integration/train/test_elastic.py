@@ -1,0 +1,235 @@
+"""Elastic data parallelism across processes: satellites joining a step under way, leaving, dying or going silent
+mid-micro-step; the update always equals one process computing the whole batch (weights and optimizer state)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_checkpoints import random_micro_steps, train_step
+
+from gyre.config import TrainerConfig
+from gyre.engine.launch import free_port
+from gyre.protocol import MicroStep, StepMetrics, TrainerStatistics
+from gyre.train.client import TrainerClient, TrainerError, launch_core, launch_satellite
+from gyre.train.state import TrainState
+
+pytestmark = pytest.mark.slow
+LR = 1e-3
+
+
+def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+class Cluster:
+    """A core trainer process, satellites, and a client."""
+
+    def __init__(self, model: Path, tmp: Path, core_computes: bool, timeout_s: float = 30.0) -> None:
+        self.tmp = tmp
+        self.address = f"tcp://127.0.0.1:{free_port()}"
+        overrides = [f'trainer.model_path="{model}"', f"trainer.learning_rate={LR}", "trainer.num_threads=1",
+                     f"trainer.core_computes={str(core_computes).lower()}", "trainer.heartbeat_s=0.25",
+                     f"trainer.member_timeout_s={timeout_s}", "trainer.transfer_timeout_s=20"]  # fmt: skip
+        self.core = launch_core(None, overrides, self.address, log=tmp / "core.log")
+        self.client = TrainerClient(self.address)
+        self.satellites: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, name: str) -> subprocess.Popen[bytes]:
+        self.satellites[name] = launch_satellite(self.address, name, 1, log=self.tmp / f"{name}.log")
+        return self.satellites[name]
+
+    def stats(self) -> TrainerStatistics:
+        return self.client.statistics()
+
+    def weights_after(self, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        saved = self.client.save_checkpoint(path)
+        return load_file(str(saved / "model.safetensors")), load_file(str(saved / "optimizer.safetensors"))
+
+    def close(self) -> None:
+        for proc in self.satellites.values():
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.terminate()
+        with suppress(TrainerError):
+            self.client.shutdown()
+        self.client.close()
+        for proc in [self.core, *self.satellites.values()]:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+@contextmanager
+def cluster(model: Path, tmp: Path, core_computes: bool = True, timeout_s: float = 30.0) -> Iterator[Cluster]:
+    c = Cluster(model, tmp, core_computes, timeout_s)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def reference(model: Path, items: list[MicroStep]) -> TrainState:
+    """One process computing the whole batch."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        state = TrainState(TrainerConfig(model_path=str(model), learning_rate=LR))
+        train_step(state, items)
+        return state
+    finally:
+        torch.set_num_threads(threads)
+
+
+def assert_same_update(
+    got: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]], want: TrainState
+) -> None:
+    weights, moments = got
+    worst = 0.0
+    for i, (name, p) in enumerate(want.named):
+        worst = max(worst, float((weights[name] - p.detach()).abs().max()))
+        for key in ("exp_avg", "exp_avg_sq"):
+            worst = max(worst, float((moments[f"{i}.{key}"] - want.optimizer.state[p][key]).abs().max()))
+    assert worst <= 1e-6, f"max abs difference {worst:g} from one process computing the whole batch"
+
+
+def assert_accounted(metrics: StepMetrics, items: list[MicroStep]) -> None:
+    assert metrics.micro_steps == len(items)
+    assert sum(metrics.by_member.values()) == len(items)  # each micro-step's gradient counted exactly once
+    assert metrics.computed_tokens == sum(len(m.input_ids) for m in items)
+
+
+@pytest.mark.parametrize("seed,satellites,core_computes", [(1, 1, True), (2, 2, False), (3, 3, True)])
+def test_satellites_joining_at_random_moments_give_the_update_of_one_process(
+    tiny_model: Path, tmp_path: Path, seed: int, satellites: int, core_computes: bool
+) -> None:
+    rng = random.Random(seed)
+    items = random_micro_steps(seed, 36)  # random sizes: random micro-step durations
+    with cluster(tiny_model, tmp_path, core_computes) as c:
+        chunks = [items[:8], items[8:24], items[24:]]
+        c.client.submit(0, chunks[0])  # the step is under way before anyone joins
+        names = [f"sat{i}" for i in range(satellites)]
+        for name in names:
+            time.sleep(rng.uniform(0.0, 1.5))
+            c.start(name)
+        c.client.submit(0, chunks[1])
+        wait_for("every satellite to join", lambda: len(c.stats().members) == satellites)
+        c.client.submit(0, chunks[2], seal=True)
+        metrics = c.client.wait_step(0, timeout_s=300)
+        assert_accounted(metrics, items)
+        assert set(metrics.by_member) - {"core"} <= set(names)
+        assert any(name in metrics.by_member for name in names), metrics.by_member
+        assert metrics.version == 1 and metrics.reclaimed == 0
+        got = c.weights_after(tmp_path / "ckpt")
+    assert_same_update(got, reference(tiny_model, items))
+
+
+def test_a_satellite_killed_mid_micro_step_is_replaced_and_nothing_counts_twice(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    items = random_micro_steps(11, 30)
+    with cluster(tiny_model, tmp_path, core_computes=False, timeout_s=2.0) as c:
+        victim, other = c.start("victim"), c.start("other")
+        wait_for("both satellites", lambda: len(c.stats().members) == 2)
+        c.client.submit(0, items, seal=True)
+        wait_for("the victim to hold a micro-step", lambda: "victim" in c.stats().claims, 120)
+        victim.kill()
+        metrics = c.client.wait_step(0, timeout_s=300)
+        assert c.stats().members["victim"] == "gone"
+        assert metrics.reclaimed >= 1
+        assert_accounted(metrics, items)
+        got = c.weights_after(tmp_path / "ckpt")
+        assert other.poll() is None  # the survivor stays for the next step
+    assert_same_update(got, reference(tiny_model, items))
+
+
+def test_a_silent_satellite_is_declared_gone_and_its_late_gradient_is_not_counted(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    items = random_micro_steps(12, 30)
+    with cluster(tiny_model, tmp_path, core_computes=True, timeout_s=2.0) as c:
+        silent = c.start("silent")
+        wait_for("the satellite", lambda: len(c.stats().members) == 1)
+        c.client.submit(0, items, seal=True)
+        wait_for("the satellite to hold a micro-step", lambda: "silent" in c.stats().claims, 120)
+        os.kill(silent.pid, signal.SIGSTOP)  # it stops answering but keeps its sockets open
+        metrics = c.client.wait_step(0, timeout_s=300)
+        assert c.stats().members["silent"] == "gone"
+        assert metrics.reclaimed >= 1
+        assert_accounted(metrics, items)
+        os.kill(silent.pid, signal.SIGCONT)  # it comes back: whatever it sends now is not counted
+        got = c.weights_after(tmp_path / "ckpt")
+    assert_same_update(got, reference(tiny_model, items))
+
+
+def test_a_released_satellite_finishes_its_micro_step_and_leaves(tiny_model: Path, tmp_path: Path) -> None:
+    first, second = random_micro_steps(21, 24), random_micro_steps(22, 12)
+    with cluster(tiny_model, tmp_path, core_computes=False) as c:
+        proc = c.start("a")
+        c.start("b")
+        wait_for("both satellites", lambda: len(c.stats().members) == 2)
+        c.client.submit(0, first, seal=True)
+        wait_for("b to hold a micro-step", lambda: "b" in c.stats().claims, 120)
+        c.client.release("b")
+        metrics = c.client.wait_step(0, timeout_s=300)
+        assert_accounted(metrics, first)
+        assert metrics.reclaimed == 0  # b finished what it held
+        assert c.stats().members["b"] == "parked"
+        c.client.submit(1, second, seal=True)
+        step1 = c.client.wait_step(1, timeout_s=300)
+        assert set(step1.by_member) == {"a"}  # b left: only a trains step 1
+        assert step1.version == 2
+        assert proc.poll() is None
+    (tmp_path / "empty").mkdir()
+    with cluster(tiny_model, tmp_path / "empty") as c:
+        with pytest.raises(TrainerError, match="has no micro-steps"):
+            c.client.submit(0, [], seal=True)
+        assert (c.stats().step, c.stats().sealed) == (0, False)
+
+
+def test_attached_engines_get_every_update_and_generate_what_a_freshly_loaded_engine_does(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    import asyncio
+
+    from gyre.engine.client import EngineClient
+    from gyre.engine.launch import launch_embedded
+    from gyre.protocol import SamplingParams
+
+    greedy = SamplingParams(max_new_tokens=24, temperature=0.0)
+    prompt = [7, 8, 9, 10, 11]
+
+    async def generate(url: str) -> tuple[list[int], str]:
+        async with EngineClient(url) as client:
+            out = await client.generate(prompt, greedy)
+            return out.output_ids, out.meta_info.weight_version
+
+    overrides = ["engine.kv_cache_mem_gib=0.05", "engine.num_threads=1"]
+    with cluster(tiny_model, tmp_path) as c, launch_embedded(tiny_model, overrides=overrides) as engine:
+        before, version = asyncio.run(generate(engine.url))
+        assert version == "0"
+        c.client.attach_engine(engine.url)
+        for step in range(2):  # a large learning rate, so the greedy output moves
+            c.client.submit(step, random_micro_steps(30 + step, 6), seal=True)
+            assert c.client.wait_step(step, timeout_s=300).version == step + 1
+        saved = c.client.save_checkpoint(tmp_path / "ckpt")
+        wait_for("the engine to report version 2", lambda: asyncio.run(generate(engine.url))[1] == "2")
+        pushed, _ = asyncio.run(generate(engine.url))
+    with launch_embedded(saved, overrides=overrides) as fresh:
+        loaded, _ = asyncio.run(generate(fresh.url))
+    assert pushed == loaded
+    assert pushed != before

@@ -1,0 +1,83 @@
+"""The losses: clipping with asymmetric bounds, truncated importance weights, KL, demonstrations kept apart."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gyre.config import LossConfig
+from gyre.protocol import MicroStep
+from gyre.records import CallRecord, CallTiming
+from gyre.train import Rollout, build_step
+from gyre.train.objective import policy_loss, supervised_loss
+
+TIMING = CallTiming(submitted_s=0.0, first_token_s=None, finished_s=0.0)
+
+
+def micro(behaviour: list[float], advantages: list[float], objective: str = "policy") -> MicroStep:
+    n = len(behaviour)
+    return MicroStep(input_ids=list(range(n)), position_ids=list(range(n)), parents=[-1, *range(n - 1)],
+                     weights=[1.0 / n] * n, advantages=advantages, behaviour_logprobs=behaviour, versions=[0] * n,
+                     sequences=1, objective=objective)  # type: ignore[arg-type]  # fmt: skip
+
+
+def gradient(m: MicroStep, logprobs: list[float], cfg: LossConfig) -> list[float]:
+    lp = torch.tensor(logprobs, requires_grad=True)
+    policy_loss(lp, m, cfg).backward()
+    assert lp.grad is not None
+    return lp.grad.tolist()
+
+
+def test_ratio_outside_the_asymmetric_bounds_stops_the_gradient_in_the_direction_that_gains() -> None:
+    cfg = LossConfig(clip_low=0.2, clip_high=0.28, tis_cap=0.0)
+    # ratios 1.25 (inside 1 + 0.28), 1.35 (above), 0.75 (below 1 - 0.2), all with a positive advantage
+    m = micro([0.0, 0.0, 0.0], [1.0, 1.0, 1.0])
+    g = gradient(m, [math.log(1.25), math.log(1.35), math.log(0.75)], cfg)
+    assert g[0] == pytest.approx(-1.25 / 3)  # d/dl of -(r A w)
+    assert g[1] == 0.0  # clipped above: no push further up
+    assert g[2] == pytest.approx(-0.75 / 3)  # below the bound a positive advantage still pulls it up
+    # negative advantages: clipped below, not above
+    m = micro([0.0, 0.0], [-1.0, -1.0])
+    g = gradient(m, [math.log(0.7), math.log(1.5)], cfg)
+    assert g[0] == 0.0
+    assert g[1] == pytest.approx(1.5 / 2)
+
+
+def test_truncated_importance_sampling_caps_how_much_one_token_weighs() -> None:
+    m = micro([0.0, 0.0], [-1.0, -1.0])
+    uncapped = gradient(m, [math.log(10.0), 0.0], LossConfig(tis_cap=0.0))
+    capped = gradient(m, [math.log(10.0), 0.0], LossConfig(tis_cap=2.0))
+    assert uncapped[0] == pytest.approx(10.0 / 2)  # a stale or mismatched token dominates without the cap
+    assert capped[0] == pytest.approx(2.0 / 2)  # ... and weighs at most tis_cap with it, same direction
+    assert capped[1] == uncapped[1] == pytest.approx(1.0 / 2)
+
+
+def test_policy_loss_refuses_demonstrations_and_supervised_loss_takes_them() -> None:
+    demo = micro([-0.25, -0.25], [0.0, 0.0], objective="supervised")
+    lp = torch.tensor([-1.0, -3.0], requires_grad=True)
+    with pytest.raises(ValueError, match="not sampled by the policy"):
+        policy_loss(lp, demo)
+    loss = supervised_loss(lp, demo)
+    assert float(loss.detach()) == pytest.approx(2.0)  # mean NLL with weights 1/2
+    with pytest.raises(ValueError, match="supervised micro-steps"):
+        supervised_loss(lp, micro([0.0, 0.0], [1.0, 1.0]))
+
+
+def _record(source: str) -> CallRecord:
+    return CallRecord(call_id=f"{source}-1", session="s", role="main", new_input_ids=[1, 2, 3], output_ids=[4, 5],
+                      output_logprobs=[-0.25, -0.25], finish_reason="stop", weight_version=0, cell="c",
+                      timing=TIMING, source=source)  # type: ignore[arg-type]  # fmt: skip
+
+
+def test_build_step_refuses_scripted_records_for_the_policy_gradient_and_trains_them_supervised() -> None:
+    rollouts = [Rollout(execution_id="e", group="t", reward=1.0, records=[_record("scripted")])]
+    with pytest.raises(ValueError, match="scripted record, not sampled by the policy"):
+        build_step(rollouts)
+    step = build_step(rollouts, objective="supervised")
+    assert [m.objective for m in step.micro_steps] == ["supervised"]
+    assert step.trainable_tokens == 2
+    assert build_step(
+        [Rollout(execution_id="e", group="t", reward=1.0, records=[_record("policy")])]
+    ).micro_steps
