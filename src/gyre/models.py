@@ -41,6 +41,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         "rope_theta": 1e6,
         "rms_norm_eps": 1e-6,
     },
+    # ~25 M parameters (~100 MB in fp32): big enough that moving weights is bandwidth, not latency
+    "small": {
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 8,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 32768,
+        "rope_theta": 1e6,
+        "rms_norm_eps": 1e-6,
+    },
 }
 
 # ChatML as Qwen3 instruct models render it (system / user / assistant / tool, Hermes-style tool calls).

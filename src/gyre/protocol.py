@@ -151,7 +151,8 @@ class InitWeightsUpdateGroupRequest(msgspec.Struct, kw_only=True):
 
 
 class UpdateWeightsFromDistributedRequest(msgspec.Struct, kw_only=True):
-    """``POST /update_weights_from_distributed``: rank 0 broadcasts each named tensor, in order."""
+    """``POST /update_weights_from_distributed``: rank 0 broadcasts each named tensor, in order; with
+    ``load_format="flattened_bucket"`` (SGLang's) it broadcasts them as one uint8 buffer, their bytes concatenated."""
 
     names: list[str]
     dtypes: list[str]
@@ -160,6 +161,7 @@ class UpdateWeightsFromDistributedRequest(msgspec.Struct, kw_only=True):
     flush_cache: bool = True
     abort_all_requests: bool = False
     weight_version: str | None = None
+    load_format: Literal["flattened_bucket"] | None = None
 
 
 class ResultResponse(msgspec.Struct, kw_only=True):
@@ -452,6 +454,8 @@ class TrainerStatistics(msgspec.Struct, tag="statistics", kw_only=True, frozen=T
     done: int  # micro-steps with their gradient summed
     sealed: bool
     engines: list[str]
+    weight_bytes: int = 0  # size of one copy of the weights
+    push_s: dict[str, float] = {}  # engine url -> seconds its last weight push took
 
 
 TrainerReply = (

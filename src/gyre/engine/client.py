@@ -206,6 +206,7 @@ class EngineClient:
         group_name: str = "weight_update_group",
         weight_version: int | None = None,
         flush_cache: bool = True,
+        load_format: str | None = None,
     ) -> str:
         """Tell the engine to receive these tensors from rank 0 (see ``weight_sync.push_weights``)."""
         body = {
@@ -216,6 +217,8 @@ class EngineClient:
             "weight_version": _wire(weight_version),
             "flush_cache": flush_cache,
         }
+        if load_format is not None:  # older SGLang servers do not know the field
+            body["load_format"] = load_format
         await self._optional("/begin_weight_update", {"selector": "all"})
         try:
             return await self._result("/update_weights_from_distributed", body)

@@ -7,6 +7,7 @@ runs data parallelism and an engine process can both join any number of them. Gl
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -87,11 +88,13 @@ async def push_weights(
     named_tensors: Iterable[tuple[str, torch.Tensor]],
     weight_version: int,
     group_name: str = "weight_update_group",
+    flattened: bool = False,
 ) -> None:
     """Trainer side: send weights to one engine through an initialised group (rank 0 here).
 
     The engine is told what to expect over HTTP (``weight_version`` as SGLang's string) while the tensors are
-    broadcast from a worker thread.
+    broadcast from a worker thread: one broadcast per tensor, or with ``flattened`` one broadcast of their bytes
+    (SGLang's ``flattened_bucket``; no copy when the tensors already lie back to back in one buffer).
     """
     format_weight_version(weight_version)  # refused before any tensor moves
     tensors = [(name, t.detach().contiguous()) for name, t in named_tensors]
@@ -101,12 +104,44 @@ async def push_weights(
         shapes=[list(t.shape) for _, t in tensors],
         group_name=group_name,
         weight_version=weight_version,
+        load_format="flattened_bucket" if flattened else None,
     )
+    buffers = [flat_bytes([t for _, t in tensors])] if flattened else [t for _, t in tensors]
 
     def send() -> None:
-        for _, t in tensors:
+        for t in buffers:
             group.broadcast(t)
 
     async with asyncio.TaskGroup() as tasks:  # the engine receives while we send; either failing ends both
         tasks.create_task(request)
         tasks.create_task(asyncio.to_thread(send))
+
+
+def flat_bytes(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The bytes of ``tensors`` concatenated, as one uint8 tensor: a view when they lie back to back in one
+    storage (a trainer's flat parameter buffer), else a copy."""
+    first = tensors[0]
+    storage = first.untyped_storage()
+    at = first.storage_offset() * first.element_size()
+    start = at
+    for t in tensors:
+        if not t.is_contiguous() or t.untyped_storage().data_ptr() != storage.data_ptr():
+            break
+        if t.storage_offset() * t.element_size() != at:
+            break
+        at += t.numel() * t.element_size()
+    else:
+        return torch.empty(0, dtype=torch.uint8, device=first.device).set_(storage, start, (at - start,), (1,))
+    return torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
+
+
+def split_bytes(flat: torch.Tensor, dtypes: list[torch.dtype], shapes: list[list[int]]) -> list[torch.Tensor]:
+    """The tensors a ``flattened_bucket`` holds, as views of ``flat`` (see `flat_bytes`)."""
+    out, at = [], 0
+    for dtype, shape in zip(dtypes, shapes, strict=True):
+        size = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+        out.append(flat[at : at + size].view(dtype).view(shape))
+        at += size
+    if at != flat.numel():
+        raise ValueError(f"a flattened bucket of {flat.numel()} bytes described as {at}")
+    return out

@@ -162,6 +162,7 @@ class CoreTrainer:
         self._engine_loop = asyncio.new_event_loop()
         threading.Thread(target=self._engine_loop.run_forever, name="engine-push", daemon=True).start()
         self._pushes: list[Any] = []
+        self.push_s: dict[str, float] = {}  # engine url -> seconds of its last push
         self._group_names = itertools.count()
         self.stopping = False
         self._worker: threading.Thread | None = None
@@ -280,9 +281,9 @@ class CoreTrainer:
             pair = _Pair(group_name, self.group_host, self.cfg.backend, self.cfg.transfer_timeout_s,
                          functools.partial(self._notify, "pair_failed", name))  # fmt: skip
             member = self.members[name] = _Member(name, identity, pair)
-            if self.state.reference is not None:
-                reference = self.state.reference
-                pair.submit(lambda group: _send_weights(group, reference))
+            if self.state.reference_flat is not None:
+                reference = self.state.reference_flat
+                pair.submit(lambda group: group.broadcast(reference, src=0))
         member.identity, member.state, member.leaving = identity, "active", False
         member.version, member.last_seen = -1, time.monotonic()  # a rejoin gets the step's weights again
         log.info("member %s joined (step %d, version %d)", name, self.queue.step, self.state.version)
@@ -327,7 +328,7 @@ class CoreTrainer:
     def _weights_op(self) -> Callable[[weight_sync.WeightGroup], None]:
         def op(group: weight_sync.WeightGroup) -> None:
             with self.weights_lock:
-                _send_weights(group, self.state.model)
+                group.broadcast(self.state.flat, src=0)
 
         return op
 
@@ -518,7 +519,9 @@ class CoreTrainer:
         await asyncio.to_thread(self.weights_lock.acquire)
         try:
             named = [(n, p.detach()) for n, p in self.state.named]
-            await weight_sync.push_weights(client, group, named, self.state.version, name)
+            started = time.perf_counter()
+            await weight_sync.push_weights(client, group, named, self.state.version, name, flattened=True)
+            self.push_s[url] = time.perf_counter() - started
         finally:
             self.weights_lock.release()
 
@@ -530,12 +533,9 @@ class CoreTrainer:
                 step=q.step, version=self.state.version, members={n: m.state for n, m in self.members.items()},
                 claims=q.claims(), pending=sum(1 for i in q.pending if not q.done[i]), done=q.done_count,
                 sealed=q.sealed, engines=sorted(self.engines),
+                weight_bytes=sum(p.numel() * p.element_size() for _, p in self.state.named),
+                push_s=dict(self.push_s),
             )  # fmt: skip
-
-
-def _send_weights(group: weight_sync.WeightGroup, model: Any) -> None:
-    for _, p in model.named_parameters():
-        group.broadcast(p.data, src=0)
 
 
 def _metrics(

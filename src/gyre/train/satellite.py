@@ -42,7 +42,7 @@ from gyre.protocol import (
     Welcome,
 )
 from gyre.train.objective import compute_gradients
-from gyre.train.state import flat_gradient, model_from_config
+from gyre.train.state import flat_gradient, flatten_parameters, model_from_config
 
 log = logging.getLogger(__name__)
 _encoder = msgspec.msgpack.Encoder()
@@ -61,6 +61,8 @@ class SatelliteSummary(msgspec.Struct, frozen=True, kw_only=True):
     tokens: int  # tokens through the forward pass
     join_s: float  # from Hello to the first gradient sent (0 if none)
     compute_s: float
+    weights_s: float = 0.0  # the last weight transfer from the core, seconds
+    weights_bytes: int = 0  # ... and its size
 
 
 class Satellite:
@@ -73,6 +75,7 @@ class Satellite:
             torch.set_num_threads(num_threads)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.model: Any | None = None
+        self.flat = torch.empty(0)  # the model's parameters, one buffer (see gyre.train.state.flatten_parameters)
         self.reference: Any | None = None
         self.group: weight_sync.WeightGroup | None = None
         self.group_name = ""
@@ -94,7 +97,7 @@ class Satellite:
         started = time.monotonic()
         first_gradient = 0.0
         count = tokens = 0
-        compute_s = 0.0
+        compute_s = weights_s = 0.0
         try:
             self._send(Hello(member=self.name, hostname=socket.gethostname(), pid=os.getpid(),
                              group_name=self.group_name))  # fmt: skip
@@ -114,8 +117,9 @@ class Satellite:
                         self._send(Claim(member=self.name, version=self.version))
                     case Refresh(version=version):
                         assert self.group is not None and self.model is not None
-                        for _, p in self.model.named_parameters():
-                            self.group.broadcast(p.data, src=0)
+                        received = time.perf_counter()
+                        self.group.broadcast(self.flat, src=0)
+                        weights_s = time.perf_counter() - received
                         self.version = version
                         log.info(
                             "%s has weights %d after %.3f s", self.name, version, time.monotonic() - started
@@ -152,8 +156,9 @@ class Satellite:
             sock.close()
             self._sock = None
         join_s = first_gradient - started if first_gradient else 0.0
+        weights_bytes = self.flat.numel() * self.flat.element_size()
         return SatelliteSummary(member=self.name, micro_steps=count, tokens=tokens, join_s=join_s,
-                                compute_s=compute_s)  # fmt: skip
+                                compute_s=compute_s, weights_s=weights_s, weights_bytes=weights_bytes)  # fmt: skip
 
     def _expect_welcome(self) -> Welcome:
         while True:
@@ -166,6 +171,7 @@ class Satellite:
     def _join_group(self, welcome: Welcome) -> None:
         if self.model is None:
             self.model = model_from_config(welcome.model_config)
+            self.flat = flatten_parameters(self.model)
         if welcome.group_name == self.group_name and self.group is not None:
             return  # a rejoin over the group we kept
         self.group = weight_sync.create_group(welcome.group_host, welcome.group_port, 1, 2, welcome.group_name,
@@ -173,9 +179,9 @@ class Satellite:
         self.group_name = welcome.group_name
         self.version = -1
         if welcome.reference:
-            self.reference = model_from_config(welcome.model_config).eval().requires_grad_(False)
-            for _, p in self.reference.named_parameters():
-                self.group.broadcast(p.data, src=0)
+            self.reference = model_from_config(welcome.model_config).eval()
+            self.group.broadcast(flatten_parameters(self.reference), src=0)
+            self.reference.requires_grad_(False)
 
     def _send(self, message: Any) -> None:
         assert self._sock is not None

@@ -59,6 +59,26 @@ def parameters(model: Any) -> list[tuple[str, torch.Tensor]]:
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
+def flatten_parameters(model: Any) -> torch.Tensor:
+    """Move every trained parameter into one contiguous buffer (each becomes a view of it) and return the buffer.
+
+    Every member lays its weights out this way, in ``parameters`` order, so the step's weights travel from the
+    core to a satellite as one broadcast with no copy on either side, and to an engine as one flattened bucket.
+    """
+    named = parameters(model)
+    first = named[0][1]
+    flat = torch.empty(sum(p.numel() for _, p in named), dtype=first.dtype, device=first.device)
+    offset = 0
+    for _, p in named:
+        if p.dtype != flat.dtype:
+            raise ConfigError(f"the model mixes parameter dtypes ({p.dtype}, {flat.dtype}); train one dtype")
+        view = flat[offset : offset + p.numel()]
+        view.copy_(p.detach().reshape(-1))
+        p.data = view.view_as(p)
+        offset += p.numel()
+    return flat
+
+
 def flat_gradient(model: Any) -> torch.Tensor:
     """All parameters' gradients as one float32 vector (zeros where a parameter has none)."""
     return torch.cat(
@@ -76,6 +96,7 @@ class TrainState:
             raise ConfigError("trainer.model_path is empty: name the Hugging Face model directory to train")
         self.source = Path(source)
         self.model = load_model(source)
+        self.flat = flatten_parameters(self.model)  # the weights members receive, one buffer
         self.named = parameters(self.model)
         self.numel = sum(p.numel() for _, p in self.named)
         self.optimizer = torch.optim.AdamW(
@@ -91,10 +112,13 @@ class TrainState:
         self.version = 0  # weight version of the current weights
         self.data_cursor: dict[str, Any] = {}
         self.reference: Any | None = None
+        self.reference_flat: torch.Tensor | None = None
         if cfg.resume_from:
             self._load(Path(cfg.resume_from))
         if cfg.loss.kl_coef > 0:
-            self.reference = load_model(cfg.model_path or source).eval().requires_grad_(False)
+            self.reference = load_model(cfg.model_path or source).eval()
+            self.reference_flat = flatten_parameters(self.reference)
+            self.reference.requires_grad_(False)
 
     # ---- gradients ------------------------------------------------------------------------------------------
     def add(self, flat: torch.Tensor) -> None:
@@ -150,7 +174,15 @@ class TrainState:
         tmp = path.with_name(path.name + ".partial")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        self.model.save_pretrained(tmp, safe_serialization=True)
+        self.model.config.save_pretrained(tmp)
+        tensors: dict[str, torch.Tensor] = {}
+        seen: set[tuple[int, int]] = set()
+        for name, tensor in self.model.state_dict().items():  # a tied weight is stored once, under its first name
+            key = (tensor.data_ptr(), tensor.numel())
+            if key not in seen:
+                seen.add(key)
+                tensors[name] = tensor.detach().clone()  # its own storage, out of the shared flat buffer
+        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for item in self.source.iterdir():  # the tokenizer and chat template travel with the weights
             if item.is_file() and item.name not in _WEIGHT_FILES and not item.name.endswith(".safetensors"):
                 shutil.copy2(item, tmp / item.name)

@@ -96,3 +96,38 @@ def test_release_refuses_while_requests_run(server: ServerProcess) -> None:
                 await task
 
     assert "pause_generation" in asyncio.run(go())
+
+
+def test_a_weight_update_waits_for_the_requests_in_flight_so_no_response_spans_two_versions(
+    server: ServerProcess, tiny_model: Path, tiny_model_b: Path
+) -> None:
+    long = SamplingParams(max_new_tokens=400, temperature=0.0, ignore_eos=True)
+
+    async def go() -> tuple[list[int], str, str, list[int], str]:
+        async with EngineClient(server.url) as client:
+            old = await client.get_weight_version()
+            stream = client.generate_stream(PROMPT, long)
+            first = await anext(stream)  # generating under the old weights now
+            assert first.finish_type is None
+            update = asyncio.create_task(client.update_weights_from_disk(str(tiny_model_b), old + 1))
+            last = first
+            async for chunk in stream:
+                last = chunk
+                assert chunk.meta_info.weight_version == str(old)  # the update waits for this request
+            await update
+            after = await client.generate(PROMPT, GREEDY)
+            await client.update_weights_from_disk(
+                str(tiny_model), weight_version=old + 2
+            )  # back, for other tests
+            return (
+                last.output_ids,
+                last.meta_info.weight_version,
+                str(old),
+                after.output_ids,
+                after.meta_info.weight_version,
+            )
+
+    ids, version, old, after, new = asyncio.run(go())
+    assert len(ids) == 400 and version == old
+    assert ids[:20] == hf_greedy(_hf(tiny_model), PROMPT, 20)  # all of it sampled with the old weights
+    assert new == str(int(old) + 1) and after == hf_greedy(_hf(tiny_model_b), PROMPT, 20)

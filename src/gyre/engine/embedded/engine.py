@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import json
 import logging
+import math
 import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -113,6 +115,8 @@ class EmbeddedEngine:
         self._incoming: deque[Request] = deque()
         self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
         self._inflight: dict[str, Request] = {}
+        self._update_done: asyncio.Event | None = None  # set while a weight update waits or runs
+        self._idle: asyncio.Event | None = None  # set when the last request in flight ends
         self._wake = threading.Event()
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -238,6 +242,8 @@ class EmbeddedEngine:
         """Yield a cumulative response at every step that brings new tokens, the last one finished."""
         self._bind_loop()
         req = self._prepare(body)
+        while self._update_done is not None:  # a weight update is waiting for the requests before it
+            await self._update_done.wait()
         sink = _Sink(req)
         req.sink = sink
         if body.sampling_params.max_new_tokens == 0:
@@ -262,6 +268,8 @@ class EmbeddedEngine:
             self._inflight.pop(req.rid, None)
             if req.finish is None:  # the caller went away: stop generating for it
                 self._call(lambda: self._abort_now(req, "client disconnected"))
+            if not self._inflight and self._idle is not None:
+                self._idle.set()
 
     def _response(self, req: Request) -> GenerateResponse:
         n = req.n_output  # the engine thread only appends; read a consistent prefix
@@ -393,16 +401,34 @@ class EmbeddedEngine:
             raise EngineRequestError(f"{body.model_path} has a different architecture than the served model")
 
         def run() -> int:
-            if body.abort_all_requests:
-                for req in list(self.scheduler.running) + list(self.scheduler.waiting):
-                    self._abort_now(req, "aborted for a weight update")
             self.model.load_dir(body.model_path)
             self.scheduler.cache.invalidate()
             self.weight_version = version
             self._weights_source = (body.model_path, self.weight_version)
             return self.weight_version
 
-        return await self._call(run)
+        async with self._weights_exclusive(body.abort_all_requests):
+            return await self._call(run)
+
+    @contextlib.asynccontextmanager
+    async def _weights_exclusive(self, abort_all: bool) -> AsyncIterator[None]:
+        """SGLang's semantics for a weight update: it waits until the requests in flight have finished
+        (``abort_all_requests`` ends them first) while new requests wait for it, so no request's tokens span two
+        weight versions and every response's ``weight_version`` is that of all its tokens. Requests the caller
+        paused (``in_place``, ``retract``) are not waited for: they continue under the new weights."""
+        while self._update_done is not None:
+            await self._update_done.wait()
+        done = self._update_done = asyncio.Event()
+        try:
+            if abort_all:
+                await self.abort(abort_all=True)
+            while self._inflight and not self.scheduler.paused:
+                idle = self._idle = asyncio.Event()
+                await idle.wait()
+            yield
+        finally:
+            self._update_done = self._idle = None
+            done.set()
 
     async def init_weights_update_group(self, body: InitWeightsUpdateGroupRequest) -> None:
         """Join the trainer's weight-transfer group as rank ``rank_offset`` (blocks until all ranks joined)."""
@@ -440,21 +466,27 @@ class EmbeddedEngine:
         def run() -> int:
             if not self.model.loaded:
                 raise EngineRequestError("weights are released; resume_memory_occupation first")
-            if body.abort_all_requests:
-                for req in list(self.scheduler.running) + list(self.scheduler.waiting):
-                    self._abort_now(req, "aborted for a weight update")
-            for name, dtype, shape in zip(body.names, dtypes, body.shapes, strict=True):
-                buf = torch.empty(
-                    shape, dtype=dtype, device=self.device if self.device.type == "cuda" else "cpu"
-                )
-                group.broadcast(buf)
-                self.model.update_tensor(name, buf)
+            device = self.device if self.device.type == "cuda" else "cpu"
+            if body.load_format == "flattened_bucket":  # one buffer: the tensors' bytes back to back
+                size = sum(math.prod(shape) * torch.empty(0, dtype=d).element_size()
+                           for d, shape in zip(dtypes, body.shapes, strict=True))  # fmt: skip
+                flat = torch.empty(size, dtype=torch.uint8, device=device)
+                group.broadcast(flat)
+                received = weight_sync.split_bytes(flat, dtypes, body.shapes)
+                for name, tensor in zip(body.names, received, strict=True):
+                    self.model.update_tensor(name, tensor)
+            else:
+                for name, dtype, shape in zip(body.names, dtypes, body.shapes, strict=True):
+                    buf = torch.empty(shape, dtype=dtype, device=device)
+                    group.broadcast(buf)
+                    self.model.update_tensor(name, buf)
             if body.flush_cache:
                 self.scheduler.cache.invalidate()
             self.weight_version = version
             return self.weight_version
 
-        return await self._call(run)
+        async with self._weights_exclusive(body.abort_all_requests):
+            return await self._call(run)
 
     def _requested_version(self, requested: str | None, endpoint: str) -> int:
         """The version an update request asks for (None: the current one); a 400 naming the field otherwise."""
