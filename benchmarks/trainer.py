@@ -6,8 +6,8 @@ Prints three tables and writes ``benchmarks/results/trainer.json``:
 1. satellite join: from its ``Hello`` to its first gradient sent, on the tiny and the ~25 M ``small`` preset (the
    satellite builds its model from the core's config and receives the step's weights inside that time);
 2. weight transfer of the ``small`` preset (~100 MB fp32): core -> satellite (``Refresh``) and core -> embedded engine
-   (``/update_weights_from_distributed``), each against a raw gloo broadcast of the same bytes between two processes
-   of this run (one flat tensor), side by side;
+   (``/update_weights_from_distributed``, flattened bucket), each the fastest of 4-5 transfers, against the fastest of
+   5 raw gloo broadcasts of the same bytes between two processes of this run (one flat tensor), side by side;
 3. step throughput (trained tokens/s) of one step of random chains with 1, 2 and 3 trainer processes (the core
    computing, plus 0-2 satellites), one torch thread each, best of ``--trials``.
 """
@@ -58,22 +58,27 @@ def _core(model: Path, tmp: Path, name: str, core_computes: bool = True) -> tupl
     return launch_core(None, overrides, address, log=tmp / f"{name}.log"), address
 
 
-def join_and_transfer(model: Path, tmp: Path, name: str) -> tuple[SatelliteSummary, float]:
-    """A satellite (in this process) joining an open step; its summary, and the core's engine push seconds."""
+def join_and_transfer(model: Path, tmp: Path, name: str, steps: int = 4) -> tuple[SatelliteSummary, float]:
+    """A satellite (in this process) joining an open step, then ``steps`` more steps with an engine attached: its
+    summary (join time, fastest weight receive) and the fastest weight push to the engine."""
     core, address = _core(model, tmp, f"core-{name}", core_computes=False)
     client = TrainerClient(address)
+    overrides = ["engine.kv_cache_mem_gib=0.05", "engine.num_threads=1"]
     try:
-        client.submit(0, micro_steps(4, 256), seal=True)
-        satellite = Satellite(address, "bench", num_threads=1)
-        summaries: list[SatelliteSummary] = []
-        thread = threading.Thread(target=lambda: summaries.append(satellite.run()))
-        thread.start()
-        client.wait_step(0, timeout_s=600)
-        client.release("bench")
-        thread.join()
-        with launch_embedded(model, overrides=["engine.kv_cache_mem_gib=0.05", "engine.num_threads=1"]) as engine:
+        with launch_embedded(model, overrides=overrides) as engine:
+            client.submit(0, micro_steps(4, 256), seal=True)
+            satellite = Satellite(address, "bench", num_threads=1)
+            summaries: list[SatelliteSummary] = []
+            thread = threading.Thread(target=lambda: summaries.append(satellite.run()))
+            thread.start()
+            client.wait_step(0, timeout_s=600)
             client.attach_engine(engine.url, timeout_s=600)
+            for step in range(1, steps + 1):  # every step: new weights to the satellite and to the engine
+                client.submit(step, micro_steps(2, 64, seed=step), seal=True)
+                client.wait_step(step, timeout_s=600)
             push_s = client.statistics().push_s[engine.url]
+            client.release("bench")
+            thread.join()
         return summaries[0], push_s
     finally:
         client.shutdown()
@@ -87,7 +92,7 @@ def _receiver(port: int, shapes: list[list[int]], rounds: int) -> None:
         group.broadcast(torch.empty(shape), src=0)
 
 
-def raw_broadcast(numel: int, rounds: int = 3) -> float:
+def raw_broadcast(numel: int, rounds: int = 5) -> float:
     """Best seconds of a gloo broadcast of ``numel`` fp32 values (one flat tensor) to another process."""
     port = free_port()
     child = mp.get_context("spawn").Process(target=_receiver, args=(port, [[numel]], rounds + 1))

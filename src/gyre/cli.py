@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -244,7 +245,11 @@ def cmd_trainer_core(args: argparse.Namespace) -> int:
             overrides.append(_override(f"trainer.{key}", value))
     cfg = load_config(args.config, overrides).trainer
     run_core(cfg, ready=lambda address: print(f"gyre trainer core: listening at {address}", file=sys.stderr))
-    return 0
+    # The core has closed its sockets and groups; gloo's pair objects still connected to live members abort the
+    # interpreter's teardown (std::terminate), so a finished core leaves without it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def cmd_trainer_satellite(args: argparse.Namespace) -> int:

@@ -391,6 +391,7 @@ class Welcome(msgspec.Struct, tag="welcome", kw_only=True):
     member_timeout_s: float
     transfer_timeout_s: float
     backend: str = "gloo"
+    numel: int = 0  # values in the flat weight buffer; a member whose model differs must not join
 
 
 class Assign(msgspec.Struct, tag="assign", kw_only=True):
@@ -455,7 +456,7 @@ class TrainerStatistics(msgspec.Struct, tag="statistics", kw_only=True, frozen=T
     sealed: bool
     engines: list[str]
     weight_bytes: int = 0  # size of one copy of the weights
-    push_s: dict[str, float] = {}  # engine url -> seconds its last weight push took
+    push_s: dict[str, float] = {}  # engine url -> seconds its fastest weight push took
 
 
 TrainerReply = (

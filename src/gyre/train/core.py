@@ -152,6 +152,7 @@ class CoreTrainer:
         self.events = self.ctx.socket(zmq.PULL)
         self.events.bind(self._events_at)
         self._local = threading.local()
+        self._pushers: list[zmq.Socket[bytes]] = []  # each thread's socket to the coordinator
         self.members: dict[str, _Member] = {}
         self.future: dict[int, list[MicroStep]] = {}  # micro-steps submitted for steps not open yet
         self.sealed_at: dict[int, dict[str, Any]] = {}  # step -> data cursor, once sealed
@@ -162,7 +163,7 @@ class CoreTrainer:
         self._engine_loop = asyncio.new_event_loop()
         threading.Thread(target=self._engine_loop.run_forever, name="engine-push", daemon=True).start()
         self._pushes: list[Any] = []
-        self.push_s: dict[str, float] = {}  # engine url -> seconds of its last push
+        self.push_s: dict[str, float] = {}  # engine url -> seconds of its fastest push
         self._group_names = itertools.count()
         self.stopping = False
         self._worker: threading.Thread | None = None
@@ -205,7 +206,11 @@ class CoreTrainer:
             self.queue.changed.notify_all()
         for member in self.members.values():
             member.pair.close()
+        if self._worker is not None:
+            self._worker.join(timeout=30)  # it finishes the micro-step it computes
         self._engine_loop.call_soon_threadsafe(self._engine_loop.stop)
+        for sock in self._pushers:  # their threads are done with them
+            sock.close(0)
         self.router.close(0)
         self.events.close(0)
 
@@ -219,6 +224,7 @@ class CoreTrainer:
             sock = self._local.push = self.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 0)
             sock.connect(self._events_at)
+            self._pushers.append(sock)
         sock.send(msgspec.msgpack.encode(list(event)))
 
     # ---- requests -----------------------------------------------------------------------------------------------
@@ -292,7 +298,7 @@ class CoreTrainer:
             model_config=self.state.model.config.to_dict(), reference=self.state.reference is not None,
             loss=msgspec.to_builtins(self.cfg.loss), heartbeat_s=self.cfg.heartbeat_s,
             member_timeout_s=self.cfg.member_timeout_s, transfer_timeout_s=self.cfg.transfer_timeout_s,
-            backend=self.cfg.backend,
+            backend=self.cfg.backend, numel=self.state.numel,
         ))  # fmt: skip
 
     def _claim(self, identity: bytes, name: str, version: int) -> None:
@@ -521,7 +527,8 @@ class CoreTrainer:
             named = [(n, p.detach()) for n, p in self.state.named]
             started = time.perf_counter()
             await weight_sync.push_weights(client, group, named, self.state.version, name, flattened=True)
-            self.push_s[url] = time.perf_counter() - started
+            took = time.perf_counter() - started
+            self.push_s[url] = min(self.push_s.get(url, took), took)
         finally:
             self.weights_lock.release()
 

@@ -61,7 +61,7 @@ class SatelliteSummary(msgspec.Struct, frozen=True, kw_only=True):
     tokens: int  # tokens through the forward pass
     join_s: float  # from Hello to the first gradient sent (0 if none)
     compute_s: float
-    weights_s: float = 0.0  # the last weight transfer from the core, seconds
+    weights_s: float = 0.0  # the fastest weight transfer from the core, seconds (0: none)
     weights_bytes: int = 0  # ... and its size
 
 
@@ -97,7 +97,7 @@ class Satellite:
         started = time.monotonic()
         first_gradient = 0.0
         count = tokens = 0
-        compute_s = weights_s = 0.0
+        compute_s, weights_s = 0.0, float("inf")
         try:
             self._send(Hello(member=self.name, hostname=socket.gethostname(), pid=os.getpid(),
                              group_name=self.group_name))  # fmt: skip
@@ -119,7 +119,7 @@ class Satellite:
                         assert self.group is not None and self.model is not None
                         received = time.perf_counter()
                         self.group.broadcast(self.flat, src=0)
-                        weights_s = time.perf_counter() - received
+                        weights_s = min(weights_s, time.perf_counter() - received)
                         self.version = version
                         log.info(
                             "%s has weights %d after %.3f s", self.name, version, time.monotonic() - started
@@ -158,7 +158,8 @@ class Satellite:
         join_s = first_gradient - started if first_gradient else 0.0
         weights_bytes = self.flat.numel() * self.flat.element_size()
         return SatelliteSummary(member=self.name, micro_steps=count, tokens=tokens, join_s=join_s,
-                                compute_s=compute_s, weights_s=weights_s, weights_bytes=weights_bytes)  # fmt: skip
+                                compute_s=compute_s, weights_s=0.0 if weights_s == float("inf") else weights_s,
+                                weights_bytes=weights_bytes)  # fmt: skip
 
     def _expect_welcome(self) -> Welcome:
         while True:
@@ -172,6 +173,11 @@ class Satellite:
         if self.model is None:
             self.model = model_from_config(welcome.model_config)
             self.flat = flatten_parameters(self.model)
+        if self.flat.numel() != welcome.numel:
+            raise CoreUnreachable(
+                f"{self.name} built a model of {self.flat.numel():,} parameters from the core's config, the core "
+                f"trains {welcome.numel:,}: the architectures differ (transformers versions?)"
+            )
         if welcome.group_name == self.group_name and self.group is not None:
             return  # a rejoin over the group we kept
         self.group = weight_sync.create_group(welcome.group_host, welcome.group_port, 1, 2, welcome.group_name,

@@ -47,11 +47,19 @@ def load_model(directory: str | Path) -> Any:
 
 
 def model_from_config(config: dict[str, Any]) -> Any:
-    """An uninitialised model of the architecture in a ``config.json`` dict (a satellite's, before weights come)."""
+    """A model of the architecture in a ``config.json`` dict, weights left uninitialised (a satellite's, before the
+    core's weights arrive: random initialisation of 25 M parameters alone would cost a second of its join)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    cfg = AutoConfig.for_model(**config)
-    return AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).train()
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # older transformers
+        from transformers.modeling_utils import no_init_weights  # type: ignore[attr-defined,no-redef]
+
+    with no_init_weights():
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**config), dtype=torch.float32)
+    model.tie_weights()  # skipped without initialisation; the core's layout has tied weights once
+    return model.train()
 
 
 def parameters(model: Any) -> list[tuple[str, torch.Tensor]]:
