@@ -86,16 +86,17 @@ def join_and_transfer(model: Path, tmp: Path, name: str, steps: int = 4) -> tupl
         core.wait(30)
 
 
-def _receiver(port: int, shapes: list[list[int]], rounds: int) -> None:
+def _receiver(port: int, numel: int, rounds: int) -> None:
     group = weight_sync.create_group("127.0.0.1", port, 1, 2, "raw")
-    for shape in shapes * rounds:
-        group.broadcast(torch.empty(shape), src=0)
+    buffer = torch.zeros(numel)  # allocated (and its pages touched) once, as the members' buffers are
+    for _ in range(rounds):
+        group.broadcast(buffer, src=0)
 
 
 def raw_broadcast(numel: int, rounds: int = 5) -> float:
     """Best seconds of a gloo broadcast of ``numel`` fp32 values (one flat tensor) to another process."""
     port = free_port()
-    child = mp.get_context("spawn").Process(target=_receiver, args=(port, [[numel]], rounds + 1))
+    child = mp.get_context("spawn").Process(target=_receiver, args=(port, numel, rounds + 1))
     child.start()
     group = weight_sync.create_group("127.0.0.1", port, 0, 2, "raw")
     flat = torch.randn(numel)
@@ -138,6 +139,7 @@ def main() -> None:
     parser.add_argument("--micro-steps", type=int, default=48)
     parser.add_argument("--tokens", type=int, default=512, help="mean tokens per micro-step")
     parser.add_argument("--trials", type=int, default=2)
+    parser.add_argument("--no-throughput", action="store_true", help="only the join and transfer tables")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "trainer.json")
     args = parser.parse_args()
     console = Console()
@@ -167,13 +169,15 @@ def main() -> None:
         console.print(table)
 
         items = micro_steps(args.micro_steps, args.tokens)
-        speeds = {n: max(throughput(models["tiny"], tmp, n, items, t) for t in range(args.trials)) for n in (1, 2, 3)}
+        counts = () if args.no_throughput else (1, 2, 3)
+        speeds = {n: max(throughput(models["tiny"], tmp, n, items, t) for t in range(args.trials)) for n in counts}
         table = Table(title=f"Step throughput, tiny preset, {len(items)} micro-steps of ~{args.tokens} tokens")
         for col in ("trainer processes", "tokens/s", "vs 1 process"):
             table.add_column(col, justify="right")
         for n, speed in speeds.items():
             table.add_row(str(n), f"{speed:,.0f}", f"{speed / speeds[1]:.2f}x")
-        console.print(table)
+        if speeds:
+            console.print(table)
 
     result |= {
         "join_s": {p: s.join_s for p, (s, _) in joins.items()},

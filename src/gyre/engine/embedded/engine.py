@@ -112,6 +112,7 @@ class EmbeddedEngine:
         self._weights_source = (cfg.model_path, self.weight_version)  # what a memory resume reloads
         self._released: set[str] = set()
         self._groups: dict[str, weight_sync.WeightGroup] = {}
+        self._bucket: dict[str, torch.Tensor] = {}  # group -> receive buffer of flattened weight updates
         self._incoming: deque[Request] = deque()
         self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
         self._inflight: dict[str, Request] = {}
@@ -470,7 +471,9 @@ class EmbeddedEngine:
             if body.load_format == "flattened_bucket":  # one buffer: the tensors' bytes back to back
                 size = sum(math.prod(shape) * torch.empty(0, dtype=d).element_size()
                            for d, shape in zip(dtypes, body.shapes, strict=True))  # fmt: skip
-                flat = torch.empty(size, dtype=torch.uint8, device=device)
+                flat = self._bucket.get(body.group_name)
+                if flat is None or flat.numel() != size:  # kept: fresh pages would cost as much as the transfer
+                    flat = self._bucket[body.group_name] = torch.empty(size, dtype=torch.uint8, device=device)
                 group.broadcast(flat)
                 received = weight_sync.split_bytes(flat, dtypes, body.shapes)
                 for name, tensor in zip(body.names, received, strict=True):
