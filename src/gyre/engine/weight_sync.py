@@ -131,7 +131,9 @@ def flat_bytes(tensors: list[torch.Tensor]) -> torch.Tensor:
             break
         at += t.numel() * t.element_size()
     else:
-        return torch.empty(0, dtype=torch.uint8, device=first.device).set_(storage, start, (at - start,), (1,))
+        return torch.empty(0, dtype=torch.uint8, device=first.device).set_(
+            storage, start, (at - start,), (1,)
+        )
     return torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors])
 
 

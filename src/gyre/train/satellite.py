@@ -75,7 +75,9 @@ class Satellite:
             torch.set_num_threads(num_threads)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.model: Any | None = None
-        self.flat = torch.empty(0)  # the model's parameters, one buffer (see gyre.train.state.flatten_parameters)
+        self.flat = torch.empty(
+            0
+        )  # the model's parameters, one buffer (see gyre.train.state.flatten_parameters)
         self.reference: Any | None = None
         self.group: weight_sync.WeightGroup | None = None
         self.group_name = ""

@@ -185,7 +185,10 @@ class TrainState:
         self.model.config.save_pretrained(tmp)
         tensors: dict[str, torch.Tensor] = {}
         seen: set[tuple[int, int]] = set()
-        for name, tensor in self.model.state_dict().items():  # a tied weight is stored once, under its first name
+        for (
+            name,
+            tensor,
+        ) in self.model.state_dict().items():  # a tied weight is stored once, under its first name
             key = (tensor.data_ptr(), tensor.numel())
             if key not in seen:
                 seen.add(key)

@@ -471,13 +471,20 @@ class EmbeddedEngine:
             if body.load_format == "flattened_bucket":  # one buffer: the tensors' bytes back to back
                 size = sum(math.prod(shape) * torch.empty(0, dtype=d).element_size()
                            for d, shape in zip(dtypes, body.shapes, strict=True))  # fmt: skip
-                flat = self._bucket.get(body.group_name)
-                if flat is None or flat.numel() != size:  # kept: fresh pages would cost as much as the transfer
-                    flat = self._bucket[body.group_name] = torch.empty(size, dtype=torch.uint8, device=device)
-                group.broadcast(flat)
-                received = weight_sync.split_bytes(flat, dtypes, body.shapes)
-                for name, tensor in zip(body.names, received, strict=True):
-                    self.model.update_tensor(name, tensor)
+                same = set(dtypes) == {self.model.dtype}
+                direct = self.model.receive_buffer(body.names, self.model.dtype) if same else None
+                if direct is not None and direct.numel() == size:  # the bucket is our own layout: in place
+                    group.broadcast(direct)
+                else:
+                    flat = self._bucket.get(body.group_name)
+                    if flat is None or flat.numel() != size:  # kept: fresh pages cost as much as the transfer
+                        flat = self._bucket[body.group_name] = torch.empty(
+                            size, dtype=torch.uint8, device=device
+                        )
+                    group.broadcast(flat)
+                    received = weight_sync.split_bytes(flat, dtypes, body.shapes)
+                    for name, tensor in zip(body.names, received, strict=True):
+                        self.model.update_tensor(name, tensor)
             else:
                 for name, dtype, shape in zip(body.names, dtypes, body.shapes, strict=True):
                     buf = torch.empty(shape, dtype=dtype, device=device)

@@ -8,6 +8,7 @@ token-granular pool). Attention for decode rows is batched; each prefill segment
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,6 +143,7 @@ class TransformerLM:
         self.lm_head: torch.Tensor
         self._cos = torch.empty(0)
         self._sin = torch.empty(0)
+        self._flat: torch.Tensor | None = None  # every weight is a view of it (None: released)
 
     @property
     def loaded(self) -> bool:
@@ -149,7 +151,9 @@ class TransformerLM:
         return self.embed is not None
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Hugging Face parameter names and shapes this model accepts in a weight update."""
+        """Hugging Face parameter names and shapes this model accepts in a weight update, in the order its weights
+        lie in memory: that of the Hugging Face modules (with attention biases after the q, k and v weights, which
+        Hugging Face interleaves), so a trainer's flat weight buffer arrives in place (`receive_buffer`)."""
         s = self.spec
         q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
         shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (s.vocab_size, s.hidden_size)}
@@ -159,25 +163,34 @@ class TransformerLM:
                 p + "self_attn.q_proj.weight": (q, s.hidden_size),
                 p + "self_attn.k_proj.weight": (kv, s.hidden_size),
                 p + "self_attn.v_proj.weight": (kv, s.hidden_size),
-                p + "self_attn.o_proj.weight": (s.hidden_size, q),
-                p + "input_layernorm.weight": (s.hidden_size,),
-                p + "post_attention_layernorm.weight": (s.hidden_size,),
-                p + "mlp.gate_proj.weight": (s.intermediate_size, s.hidden_size),
-                p + "mlp.up_proj.weight": (s.intermediate_size, s.hidden_size),
-                p + "mlp.down_proj.weight": (s.hidden_size, s.intermediate_size),
             }
             if s.attention_bias:
                 shapes |= {p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,)}
                 shapes |= {p + "self_attn.v_proj.bias": (kv,)}
+            shapes[p + "self_attn.o_proj.weight"] = (s.hidden_size, q)
             if s.qk_norm:
                 shapes |= {
                     p + "self_attn.q_norm.weight": (s.head_dim,),
                     p + "self_attn.k_norm.weight": (s.head_dim,),
                 }
+            shapes |= {
+                p + "mlp.gate_proj.weight": (s.intermediate_size, s.hidden_size),
+                p + "mlp.up_proj.weight": (s.intermediate_size, s.hidden_size),
+                p + "mlp.down_proj.weight": (s.hidden_size, s.intermediate_size),
+                p + "input_layernorm.weight": (s.hidden_size,),
+                p + "post_attention_layernorm.weight": (s.hidden_size,),
+            }
         shapes["model.norm.weight"] = (s.hidden_size,)
         if not s.tie_word_embeddings:
             shapes["lm_head.weight"] = (s.vocab_size, s.hidden_size)
         return shapes
+
+    def receive_buffer(self, names: list[str], dtype: torch.dtype) -> torch.Tensor | None:
+        """The weights' own memory as bytes, when an update of ``names`` (in that order, of ``dtype``) covers it
+        exactly: a flattened bucket can then be received in place, with no copy. None otherwise."""
+        if self._flat is None or dtype != self.dtype or names != list(self.param_shapes()):
+            return None
+        return self._flat.view(torch.uint8)
 
     def load_dir(self, model_dir: str | Path) -> None:
         """Load every ``*.safetensors`` file of a Hugging Face model directory."""
@@ -200,29 +213,44 @@ class TransformerLM:
         for name, shape in shapes.items():
             if tuple(tensors[name].shape) != shape:
                 raise ConfigError(f"weight {name} has shape {tuple(tensors[name].shape)}, expected {shape}")
-        t = {n: tensors[n].to(self.device, self.dtype) for n in shapes}
+        # One buffer in param_shapes order; every weight (and each fused pair or triple) is a view of it.
+        flat = torch.empty(
+            sum(math.prod(shape) for shape in shapes.values()), device=self.device, dtype=self.dtype
+        )
+        t: dict[str, torch.Tensor] = {}
+        start: dict[str, int] = {}
+        at = 0
+        for name, shape in shapes.items():
+            start[name], t[name] = at, flat[at : at + math.prod(shape)].view(shape)
+            t[name].copy_(tensors[name])
+            at += math.prod(shape)
+
+        def fused(first: str, last: str) -> torch.Tensor:
+            """The rows of ``first`` through ``last``, adjacent in the buffer, as one matrix."""
+            return flat[start[first] : start[last] + t[last].numel()].view(-1, t[first].shape[1])
+
         layers = []
         for i in range(self.spec.num_layers):
             p = f"model.layers.{i}."
             layer = _Layer()
-            layer.qkv = torch.cat([t[p + f"self_attn.{x}_proj.weight"] for x in "qkv"]).contiguous()
-            if self.spec.attention_bias:
-                layer.qkv_bias = torch.cat([t[p + f"self_attn.{x}_proj.bias"] for x in "qkv"])
+            layer.qkv = fused(p + "self_attn.q_proj.weight", p + "self_attn.v_proj.weight")
+            if self.spec.attention_bias:  # the biases follow the three weights, adjacent too
+                q_bias, v_bias = p + "self_attn.q_proj.bias", p + "self_attn.v_proj.bias"
+                layer.qkv_bias = flat[start[q_bias] : start[v_bias] + t[v_bias].numel()]
             layer.o = t[p + "self_attn.o_proj.weight"]
             if self.spec.qk_norm:
                 layer.q_norm = t[p + "self_attn.q_norm.weight"]
                 layer.k_norm = t[p + "self_attn.k_norm.weight"]
             layer.ln1 = t[p + "input_layernorm.weight"]
             layer.ln2 = t[p + "post_attention_layernorm.weight"]
-            layer.gate_up = torch.cat(
-                [t[p + "mlp.gate_proj.weight"], t[p + "mlp.up_proj.weight"]]
-            ).contiguous()
+            layer.gate_up = fused(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
             layer.down = t[p + "mlp.down_proj.weight"]
             layers.append(layer)
         self.layers = layers
         self.embed = t["model.embed_tokens.weight"]
         self.norm = t["model.norm.weight"]
         self.lm_head = self.embed if self.spec.tie_word_embeddings else t["lm_head.weight"]
+        self._flat = flat
 
     def update_tensor(self, name: str, value: torch.Tensor) -> None:
         """Replace one Hugging Face-named weight in place (used by streamed weight updates)."""
@@ -273,7 +301,7 @@ class TransformerLM:
 
     def release(self) -> None:
         """Drop the weights (memory release); ``load_*`` brings them back."""
-        self.layers, self.embed = [], None
+        self.layers, self.embed, self._flat = [], None, None
         self.norm = self.lm_head = torch.empty(0)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
