@@ -144,7 +144,11 @@ def main() -> None:
     args = parser.parse_args()
     console = Console()
     torch.set_num_threads(1)
-    result: dict[str, Any] = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "torch": torch.__version__}
+    result: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+    }
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         models = {p: init_model(tmp / p, preset=p) for p in ("tiny", "small")}
@@ -153,13 +157,17 @@ def main() -> None:
         for col in ("preset", "parameters", "join", "target"):
             table.add_column(col, justify="right")
         for preset, (summary, _) in joins.items():
-            table.add_row(preset, f"{count_parameters(models[preset]):,}", f"{summary.join_s:.3f} s", "< 1 s (tiny)")
+            table.add_row(
+                preset, f"{count_parameters(models[preset]):,}", f"{summary.join_s:.3f} s", "< 1 s (tiny)"
+            )
         console.print(table)
 
         small, push_s = joins["small"]
         raw_s = raw_broadcast(small.weights_bytes // 4)
         mb = small.weights_bytes / 1e6
-        table = Table(title=f"Weight transfer, small preset ({mb:.0f} MB fp32), vs raw gloo broadcast of the same bytes")
+        table = Table(
+            title=f"Weight transfer, small preset ({mb:.0f} MB fp32), vs raw gloo broadcast of the same bytes"
+        )
         for col in ("path", "seconds", "MB/s", "share of raw", "target"):
             table.add_column(col, justify="right")
         rows = [("raw broadcast (1 tensor)", raw_s), ("core -> satellite", small.weights_s),
@@ -170,8 +178,12 @@ def main() -> None:
 
         items = micro_steps(args.micro_steps, args.tokens)
         counts = () if args.no_throughput else (1, 2, 3)
-        speeds = {n: max(throughput(models["tiny"], tmp, n, items, t) for t in range(args.trials)) for n in counts}
-        table = Table(title=f"Step throughput, tiny preset, {len(items)} micro-steps of ~{args.tokens} tokens")
+        speeds = {
+            n: max(throughput(models["tiny"], tmp, n, items, t) for t in range(args.trials)) for n in counts
+        }
+        table = Table(
+            title=f"Step throughput, tiny preset, {len(items)} micro-steps of ~{args.tokens} tokens"
+        )
         for col in ("trainer processes", "tokens/s", "vs 1 process"):
             table.add_column(col, justify="right")
         for n, speed in speeds.items():
@@ -181,7 +193,12 @@ def main() -> None:
 
     result |= {
         "join_s": {p: s.join_s for p, (s, _) in joins.items()},
-        "transfer": {"bytes": small.weights_bytes, "raw_s": raw_s, "satellite_s": small.weights_s, "engine_s": push_s},
+        "transfer": {
+            "bytes": small.weights_bytes,
+            "raw_s": raw_s,
+            "satellite_s": small.weights_s,
+            "engine_s": push_s,
+        },
         "throughput_tok_s": speeds,
         "micro_steps": args.micro_steps,
         "tokens": args.tokens,

@@ -43,6 +43,14 @@ _LAZY = {
     "launch_embedded": "gyre.engine.launch",
     "launch_sglang": "gyre.engine.launch",
     "load_config": "gyre.config",
+    "TrainerConfig": "gyre.config",
+    "TrainerClient": "gyre.train.client",
+    "Satellite": "gyre.train.satellite",
+    "run_core": "gyre.train.core",
+    "launch_core": "gyre.train.client",
+    "launch_satellite": "gyre.train.client",
+    "Rollout": "gyre.train",
+    "build_step": "gyre.train",
 }
 
 __all__ = sorted(_LAZY)

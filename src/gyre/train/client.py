@@ -65,6 +65,10 @@ class TrainerClient:
         self._sock.send(_encoder.encode(request))
         wait_s = self.timeout_s if timeout_s is None else timeout_s
         if not self._sock.poll(int(wait_s * 1000)):
+            self._sock.close(0)  # a late answer must not be taken for the next request's
+            self._sock = zmq.Context.instance().socket(zmq.DEALER)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.connect(self.address)
             raise TrainerError(
                 f"the core at {self.address} did not answer {type(request).__name__} in {wait_s:g} s"
             )

@@ -38,12 +38,15 @@ def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 60.0) 
 class Cluster:
     """A core trainer process, satellites, and a client."""
 
-    def __init__(self, model: Path, tmp: Path, core_computes: bool, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self, model: Path, tmp: Path, core_computes: bool, timeout_s: float = 30.0, resume: Path | None = None
+    ) -> None:
         self.tmp = tmp
         self.address = f"tcp://127.0.0.1:{free_port()}"
         overrides = [f'trainer.model_path="{model}"', f"trainer.learning_rate={LR}", "trainer.num_threads=1",
                      f"trainer.core_computes={str(core_computes).lower()}", "trainer.heartbeat_s=0.25",
-                     f"trainer.member_timeout_s={timeout_s}", "trainer.transfer_timeout_s=20"]  # fmt: skip
+                     f"trainer.member_timeout_s={timeout_s}", "trainer.transfer_timeout_s=20",
+                     *([f'trainer.resume_from="{resume}"'] if resume else [])]  # fmt: skip
         self.core = launch_core(None, overrides, self.address, log=tmp / "core.log")
         self.client = TrainerClient(self.address)
         self.satellites: dict[str, subprocess.Popen[bytes]] = {}
@@ -233,3 +236,32 @@ def test_attached_engines_get_every_update_and_generate_what_a_freshly_loaded_en
         loaded, _ = asyncio.run(generate(fresh.url))
     assert pushed == loaded
     assert pushed != before
+
+
+def test_a_core_resumed_from_a_checkpoint_makes_the_same_next_update(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    first, second = random_micro_steps(41, 8), random_micro_steps(42, 8)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    with cluster(tiny_model, tmp_path / "a") as c:
+        c.client.submit(0, first, seal=True, data_cursor={"executions": 16})
+        c.client.wait_step(0, timeout_s=300)
+        saved = c.client.save_checkpoint(tmp_path / "after-step-0")
+        c.client.submit(1, second, seal=True)
+        c.client.wait_step(1, timeout_s=300)
+        straight = c.weights_after(tmp_path / "straight")
+    resumed = Cluster(tiny_model, tmp_path / "b", core_computes=True, resume=saved)
+    try:
+        assert resumed.stats().step == 1  # it continues at the next step, with the next version
+        with pytest.raises(TrainerError, match="sealed or applied"):
+            resumed.client.submit(0, first, seal=True)
+        resumed.client.submit(1, second, seal=True)
+        assert resumed.client.wait_step(1, timeout_s=300).version == 2
+        again = resumed.weights_after(tmp_path / "resumed")
+    finally:
+        resumed.close()
+    for name, tensor in straight[0].items():
+        assert torch.equal(tensor, again[0][name]), name  # bit for bit
+    for key, tensor in straight[1].items():
+        assert torch.equal(tensor, again[1][key]), key
