@@ -29,6 +29,7 @@ import itertools
 import logging
 import math
 import queue as queue_mod
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -147,7 +148,10 @@ class CoreTrainer:
         bind = cfg.bind[:-2] + ":*" if cfg.bind.endswith(":0") else cfg.bind
         self.router.bind(bind)
         self.address = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
-        self.group_host = cfg.group_host or urlparse(self.address.replace("tcp://", "http://")).hostname or ""
+        bound = urlparse(self.address.replace("tcp://", "http://")).hostname or ""
+        if bound in ("", "0.0.0.0", "::", "*"):  # listening everywhere: members reach us by our name
+            bound = socket.gethostbyname(socket.gethostname())
+        self.group_host = cfg.group_host or bound
         self._events_at = f"inproc://gyre-core-events-{id(self)}"
         self.events = self.ctx.socket(zmq.PULL)
         self.events.bind(self._events_at)
