@@ -265,3 +265,35 @@ def test_a_core_resumed_from_a_checkpoint_makes_the_same_next_update(
         assert torch.equal(tensor, again[0][name]), name  # bit for bit
     for key, tensor in straight[1].items():
         assert torch.equal(tensor, again[1][key]), key
+
+
+def test_a_satellite_that_left_rejoins_a_later_step_over_the_group_it_kept(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    import threading
+
+    from gyre.train.satellite import Satellite, SatelliteSummary
+
+    with cluster(tiny_model, tmp_path, core_computes=False) as c:
+        satellite = Satellite(c.address, "cell-1", num_threads=1)
+        runs: list[SatelliteSummary] = []
+
+        def join() -> threading.Thread:
+            thread = threading.Thread(target=lambda: runs.append(satellite.run()))
+            thread.start()
+            return thread
+
+        thread = join()
+        c.client.submit(0, random_micro_steps(51, 4), seal=True)
+        assert c.client.wait_step(0, timeout_s=300).by_member == {"cell-1": 4}
+        c.client.release("cell-1")
+        thread.join(timeout=60)
+        group = satellite.group_name
+        assert c.stats().members == {"cell-1": "parked"} and runs[0].micro_steps == 4
+        thread = join()  # the same process joins again: no new group, the step's weights again
+        c.client.submit(1, random_micro_steps(52, 4), seal=True)
+        assert c.client.wait_step(1, timeout_s=300).by_member == {"cell-1": 4}
+        assert satellite.group_name == group
+        c.client.release("cell-1")
+        thread.join(timeout=60)
+        assert runs[1].micro_steps == 4
