@@ -44,7 +44,7 @@ def supervised_loss(logprobs: torch.Tensor, micro: MicroStep, coef: float = 1.0)
 def _policy_terms(
     logprobs: torch.Tensor, micro: MicroStep, cfg: LossConfig
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Loss, ratio, clipped mask and truncated mask of a policy micro-step."""
+    """Loss, ratio (before truncation, for the figures), clipped mask and truncated mask of a policy micro-step."""
     if micro.objective != "policy":
         raise ValueError(
             "the policy-gradient loss refuses a supervised micro-step: its tokens were not sampled by the policy"
@@ -54,6 +54,7 @@ def _policy_terms(
     advantages = torch.tensor(micro.advantages, device=device, dtype=dtype)
     behaviour = torch.tensor(micro.behaviour_logprobs, device=device, dtype=dtype)
     ratio = torch.exp(logprobs - behaviour)
+    raw = ratio.detach().clamp(max=1e9)  # finite however far sampler and trainer disagree (figures are JSON)
     truncated = torch.zeros_like(ratio, dtype=torch.bool)
     if cfg.tis_cap > 0:
         value = ratio.detach()
@@ -63,7 +64,7 @@ def _policy_terms(
     clipped_value = ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high) * advantages
     surrogate = torch.minimum(unclipped, clipped_value)
     clipped = (clipped_value < unclipped).detach()
-    return -(weights * surrogate).sum(), ratio.detach(), clipped, truncated
+    return -(weights * surrogate).sum(), raw, clipped, truncated
 
 
 def compute_gradients(

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from test_checkpoints import random_micro_steps, train_step
 
-from gyre.config import TrainerConfig
+from gyre.config import LossConfig, TrainerConfig
 from gyre.engine.launch import free_port
 from gyre.protocol import MicroStep, StepMetrics, TrainerStatistics
 from gyre.train.client import TrainerClient, TrainerError, launch_core, launch_satellite
@@ -39,14 +39,20 @@ class Cluster:
     """A core trainer process, satellites, and a client."""
 
     def __init__(
-        self, model: Path, tmp: Path, core_computes: bool, timeout_s: float = 30.0, resume: Path | None = None
+        self,
+        model: Path,
+        tmp: Path,
+        core_computes: bool,
+        timeout_s: float = 30.0,
+        resume: Path | None = None,
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.tmp = tmp
         self.address = f"tcp://127.0.0.1:{free_port()}"
         overrides = [f'trainer.model_path="{model}"', f"trainer.learning_rate={LR}", "trainer.num_threads=1",
                      f"trainer.core_computes={str(core_computes).lower()}", "trainer.heartbeat_s=0.25",
                      f"trainer.member_timeout_s={timeout_s}", "trainer.transfer_timeout_s=20",
-                     *([f'trainer.resume_from="{resume}"'] if resume else [])]  # fmt: skip
+                     *([f'trainer.resume_from="{resume}"'] if resume else []), *extra]  # fmt: skip
         self.core = launch_core(None, overrides, self.address, log=tmp / "core.log")
         self.client = TrainerClient(self.address)
         self.satellites: dict[str, subprocess.Popen[bytes]] = {}
@@ -61,6 +67,12 @@ class Cluster:
     def weights_after(self, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         saved = self.client.save_checkpoint(path)
         return load_file(str(saved / "model.safetensors")), load_file(str(saved / "optimizer.safetensors"))
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         for proc in self.satellites.values():
@@ -86,12 +98,13 @@ def cluster(model: Path, tmp: Path, core_computes: bool = True, timeout_s: float
         c.close()
 
 
-def reference(model: Path, items: list[MicroStep]) -> TrainState:
+def reference(model: Path, items: list[MicroStep], kl_coef: float = 0.0) -> TrainState:
     """One process computing the whole batch."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        state = TrainState(TrainerConfig(model_path=str(model), learning_rate=LR))
+        cfg = TrainerConfig(model_path=str(model), learning_rate=LR, loss=LossConfig(kl_coef=kl_coef))
+        state = TrainState(cfg)
         train_step(state, items)
         return state
     finally:
@@ -297,3 +310,19 @@ def test_a_satellite_that_left_rejoins_a_later_step_over_the_group_it_kept(
         c.client.release("cell-1")
         thread.join(timeout=60)
         assert runs[1].micro_steps == 4
+
+
+def test_with_a_kl_term_satellites_get_the_reference_and_the_update_still_matches(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    first, second = random_micro_steps(61, 6), random_micro_steps(62, 6)
+    with Cluster(tiny_model, tmp_path, core_computes=False, extra=("trainer.loss.kl_coef=0.5",)) as c:
+        c.start("sat")
+        c.client.submit(0, first, seal=True)  # after this step the weights differ from the reference
+        c.client.submit(1, second, seal=True)
+        metrics = c.client.wait_step(1, timeout_s=300)
+        assert metrics.by_member == {"sat": 6} and metrics.kl > 0
+        got = c.weights_after(tmp_path / "ckpt")
+    want = reference(tiny_model, first, kl_coef=0.5)
+    train_step(want, second)
+    assert_same_update(got, want)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,3 +82,19 @@ def test_build_step_refuses_scripted_records_for_the_policy_gradient_and_trains_
     assert build_step(
         [Rollout(execution_id="e", group="t", reward=1.0, records=[_record("policy")])]
     ).micro_steps
+
+
+def test_a_micro_steps_figures_count_trained_tokens_staleness_and_clipping(tiny_model: Path) -> None:
+    from gyre.train.objective import compute_gradients
+    from gyre.train.state import load_model
+
+    model = load_model(tiny_model)
+    m = MicroStep(input_ids=[5, 6, 7, 8], position_ids=[0, 1, 2, 3], parents=[-1, 0, 1, 2],
+                  weights=[0.0, 0.0, 0.5, 0.5], advantages=[1.0] * 4, behaviour_logprobs=[0.0, 0.0, -50.0, -5.5],
+                  versions=[-1, -1, 1, 3], sequences=1)  # fmt: skip
+    stats = compute_gradients(model, m, LossConfig(tis_cap=2.0), policy_version=4)
+    assert (stats.tokens, stats.policy_tokens, stats.computed_tokens) == (2, 2, 4)
+    assert (stats.staleness_sum, stats.staleness_max) == (3 + 1, 3)
+    assert stats.truncated == 1  # exp(-5.x + 50) is far above the cap
+    assert stats.clipped >= 1 and stats.ratio_max > 2.0 and stats.entropy_sum > 0
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
