@@ -23,7 +23,6 @@ create; the others report back through an inproc PUSH/PULL pair.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import logging
@@ -166,7 +165,7 @@ class CoreTrainer:
         self.engines: dict[str, tuple[Any, weight_sync.WeightGroup, str]] = {}  # url -> client, group, name
         self._engine_loop = asyncio.new_event_loop()
         threading.Thread(target=self._engine_loop.run_forever, name="engine-push", daemon=True).start()
-        self._pushes: list[Any] = []
+        self._pushes: list[tuple[str, Any]] = []  # (engine url, future) of the pushes of the last update
         self.push_s: dict[str, float] = {}  # engine url -> seconds of its fastest push
         self._group_names = itertools.count()
         self.stopping = False
@@ -215,7 +214,7 @@ class CoreTrainer:
         self._engine_loop.call_soon_threadsafe(self._engine_loop.stop)
         for sock in self._pushers:  # their threads are done with them
             sock.close(0)
-        self.router.close(0)
+        self.router.close(linger=2000)  # the last replies (Shutdown's Ack, members' Leave) still go out
         self.events.close(0)
 
     def _reply(self, identity: bytes, message: TrainerReply) -> None:
@@ -472,9 +471,11 @@ class CoreTrainer:
     def _finish_step(self) -> None:
         q = self.queue
         step = q.step
-        for push in self._pushes:  # the previous version reached every engine before the weights change
-            with contextlib.suppress(Exception):
+        for url, push in self._pushes:  # the previous version reached every engine before the weights change
+            try:
                 push.result()
+            except Exception as exc:  # the engine keeps its older version; the controller decides what to do
+                log.warning("weight push to %s failed: %s", url, exc)
         self._pushes = []
         with self.weights_lock:
             norm, lr = self.state.apply()
@@ -487,7 +488,7 @@ class CoreTrainer:
             root = Path(self.cfg.checkpoint_dir or "checkpoints")
             self.state.save(root / f"step-{self.state.step}")
         for url in self.engines:
-            self._pushes.append(asyncio.run_coroutine_threadsafe(self._push(url), self._engine_loop))
+            self._pushes.append((url, asyncio.run_coroutine_threadsafe(self._push(url), self._engine_loop)))
         q.open(self.state.step)
         if self.state.step in self.future:
             q.add(self.future.pop(self.state.step), seal=self.state.step in self.sealed_at)
