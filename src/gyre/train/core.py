@@ -141,7 +141,9 @@ class CoreTrainer:
         self.state = TrainState(cfg)
         self.queue = StepQueue()
         self.queue.open(self.state.step)
-        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = (
+            zmq.Context()
+        )  # its own: closing waits for the last replies
         self.router = self.ctx.socket(zmq.ROUTER)
         self.router.setsockopt(zmq.LINGER, 0)
         bind = cfg.bind[:-2] + ":*" if cfg.bind.endswith(":0") else cfg.bind
@@ -156,6 +158,8 @@ class CoreTrainer:
         self.events.bind(self._events_at)
         self._local = threading.local()
         self._pushers: list[zmq.Socket[bytes]] = []  # each thread's socket to the coordinator
+        self._notify_lock = threading.Lock()
+        self._closed = False
         self.members: dict[str, _Member] = {}
         self.future: dict[int, list[MicroStep]] = {}  # micro-steps submitted for steps not open yet
         self.sealed_at: dict[int, dict[str, Any]] = {}  # step -> data cursor, once sealed
@@ -212,23 +216,29 @@ class CoreTrainer:
         if self._worker is not None:
             self._worker.join(timeout=30)  # it finishes the micro-step it computes
         self._engine_loop.call_soon_threadsafe(self._engine_loop.stop)
-        for sock in self._pushers:  # their threads are done with them
-            sock.close(0)
+        with self._notify_lock:  # no thread makes or uses its socket after this
+            self._closed = True
+            for sock in self._pushers:
+                sock.close(0)
         self.router.close(linger=2000)  # the last replies (Shutdown's Ack, members' Leave) still go out
         self.events.close(0)
+        self.ctx.term()  # returns once they are sent (or the linger ran out)
 
     def _reply(self, identity: bytes, message: TrainerReply) -> None:
         self.router.send_multipart([identity, _encoder.encode(message)])
 
     def _notify(self, *event: Any) -> None:
-        """From any thread: hand an event to the coordinator."""
-        sock = getattr(self._local, "push", None)
-        if sock is None:
-            sock = self._local.push = self.ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(self._events_at)
-            self._pushers.append(sock)
-        sock.send(msgspec.msgpack.encode(list(event)))
+        """From any thread: hand an event to the coordinator (dropped once the core is closing)."""
+        with self._notify_lock:
+            if self._closed:
+                return
+            sock = getattr(self._local, "push", None)
+            if sock is None:
+                sock = self._local.push = self.ctx.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(self._events_at)
+                self._pushers.append(sock)
+            sock.send(msgspec.msgpack.encode(list(event)))
 
     # ---- requests -----------------------------------------------------------------------------------------------
     def _handle(self, identity: bytes, payload: bytes) -> None:
