@@ -76,7 +76,7 @@ from gyre.protocol import (
     Welcome,
 )
 from gyre.train.objective import compute_gradients, merge_stats
-from gyre.train.queue import StepQueue
+from gyre.train.queue import StepQueue, check_micro_step
 from gyre.train.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -398,6 +398,13 @@ class CoreTrainer:
                 identity, Refused(reason=f"step {step} is sealed or applied (open step: {self.queue.step})")
             )
             return
+        vocab = int(self.state.model.config.vocab_size)
+        for i, micro in enumerate(message.micro_steps):
+            if (problem := check_micro_step(micro, vocab)) is not None:
+                self._reply(
+                    identity, Refused(reason=f"step {step}, micro-step {i} of this submit: {problem}")
+                )
+                return
         if message.seal and not message.micro_steps and not self._has_data(step):
             self._reply(
                 identity, Refused(reason=f"step {step} has no micro-steps; an empty step cannot be sealed")
@@ -432,6 +439,8 @@ class CoreTrainer:
                 member = self.members.get(name)
                 if member is not None and member.state != "gone":
                     self._gone(member, f"its transfer failed: {reason}")
+            case ["requeued"]:
+                self._wake_idle()
             case ["reply", identity, kind, text]:
                 self._reply(identity, Ack(detail=text) if kind == "ack" else Refused(reason=text))
 
@@ -470,7 +479,16 @@ class CoreTrainer:
             if claimed is None:
                 continue
             index, micro = claimed
-            stats = compute_gradients(model, micro, loss, version, self.state.reference)
+            try:
+                stats = compute_gradients(model, micro, loss, version, self.state.reference)
+            except Exception:  # submissions are checked; this is a bug or the machine (memory): say so loudly
+                log.exception(
+                    "the core failed computing micro-step %d of step %d; it is claimed again", index, step
+                )
+                model.zero_grad(set_to_none=True)
+                self.queue.release(CORE)
+                self.stopping = True  # a core that cannot compute must not hold the step hostage silently
+                return
             with self.queue.lock:
                 if step == self.queue.step:
                     self.queue.finish(index, CORE, stats, self.state.add_model_gradients)

@@ -8,12 +8,39 @@ A member that leaves or goes silent gives its unfinished claims back to the fron
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
 
 from gyre.protocol import MicroStats, MicroStep
+from gyre.train.loss import sequence_bounds
+
+
+def check_micro_step(micro: MicroStep, vocab_size: int) -> str | None:
+    """What is wrong with a submitted micro-step (None: nothing), so bad input is refused at the door instead of
+    failing a member mid-step."""
+    n = len(micro.input_ids)
+    lengths = {len(getattr(micro, f)) for f in ("position_ids", "parents", "weights", "advantages",
+                                                  "behaviour_logprobs", "versions")}  # fmt: skip
+    if n == 0 or lengths != {n}:
+        return (
+            f"its per-token lists have lengths {sorted(lengths)} for {n} input ids (all must be equal, > 0)"
+        )
+    if not all(0 <= t < vocab_size for t in micro.input_ids):
+        return f"an input id lies outside the model's vocabulary of {vocab_size}"
+    if min(micro.position_ids) < 0:
+        return "a position id is negative"
+    if not all(math.isfinite(w) and w >= 0 for w in micro.weights):
+        return "a loss weight is negative, NaN or infinite"
+    if not all(math.isfinite(x) for x in (*micro.advantages, *micro.behaviour_logprobs)):
+        return "an advantage or behaviour logprob is NaN or infinite"
+    try:
+        sequence_bounds(micro.parents)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 class StepQueue:

@@ -12,8 +12,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
+import zmq
 from safetensors.torch import load_file
 from test_checkpoints import random_micro_steps, train_step
 
@@ -215,6 +217,29 @@ def test_a_released_satellite_finishes_its_micro_step_and_leaves(tiny_model: Pat
         with pytest.raises(TrainerError, match="has no micro-steps"):
             c.client.submit(0, [], seal=True)
         assert (c.stats().step, c.stats().sealed) == (0, False)
+        good = random_micro_steps(71, 2)
+        bad = {
+            "outside the model's vocabulary": msgspec.structs.replace(
+                good[0], input_ids=[10**6] * len(good[0].input_ids)
+            ),
+            "lengths": msgspec.structs.replace(good[0], weights=good[0].weights[:-1]),
+            "lies outside its sequence": msgspec.structs.replace(
+                good[0], parents=[-1, 5, *good[0].parents[2:]]
+            ),
+            "negative, NaN or infinite": msgspec.structs.replace(
+                good[0], weights=[float("nan")] * len(good[0].weights)
+            ),
+        }
+        for reason, micro in bad.items():
+            with pytest.raises(TrainerError, match=reason):
+                c.client.submit(0, [good[1], micro], seal=True)
+        raw = zmq.Context.instance().socket(zmq.DEALER)  # not a trainer request at all
+        raw.connect(c.address)
+        raw.send(b"\x93garbage")
+        assert raw.poll(10_000) and b"not a trainer request" in raw.recv()
+        raw.close(0)
+        c.client.submit(0, good, seal=True)  # nothing of the refused submits went in
+        assert c.client.wait_step(0, timeout_s=300).micro_steps == 2
 
 
 def test_attached_engines_get_every_update_and_generate_what_a_freshly_loaded_engine_does(
