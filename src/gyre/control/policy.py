@@ -1,0 +1,150 @@
+"""The scheduling policy (DESIGN section 4): which cells serve, which train, how many executions to dispatch.
+
+A pure function of what the controller observes: no I/O, no clock, no state of its own. The live controller and the
+simulator (`gyre sim`) build the same `Observation` from their cells and executions and carry out the same actions,
+so a decision can be replayed from a trace.
+
+Three modes, everything else equal:
+- ``elastic``: cells leave serving in order (the core first, then satellites), one at a time, when the outstanding
+  executions fit in the serving capacity without the leaving cell (water level ``w <= C_R - C_e``) and there is
+  training data; a training cell goes back to serving when there is nothing to train or the serving cells cannot
+  hold the outstanding executions, satellites first (the last in order first), the core last and only between
+  steps. Executions are dispatched into free serving capacity; with ``overlap`` the next burst's executions too, as
+  long as the weights they would be sampled with are at most ``max_staleness`` versions older than the step they
+  train in.
+- ``colocate``: every cell samples a burst, then every cell trains on it (a barrier per step).
+- ``async``: a fixed split, the first ``async_train_cells`` cells always train, the others always serve; sampling
+  runs ahead of training by at most ``max_staleness`` versions.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+Mode = Literal["elastic", "colocate", "async"]
+Role = Literal["serving", "draining", "training", "resuming", "gone"]  # draining/resuming: switching
+
+
+class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How the controller schedules cells (the ``[controller]`` settings it needs)."""
+
+    mode: Mode = "elastic"
+    overlap: bool = True  # elastic: dispatch the next burst into capacity the tail frees
+    max_staleness: Annotated[int, msgspec.Meta(ge=0)] = 1  # versions between sampling and training
+    async_train_cells: Annotated[int, msgspec.Meta(ge=1)] = 1  # async: cells that always train
+
+
+class CellView(msgspec.Struct, frozen=True, kw_only=True):
+    """One cell as the policy sees it."""
+
+    name: str
+    role: Role
+    capacity: Annotated[int, msgspec.Meta(ge=0)]  # executions it hosts while serving
+    standalone: bool = False  # serves only, never trains
+
+
+class Observation(msgspec.Struct, frozen=True, kw_only=True):
+    """What the policy decides on. ``cells`` are in order: the core first, then satellites, then standalone servers."""
+
+    cells: tuple[CellView, ...]
+    in_flight: int  # executions dispatched and not finished (all bursts): the water level
+    undispatched: int  # executions of the current burst not dispatched yet
+    next_burst: int  # executions of the next burst that could be dispatched (overlap)
+    data_ready: bool  # training data for the step to train now is ready (whole groups; a step streams)
+    step_running: bool  # a step is under way on the training cells
+    version: int  # the weights serving cells sample with
+    next_burst_step: int  # the step the next burst's executions will train in
+
+
+class ToTrain(msgspec.Struct, frozen=True, tag="to_train"):
+    """Move a serving cell to training (drain, release its engine memory, join the step)."""
+
+    cell: str
+
+
+class ToServe(msgspec.Struct, frozen=True, tag="to_serve"):
+    """Move a training cell back to serving (leave the step, resume memory, take the new weights)."""
+
+    cell: str
+
+
+class Dispatch(msgspec.Struct, frozen=True, tag="dispatch"):
+    """Start ``current`` executions of the current burst and ``next`` of the next one."""
+
+    current: int
+    next: int = 0
+
+
+Action = ToTrain | ToServe | Dispatch
+
+
+def decide(cfg: PolicyConfig, obs: Observation) -> list[Action]:
+    """The actions to take now (role moves first, then at most one dispatch)."""
+    moves = {"elastic": _elastic, "colocate": _colocate, "async": _async}[cfg.mode](cfg, obs)
+    serving_after = _serving_capacity(obs, moves)
+    return [*moves, *_dispatch(cfg, obs, serving_after, moves)]
+
+
+def _trainable(obs: Observation) -> list[CellView]:
+    return [c for c in obs.cells if not c.standalone and c.role != "gone"]
+
+
+def _serving_capacity(obs: Observation, moves: list[Action]) -> int:
+    leaving = {m.cell for m in moves if isinstance(m, ToTrain)}
+    return sum(c.capacity for c in obs.cells if c.role == "serving" and c.name not in leaving)
+
+
+def _elastic(cfg: PolicyConfig, obs: Observation) -> list[Action]:
+    if any(c.role in ("draining", "resuming") for c in obs.cells):
+        return []  # moves are serial: one switch at a time
+    cells = _trainable(obs)
+    serving_capacity = sum(c.capacity for c in obs.cells if c.role == "serving")
+    training = [c for c in cells if c.role == "training"]
+    if training and (not obs.data_ready or obs.in_flight > serving_capacity):
+        satellites = [c for c in training if c is not cells[0]]
+        if satellites:
+            return [ToServe(satellites[-1].name)]
+        if not obs.step_running:  # the core leaves only between steps
+            return [ToServe(training[0].name)]
+        return []
+    if not obs.data_ready:
+        return []
+    candidate = next((c for c in cells if c.role == "serving"), None)
+    if candidate is None or any(c.role == "serving" for c in cells[: cells.index(candidate)]):
+        return []
+    if obs.in_flight <= serving_capacity - candidate.capacity:  # the water level leaves room without it
+        return [ToTrain(candidate.name)]
+    return []
+
+
+def _colocate(cfg: PolicyConfig, obs: Observation) -> list[Action]:
+    cells = _trainable(obs)
+    burst_done = obs.in_flight == 0 and obs.undispatched == 0
+    train = obs.step_running or (obs.data_ready and burst_done)
+    if train:
+        return [ToTrain(c.name) for c in cells if c.role == "serving"]
+    return [ToServe(c.name) for c in cells if c.role == "training"]
+
+
+def _async(cfg: PolicyConfig, obs: Observation) -> list[Action]:
+    cells = _trainable(obs)
+    trainers = {c.name for c in cells[: cfg.async_train_cells]}
+    moves: list[Action] = [ToTrain(c.name) for c in cells if c.name in trainers and c.role == "serving"]
+    return moves + [ToServe(c.name) for c in cells if c.name not in trainers and c.role == "training"]
+
+
+def _dispatch(
+    cfg: PolicyConfig, obs: Observation, serving_capacity: int, moves: list[Action]
+) -> list[Action]:
+    free = max(serving_capacity - obs.in_flight, 0)
+    if cfg.mode == "colocate" and (obs.step_running or any(c.role == "training" for c in obs.cells) or
+                                   any(isinstance(m, ToTrain) for m in moves)):  # fmt: skip
+        return []  # the barrier: nothing is sampled while the cells train
+    current = min(obs.undispatched, free)
+    free -= current
+    fresh = obs.next_burst_step - obs.version <= cfg.max_staleness
+    overlap = cfg.mode == "async" or (cfg.mode == "elastic" and cfg.overlap)
+    later = min(obs.next_burst, free) if overlap and fresh and obs.undispatched == current else 0
+    return [Dispatch(current, later)] if current or later else []
