@@ -7,9 +7,9 @@ so a decision can be replayed from a trace.
 Three modes, everything else equal:
 - ``elastic``: cells leave serving in order (the core first, then satellites), one at a time, when the outstanding
   executions fit in the serving capacity without the leaving cell (water level ``w <= C_R - C_e``) and there is
-  training data; a training cell goes back to serving when there is nothing to train or the serving cells cannot
-  hold the outstanding executions, satellites first (the last in order first), the core last and only between
-  steps. Executions are dispatched into free serving capacity; with ``overlap`` the next burst's executions too, as
+  training data no trainer has claimed; training cells stay for the whole step (its data streams in) and go back
+  to serving after it when the next step's data is not ready, satellites first (the last in order first), the core
+  last; mid-step only satellites, and only when the serving cells cannot hold the outstanding executions. Executions are dispatched into free serving capacity; with ``overlap`` the next burst's executions too, as
   long as the weights they would be sampled with are at most ``max_staleness`` versions older than the step they
   train in.
 - ``colocate``: every cell samples a burst, then every cell trains on it (a barrier per step).
@@ -52,7 +52,9 @@ class Observation(msgspec.Struct, frozen=True, kw_only=True):
     in_flight: int  # executions dispatched and not finished (all bursts): the water level
     undispatched: int  # executions of the current burst not dispatched yet
     next_burst: int  # executions of the next burst that could be dispatched (overlap)
-    data_ready: bool  # training data for the step to train now is ready (whole groups; a step streams)
+    data_ready: (
+        bool  # training data of the step to train now that no trainer has claimed yet (a step streams)
+    )
     step_running: bool  # a step is under way on the training cells
     version: int  # the weights serving cells sample with
     next_burst_step: int  # the step the next burst's executions will train in
@@ -102,11 +104,14 @@ def _elastic(cfg: PolicyConfig, obs: Observation) -> list[Action]:
     cells = _trainable(obs)
     serving_capacity = sum(c.capacity for c in obs.cells if c.role == "serving")
     training = [c for c in cells if c.role == "training"]
-    if training and (not obs.data_ready or obs.in_flight > serving_capacity):
+    waiting = obs.undispatched + (obs.next_burst if cfg.overlap and _fresh(cfg, obs) else 0)
+    short = obs.in_flight + waiting > serving_capacity  # executions wait for serving capacity
+    between_steps = not obs.step_running
+    if training and (short or (between_steps and not obs.data_ready)):
         satellites = [c for c in training if c is not cells[0]]
-        if satellites:
+        if satellites:  # the last in order first; mid-step only when capacity is short
             return [ToServe(satellites[-1].name)]
-        if not obs.step_running:  # the core leaves only between steps
+        if between_steps:  # the core leaves only between steps
             return [ToServe(training[0].name)]
         return []
     if not obs.data_ready:
@@ -121,8 +126,7 @@ def _elastic(cfg: PolicyConfig, obs: Observation) -> list[Action]:
 
 def _colocate(cfg: PolicyConfig, obs: Observation) -> list[Action]:
     cells = _trainable(obs)
-    burst_done = obs.in_flight == 0 and obs.undispatched == 0
-    train = obs.step_running or (obs.data_ready and burst_done)
+    train = obs.step_running or (obs.data_ready and obs.in_flight == 0)  # the burst is sampled
     if train:
         return [ToTrain(c.name) for c in cells if c.role == "serving"]
     return [ToServe(c.name) for c in cells if c.role == "training"]
@@ -144,7 +148,12 @@ def _dispatch(
         return []  # the barrier: nothing is sampled while the cells train
     current = min(obs.undispatched, free)
     free -= current
-    fresh = obs.next_burst_step - obs.version <= cfg.max_staleness
+    fresh = _fresh(cfg, obs)
     overlap = cfg.mode == "async" or (cfg.mode == "elastic" and cfg.overlap)
     later = min(obs.next_burst, free) if overlap and fresh and obs.undispatched == current else 0
     return [Dispatch(current, later)] if current or later else []
+
+
+def _fresh(cfg: PolicyConfig, obs: Observation) -> bool:
+    """The next burst's executions would train at most ``max_staleness`` versions after the weights sampling them."""
+    return obs.next_burst_step - obs.version <= cfg.max_staleness

@@ -1,0 +1,5 @@
+"""``gyre sim``: the controller's policy driving modelled cells, to compare modes and size clusters we cannot run."""
+
+from gyre.sim.simulate import Cluster, SimResult, Tasks, Workload, durations, simulate
+
+__all__ = ["Cluster", "SimResult", "Tasks", "Workload", "durations", "simulate"]

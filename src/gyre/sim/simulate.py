@@ -1,0 +1,234 @@
+"""A discrete-event simulation of cells, executions and training steps, driven by the live controller's policy.
+
+Modelled: execution durations drawn once per run (lognormal around a median with a chosen p99/p50 ratio, cut at the
+time budget, so long tails pile up there) and shared by every mode, so modes are compared on the same executions;
+serving capacity per cell; one micro-step per execution costing ``micro_step_s`` on one training cell; the core's
+update plus weight push (``apply_s``); switch costs each way. Not modelled (yet): decode speed as a function of a
+cell's batch, multi-turn tool latency, KV hand-over. Executions are not pinned to cells (a leaving cell's calls move,
+as the router moves them); the policy never lets the outstanding ones exceed the serving capacity.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from typing import Annotated
+
+import msgspec
+
+from gyre.control.policy import CellView, Dispatch, Observation, PolicyConfig, Role, ToServe, ToTrain, decide
+
+Positive = Annotated[float, msgspec.Meta(gt=0)]
+
+
+class Cluster(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The cells and what their work costs."""
+
+    cells: Annotated[int, msgspec.Meta(ge=1)] = 4  # cells that serve and train (the core first)
+    standalone: Annotated[int, msgspec.Meta(ge=0)] = 0  # cells that only serve
+    capacity: Annotated[int, msgspec.Meta(ge=1)] = 16  # executions one serving cell hosts at once
+    micro_step_s: Positive = 60.0  # one execution's training data on one cell, forward + backward
+    apply_s: Positive = 30.0  # the optimizer update and the weight push after a step
+    serve_to_train_s: Annotated[float, msgspec.Meta(ge=0)] = 8.52  # published at 2.4T scale
+    train_to_serve_s: Annotated[float, msgspec.Meta(ge=0)] = 3.46
+
+
+class Tasks(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The executions of a run and how long they take."""
+
+    steps: Annotated[int, msgspec.Meta(ge=1)] = 48
+    batch_executions: Annotated[int, msgspec.Meta(ge=1)] = 64  # executions per step
+    burst_steps: Annotated[int, msgspec.Meta(ge=1)] = 1  # steps dispatched together as one burst
+    duration_median_s: Positive = 1800.0
+    duration_p99_over_p50: Annotated[float, msgspec.Meta(ge=1.0)] = 10.0  # tail heaviness
+    budget_s: Positive = 14400.0  # an execution is cut (and scored partially) at this
+    seed: int = 0
+
+
+class Workload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One simulated cluster and task distribution (a TOML file: ``[cluster]``, ``[tasks]``)."""
+
+    cluster: Cluster = msgspec.field(default_factory=Cluster)
+    tasks: Tasks = msgspec.field(default_factory=Tasks)
+
+
+class Segment(msgspec.Struct, frozen=True):
+    """A cell in one role from ``start_s`` to ``end_s``."""
+
+    cell: str
+    role: str
+    start_s: float
+    end_s: float
+
+
+class SimResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What one simulated run took."""
+
+    mode: str
+    overlap: bool
+    total_s: float
+    step_end_s: list[float]  # when each step's update was applied
+    idle_fraction: float  # of all cells' time: free serving slots, trainers without work, switching
+    switches: int
+    staleness_mean: float  # versions between the weights that sampled an execution and the step it trains in
+    staleness_max: int
+    timeline: list[Segment]
+
+
+def durations(tasks: Tasks) -> list[float]:
+    """Every execution's duration, in dispatch order (the same for every mode)."""
+    rng = random.Random(tasks.seed)
+    sigma = math.log(tasks.duration_p99_over_p50) / 2.3263  # p99 of a lognormal is exp(mu + 2.3263 sigma)
+    mu = math.log(tasks.duration_median_s)
+    return [
+        min(rng.lognormvariate(mu, sigma), tasks.budget_s)
+        for _ in range(tasks.steps * tasks.batch_executions)
+    ]
+
+
+class _Cell:
+    __slots__ = ("busy", "name", "role", "since", "standalone")
+
+    def __init__(self, name: str, standalone: bool) -> None:
+        self.name, self.standalone = name, standalone
+        self.role: Role = "serving"
+        self.since = 0.0
+        self.busy = False  # training: computing a micro-step
+
+
+def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
+    """Run the whole workload under ``policy``; deterministic for a workload's seed."""
+    cl, tk = workload.cluster, workload.tasks
+    times = durations(tk)
+    total, batch = len(times), tk.batch_executions
+    burst_size = batch * tk.burst_steps
+    cells = [_Cell(f"cell{i}", False) for i in range(cl.cells)]
+    cells += [_Cell(f"server{i}", True) for i in range(cl.standalone)]
+    by_name = {c.name: c for c in cells}
+    events: list[tuple[float, int, str, object]] = []
+    order = itertools.count()
+    timeline: list[Segment] = []
+    now = 0.0
+    dispatched = finished = 0
+    sampled_with: list[int] = [0] * total
+    unfinished_in_burst: dict[int, int] = {}
+    ready: dict[int, int] = {}  # step -> finished executions not yet claimed for training
+    train_step, done, computing, applying = 0, 0, 0, False
+    version, switches = 0, 0
+    step_end: list[float] = []
+    idle = 0.0
+    lags: list[int] = []
+
+    def push(at: float, kind: str, what: object) -> None:
+        heapq.heappush(events, (at, next(order), kind, what))
+
+    def set_role(cell: _Cell, role: Role) -> None:
+        timeline.append(Segment(cell.name, cell.role, cell.since, now))
+        cell.role, cell.since = role, now
+
+    def observation() -> Observation:
+        current = finished_burst()
+        undispatched = max(min((current + 1) * burst_size, total) - dispatched, 0)
+        next_start = (current + 1) * burst_size
+        next_count = max(min(next_start + burst_size, total) - max(dispatched, next_start), 0)
+        return Observation(
+            cells=tuple(CellView(name=c.name, role=c.role, capacity=cl.capacity, standalone=c.standalone)
+                        for c in cells),
+            in_flight=dispatched - finished, undispatched=undispatched, next_burst=next_count,
+            data_ready=ready.get(train_step, 0) > 0,
+            step_running=done > 0 or computing > 0 or applying, version=version,
+            next_burst_step=(current + 1) * tk.burst_steps,
+        )  # fmt: skip
+
+    def finished_burst() -> int:
+        """The first burst with executions still to finish (the current one)."""
+        b = 0
+        while (
+            (b + 1) * burst_size < total
+            and (b + 1) * burst_size <= dispatched
+            and not unfinished_in_burst.get(b)
+        ):
+            b += 1
+        return b
+
+    def start_training() -> None:
+        nonlocal computing
+        for cell in cells:
+            if cell.role == "training" and not cell.busy and ready.get(train_step, 0) > 0 and not applying:
+                ready[train_step] -= 1
+                cell.busy, computing = True, computing + 1
+                push(now + cl.micro_step_s, "micro", cell.name)
+
+    def act() -> None:
+        nonlocal dispatched, switches
+        for _ in range(4 * len(cells) + 4):
+            actions = decide(policy, observation())
+            if not actions:
+                return
+            for a in actions:
+                match a:
+                    case ToTrain(cell=name):
+                        set_role(by_name[name], "draining")
+                        push(now + cl.serve_to_train_s, "switched", (name, "training"))
+                        switches += 1
+                    case ToServe(cell=name):
+                        set_role(by_name[name], "resuming")
+                        push(now + cl.train_to_serve_s, "switched", (name, "serving"))
+                        switches += 1
+                    case Dispatch(current=c, next=n):
+                        for i in range(dispatched, dispatched + c + n):
+                            sampled_with[i] = version
+                            unfinished_in_burst[i // burst_size] = (
+                                unfinished_in_burst.get(i // burst_size, 0) + 1
+                            )
+                            push(now + times[i], "finish", i)
+                        dispatched += c + n
+            if all(isinstance(a, Dispatch) for a in actions):
+                return
+
+    act()
+    while len(step_end) < tk.steps:
+        if not events:
+            raise RuntimeError(f"the simulation stalled at {now:.0f} s: step {train_step}, {dispatched} dispatched, "
+                               f"roles {[c.role for c in cells]}")  # fmt: skip
+        at, _, kind, what = heapq.heappop(events)
+        serving = sum(cl.capacity for c in cells if c.role == "serving")
+        idle += (at - now) * (max(serving - (dispatched - finished), 0) / cl.capacity
+                              + sum(1 for c in cells if c.role in ("draining", "resuming"))
+                              + sum(1 for c in cells if c.role == "training" and not c.busy))  # fmt: skip
+        now = at
+        match kind:
+            case "finish":
+                i = int(what)  # type: ignore[call-overload]
+                finished += 1
+                unfinished_in_burst[i // burst_size] -= 1
+                ready[i // batch] = ready.get(i // batch, 0) + 1
+            case "switched":
+                name, role = what  # type: ignore[misc]
+                set_role(by_name[name], role)
+            case "micro":
+                by_name[str(what)].busy = False
+                computing -= 1
+                done += 1
+                if done == batch:
+                    applying = True
+                    push(now + cl.apply_s, "applied", train_step)
+            case "applied":
+                lags += [
+                    train_step - sampled_with[i] for i in range(train_step * batch, (train_step + 1) * batch)
+                ]
+                version, train_step, done, applying = version + 1, train_step + 1, 0, False
+                step_end.append(now)
+        start_training()
+        act()
+        start_training()
+    for cell in cells:
+        set_role(cell, cell.role)
+    return SimResult(
+        mode=policy.mode, overlap=policy.overlap, total_s=now, step_end_s=step_end,
+        idle_fraction=idle / (len(cells) * now), switches=switches,
+        staleness_mean=sum(lags) / len(lags), staleness_max=max(lags),
+        timeline=[s for s in timeline if s.end_s > s.start_s],
+    )  # fmt: skip
