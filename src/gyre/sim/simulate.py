@@ -14,7 +14,7 @@ import heapq
 import itertools
 import math
 import random
-from typing import Annotated
+from typing import Annotated, cast
 
 import msgspec
 
@@ -201,12 +201,12 @@ def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
         now = at
         match kind:
             case "finish":
-                i = int(what)  # type: ignore[call-overload]
+                i = cast(int, what)
                 finished += 1
                 unfinished_in_burst[i // burst_size] -= 1
                 ready[i // batch] = ready.get(i // batch, 0) + 1
             case "switched":
-                name, role = what  # type: ignore[misc]
+                name, role = cast(tuple[str, Role], what)
                 set_role(by_name[name], role)
             case "micro":
                 by_name[str(what)].busy = False
