@@ -268,6 +268,42 @@ def cmd_trainer_satellite(args: argparse.Namespace) -> int:
             return 0
 
 
+def cmd_sim(args: argparse.Namespace) -> int:
+    """Simulate a workload in every mode; print the comparison (and the sensitivity table); plot the roles."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from gyre.sim.report import compare, load_workload, plot, sensitivity, speedups
+
+    workload = load_workload(args.workload)
+    results = compare(workload, args.max_staleness)
+    console = Console()
+    table = Table(
+        title=f"gyre sim {args.workload}: {workload.tasks.steps} steps, {workload.cluster.cells} cells"
+    )
+    for col in ("mode", "hours", "vs elastic (overlap)", "idle", "switches", "staleness mean/max"):
+        table.add_column(col, justify="right")
+    best = results["elastic (overlap)"].total_s
+    for name, r in results.items():
+        table.add_row(name, f"{r.total_s / 3600:.2f}", f"{r.total_s / best:.2f}x", f"{r.idle_fraction:.0%}",
+                      str(r.switches), f"{r.staleness_mean:.2f} / {r.staleness_max}")  # fmt: skip
+    console.print(table)
+    over_async, over_colocate = speedups(results)
+    console.print(
+        f"elastic (overlap): {over_async:.2f}x over tuned async, {over_colocate:.2f}x over colocate"
+    )
+    if args.sensitivity:
+        sens = Table(title="Sensitivity: elastic (overlap) speed-up")
+        for col in ("variation", "over async", "over colocate"):
+            sens.add_column(col, justify="right")
+        for name, a, c in sensitivity(workload):
+            sens.add_row(name, f"{a:.2f}x", f"{c:.2f}x")
+        console.print(sens)
+    if args.plot:
+        console.print(f"wrote {plot(results, Path(args.plot))}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     p = argparse.ArgumentParser(prog="gyre", description="Elastic online RL for long-horizon LLM agents.")
@@ -397,6 +433,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, help="torch CPU threads")
     s.add_argument("--stay", action="store_true", help="rejoin after being told to leave (until killed)")
     s.set_defaults(fn=cmd_trainer_satellite)
+
+    s = sub.add_parser("sim", help="simulate a cluster and workload in every mode (elastic, async, colocate)")
+    s.add_argument("workload", help="workload TOML ([cluster], [tasks]) or a shipped one: paper, short")
+    s.add_argument("--max-staleness", type=int, default=1, help="versions between sampling and training")
+    s.add_argument(
+        "--sensitivity", action="store_true", help="also vary switch cost, tail heaviness, cell count"
+    )
+    s.add_argument("--plot", help="write the cells' roles over time to this PNG")
+    s.set_defaults(fn=cmd_sim)
 
     s = sub.add_parser("quickstart", help="init the tiny model if missing, serve it and send it a generation")
     s.add_argument("--model", default="models/tiny")

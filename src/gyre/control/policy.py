@@ -51,6 +51,7 @@ class Observation(msgspec.Struct, frozen=True, kw_only=True):
     cells: tuple[CellView, ...]
     in_flight: int  # executions dispatched and not finished (all bursts): the water level
     undispatched: int  # executions of the current burst not dispatched yet
+    undispatched_step: int  # the step the first of them trains in
     next_burst: int  # executions of the next burst that could be dispatched (overlap)
     data_ready: (
         bool  # training data of the step to train now that no trainer has claimed yet (a step streams)
@@ -146,7 +147,7 @@ def _dispatch(
     if cfg.mode == "colocate" and (obs.step_running or any(c.role == "training" for c in obs.cells) or
                                    any(isinstance(m, ToTrain) for m in moves)):  # fmt: skip
         return []  # the barrier: nothing is sampled while the cells train
-    current = min(obs.undispatched, free)
+    current = min(obs.undispatched, free) if obs.undispatched_step - obs.version <= cfg.max_staleness else 0
     free -= current
     fresh = _fresh(cfg, obs)
     overlap = cfg.mode == "async" or (cfg.mode == "elastic" and cfg.overlap)

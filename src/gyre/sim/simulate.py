@@ -136,7 +136,8 @@ def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
         return Observation(
             cells=tuple(CellView(name=c.name, role=c.role, capacity=cl.capacity, standalone=c.standalone)
                         for c in cells),
-            in_flight=dispatched - finished, undispatched=undispatched, next_burst=next_count,
+            in_flight=dispatched - finished, undispatched=undispatched, undispatched_step=dispatched // batch,
+            next_burst=next_count,
             data_ready=ready.get(train_step, 0) > 0,
             step_running=done > 0 or computing > 0 or applying, version=version,
             next_burst_step=(current + 1) * tk.burst_steps,

@@ -12,8 +12,8 @@ def cells(*roles: str, capacity: int = 8) -> tuple[CellView, ...]:
 
 
 def obs(roles: tuple[CellView, ...], **kw: object) -> Observation:
-    base: dict[str, object] = dict(in_flight=0, undispatched=0, next_burst=0, data_ready=False, step_running=False,
-                                   version=0, next_burst_step=1)  # fmt: skip
+    base: dict[str, object] = dict(in_flight=0, undispatched=0, undispatched_step=0, next_burst=0, data_ready=False,
+                                   step_running=False, version=0, next_burst_step=1)  # fmt: skip
     return Observation(cells=roles, **(base | kw))  # type: ignore[arg-type]
 
 
@@ -56,6 +56,8 @@ def test_dispatch_fills_serving_capacity_and_overlap_respects_staleness() -> Non
     stale = obs(two, in_flight=10, undispatched=0, next_burst=50, version=0, next_burst_step=2)
     assert decide(overlap, stale) == []  # they would train 2 versions after the weights that sample them
     assert decide(ELASTIC, obs(two, in_flight=10, next_burst=50)) == []  # single-step bursts: no overlap
+    # the current burst is gated too: its executions would train 2 versions after the weights sampling them
+    assert decide(ELASTIC, obs(two, in_flight=10, undispatched=20, undispatched_step=3, version=1)) == []
 
 
 def test_standalone_servers_never_train_and_count_as_serving_capacity() -> None:
