@@ -20,6 +20,7 @@ import traceback
 import uuid
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -104,7 +105,7 @@ class ExecutionResult(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RuntimeStatistics(msgspec.Struct, frozen=True):
-    """Counters of the current burst, readable at any time: the elastic controller drives from them."""
+    """Counters of one burst, readable at any time: the elastic controller drives from them."""
 
     dispatched: int  # d(t)
     started: int  # p(t)
@@ -112,6 +113,18 @@ class RuntimeStatistics(msgspec.Struct, frozen=True):
     water_level: int  # w(t) = d(t) - f(t)
     running: int
     by_status: dict[str, int]
+    burst: int = 0  # which burst these counters are of
+    in_flight: int = 0  # executions dispatched and not finished, of every burst (overlapping bursts included)
+
+
+@dataclass
+class _Burst:
+    """One burst's counters."""
+
+    dispatched: int = 0
+    started: int = 0
+    finished: int = 0
+    by_status: Counter[str] = field(default_factory=Counter)
 
 
 class Runtime:
@@ -131,55 +144,61 @@ class Runtime:
         self.verifier = Verifier(self.sandbox_cfg) if verifier is None else verifier or None
         self.journal = Journal(journal_dir, "executions.jsonl") if journal_dir else None
         self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-        self._dispatched = self._started = self._finished = 0
-        self._by_status: Counter[str] = Counter()
+        self._bursts: dict[int, _Burst] = {0: _Burst()}
+        self._burst = 0  # the burst new executions join
         self._socket_dir: str | None = None
         self._socket_server: Any = None
         self._socket_task: asyncio.Future[None] | None = None
 
-    def statistics(self) -> RuntimeStatistics:
-        """The burst's counters now."""
+    def statistics(self, burst: int | None = None) -> RuntimeStatistics:
+        """The counters of ``burst`` (default: the current one) now."""
+        number = self._burst if burst is None else burst
+        b = self._bursts.get(number)
+        if b is None:
+            raise KeyError(f"no burst {number}; bursts so far: 0-{self._burst}")
         return RuntimeStatistics(
-            dispatched=self._dispatched,
-            started=self._started,
-            finished=self._finished,
-            water_level=self._dispatched - self._finished,
-            running=self._started - self._finished,
-            by_status=dict(self._by_status),
+            dispatched=b.dispatched,
+            started=b.started,
+            finished=b.finished,
+            water_level=b.dispatched - b.finished,
+            running=b.started - b.finished,
+            by_status=dict(b.by_status),
+            burst=number,
+            in_flight=sum(x.dispatched - x.finished for x in self._bursts.values()),
         )
 
-    def new_burst(self) -> None:
-        """Reset the counters: the executions dispatched from now on form one burst."""
-        if self._dispatched != self._finished:
-            raise RuntimeError(
-                f"{self._dispatched - self._finished} executions of this burst are still running"
-            )
-        self._dispatched = self._started = self._finished = 0
-        self._by_status.clear()
+    def new_burst(self) -> int:
+        """Executions dispatched from now on form a new burst (returned); earlier ones may still be running (bursts
+        overlap) and keep their own counters, readable with ``statistics(burst)``."""
+        self._burst += 1
+        self._bursts[self._burst] = _Burst()
+        return self._burst
 
     async def run(self, specs: Iterable[ExecutionSpec]) -> list[ExecutionResult]:
         """Dispatch every spec at once and return their results in order (cancellation cancels them all)."""
         specs = list(specs)
         self._check_supported(specs)
-        self._dispatched += len(specs)
+        burst = self._bursts[self._burst]
+        burst.dispatched += len(specs)
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(self._execute(spec)) for spec in specs]
+            tasks = [group.create_task(self._execute(spec, burst)) for spec in specs]
         return [t.result() for t in tasks]
 
     async def run_one(self, spec: ExecutionSpec) -> ExecutionResult:
         """Dispatch one execution and wait for it."""
         self._check_supported([spec])
-        self._dispatched += 1
-        return await self._execute(spec)
+        burst = self._bursts[self._burst]
+        burst.dispatched += 1
+        return await self._execute(spec, burst)
 
-    async def _execute(self, spec: ExecutionSpec) -> ExecutionResult:
+    async def _execute(self, spec: ExecutionSpec, burst: _Burst) -> ExecutionResult:
         dispatched = time.time()
         execution_id = spec.execution_id or f"{spec.task.id}/{spec.group_index}/{uuid.uuid4().hex[:8]}"
         held = self._slots is not None
         if self._slots is not None:
             await self._slots.acquire()
         started = time.time()
-        self._started += 1
+        burst.started += 1
         token = self.router.open_session(execution_id)
         status: ExecutionStatus = "crashed"
         agent_result: AgentResult | None = None
@@ -208,7 +227,9 @@ class Runtime:
                 workspace = scratch / "workspace" if scratch is not None and ready.is_set() else None
                 verdict = await self.verifier.verify(spec.task, workspace)
         except asyncio.CancelledError:
-            self._finish(spec, execution_id, token, "cancelled", None, "cancelled", dispatched, started, None)
+            self._finish(
+                spec, burst, execution_id, token, "cancelled", None, "cancelled", dispatched, started, None
+            )
             raise
         finally:
             if self._slots is not None and held:
@@ -216,7 +237,7 @@ class Runtime:
             if scratch is not None:
                 await _remove(scratch)
         return self._finish(
-            spec, execution_id, token, status, agent_result, error, dispatched, started, verdict
+            spec, burst, execution_id, token, status, agent_result, error, dispatched, started, verdict
         )
 
     def _make_scratch(self) -> Path:
@@ -309,6 +330,7 @@ class Runtime:
     def _finish(
         self,
         spec: ExecutionSpec,
+        burst: _Burst,
         execution_id: str,
         token: str,
         status: ExecutionStatus,
@@ -342,8 +364,8 @@ class Runtime:
         )
         if self.journal is not None:  # journaled before anything downstream sees it
             self.journal.append(result)
-        self._finished += 1
-        self._by_status[status] += 1
+        burst.finished += 1
+        burst.by_status[status] += 1
         return result
 
 

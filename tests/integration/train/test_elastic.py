@@ -113,6 +113,19 @@ def reference(model: Path, items: list[MicroStep], kl_coef: float = 0.0) -> Trai
         torch.set_num_threads(threads)
 
 
+def freeze_holding_a_claim(c: Cluster, proc: subprocess.Popen[bytes], name: str) -> None:
+    """Stop ``name`` (SIGSTOP) at a moment the core sees it holding a micro-step (messages it sent just before
+    stopping have landed: the core's view of a stopped member no longer changes)."""
+    for _ in range(100):
+        wait_for(f"{name} to hold a micro-step", lambda: name in c.stats().claims, 120)
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(0.3)  # what was on the wire arrives; not a condition the test waits for
+        if name in c.stats().claims:
+            return
+        os.kill(proc.pid, signal.SIGCONT)
+    raise AssertionError(f"{name} never stopped while holding a micro-step")
+
+
 def assert_same_update(
     got: tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]], want: TrainState
 ) -> None:
@@ -164,7 +177,7 @@ def test_a_satellite_killed_mid_micro_step_is_replaced_and_nothing_counts_twice(
         victim, other = c.start("victim"), c.start("other")
         wait_for("both satellites", lambda: len(c.stats().members) == 2)
         c.client.submit(0, items, seal=True)
-        wait_for("the victim to hold a micro-step", lambda: "victim" in c.stats().claims, 120)
+        freeze_holding_a_claim(c, victim, "victim")
         victim.kill()
         metrics = c.client.wait_step(0, timeout_s=300)
         assert c.stats().members["victim"] == "gone"
@@ -183,10 +196,9 @@ def test_a_silent_satellite_is_declared_gone_and_its_late_gradient_is_not_counte
         silent = c.start("silent")
         wait_for("the satellite", lambda: len(c.stats().members) == 1)
         c.client.submit(0, items, seal=True)
-        wait_for("the satellite to hold a micro-step", lambda: "silent" in c.stats().claims, 120)
-        os.kill(silent.pid, signal.SIGSTOP)  # it stops answering but keeps its sockets open
+        freeze_holding_a_claim(c, silent, "silent")  # it stops answering but keeps its sockets open
+        wait_for("the silent satellite to be declared gone", lambda: c.stats().members["silent"] == "gone")
         metrics = c.client.wait_step(0, timeout_s=300)
-        assert c.stats().members["silent"] == "gone"
         assert metrics.reclaimed >= 1
         assert_accounted(metrics, items)
         os.kill(silent.pid, signal.SIGCONT)  # it comes back: whatever it sends now is not counted
