@@ -97,12 +97,15 @@ class StepQueue:
             return None
 
     def finish(self, index: int, member: str, stats: MicroStats, add: Callable[[], None]) -> bool:
-        """Record ``member``'s gradient of ``index``: call ``add`` (which sums it) unless it is done already."""
+        """Record ``member``'s gradient of ``index``: call ``add`` (which sums it) unless it is done already or
+        ``member`` does not hold it (it was given back, or never claimed)."""
         with self.lock:
-            self.holders.get(index, set()).discard(member)
-            if self.done[index]:
+            held = self.holders.get(index, set())
+            if not 0 <= index < len(self.items) or member not in held or self.done[index]:
+                held.discard(member)
                 self.discarded += 1
                 return False
+            held.discard(member)
             add()
             self.done[index] = True
             self.done_count += 1
