@@ -27,7 +27,6 @@ import functools
 import itertools
 import logging
 import math
-import queue as queue_mod
 import socket
 import threading
 import time
@@ -76,6 +75,7 @@ from gyre.protocol import (
     Welcome,
 )
 from gyre.train.objective import compute_gradients, merge_stats
+from gyre.train.pairs import Pair
 from gyre.train.queue import StepQueue, check_micro_step
 from gyre.train.state import TrainState
 
@@ -89,45 +89,13 @@ _decoder = msgspec.msgpack.Decoder(TrainerRequest)
 class _Member:
     name: str
     identity: bytes
-    pair: _Pair
+    pair: Pair
     state: str = "active"  # active | parked (left, group kept) | gone
     last_seen: float = field(default_factory=time.monotonic)
     version: int = -1  # weights it holds (-1: none)
     leaving: bool = False
     idle: bool = False
     transferring: set[int] = field(default_factory=set)  # micro-steps whose gradient is on its way
-
-
-class _Pair:
-    """A member's (or engine's) two-rank group with the core, and the thread running its transfers in order."""
-
-    def __init__(self, name: str, host: str, backend: str, timeout_s: float, on_fail: Callable[[str], None]):
-        self.name, self.host, self.port = name, host, free_port()
-        self.dead = False
-        self._ops: queue_mod.SimpleQueue[Callable[[weight_sync.WeightGroup], None] | None] = (
-            queue_mod.SimpleQueue()
-        )
-        self._thread = threading.Thread(
-            target=self._run, args=(backend, timeout_s, on_fail), name=f"pair-{name}", daemon=True
-        )
-        self._thread.start()
-
-    def submit(self, op: Callable[[weight_sync.WeightGroup], None]) -> None:
-        """Run ``op(group)`` after every op submitted before it."""
-        self._ops.put(op)
-
-    def close(self) -> None:
-        """Stop after the ops already submitted."""
-        self._ops.put(None)
-
-    def _run(self, backend: str, timeout_s: float, on_fail: Callable[[str], None]) -> None:
-        try:
-            group = weight_sync.create_group(self.host, self.port, 0, 2, self.name, backend, timeout_s)
-            while (op := self._ops.get()) is not None:
-                op(group)
-        except Exception as exc:  # a dead or silent peer: the coordinator declares it gone
-            self.dead = True
-            on_fail(f"{type(exc).__name__}: {exc}")
 
 
 class CoreTrainer:
@@ -297,7 +265,7 @@ class CoreTrainer:
             if member is not None and member.state != "gone":  # the same name from a new process
                 self._gone(member, "it said Hello again without its pair group (restarted)")
             group_name = f"gyre-pair-{name}-{next(self._group_names)}"
-            pair = _Pair(group_name, self.group_host, self.cfg.backend, self.cfg.transfer_timeout_s,
+            pair = Pair(group_name, self.group_host, self.cfg.backend, self.cfg.transfer_timeout_s,
                          functools.partial(self._notify, "pair_failed", name))  # fmt: skip
             member = self.members[name] = _Member(name, identity, pair)
             if self.state.reference_flat is not None:

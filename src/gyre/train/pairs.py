@@ -1,0 +1,42 @@
+"""A member's two-rank torch.distributed group with the core, and the thread that runs its
+transfers: one at a time, in the order they were submitted, which is the order the peer announced them, so both
+ends always issue the same collective next (see `gyre.train.core`)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+from gyre.engine import weight_sync
+from gyre.engine.launch import free_port
+
+
+class Pair:
+    """A member's two-rank group with the core, and the thread running its transfers in order."""
+
+    def __init__(self, name: str, host: str, backend: str, timeout_s: float, on_fail: Callable[[str], None]):
+        self.name, self.host, self.port = name, host, free_port()
+        self.dead = False
+        self._ops: queue.SimpleQueue[Callable[[weight_sync.WeightGroup], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=self._run, args=(backend, timeout_s, on_fail), name=f"pair-{name}", daemon=True
+        )
+        self._thread.start()
+
+    def submit(self, op: Callable[[weight_sync.WeightGroup], None]) -> None:
+        """Run ``op(group)`` after every op submitted before it."""
+        self._ops.put(op)
+
+    def close(self) -> None:
+        """Stop after the ops already submitted."""
+        self._ops.put(None)
+
+    def _run(self, backend: str, timeout_s: float, on_fail: Callable[[str], None]) -> None:
+        try:
+            group = weight_sync.create_group(self.host, self.port, 0, 2, self.name, backend, timeout_s)
+            while (op := self._ops.get()) is not None:
+                op(group)
+        except Exception as exc:  # a dead or silent peer: the coordinator declares it gone
+            self.dead = True
+            on_fail(f"{type(exc).__name__}: {exc}")
