@@ -98,12 +98,31 @@ def launch_embedded(
     log_path: Path | None = None,
     timeout_s: float = 120.0,
 ) -> ServerProcess:
-    """Start ``gyre serve-engine`` on ``model_path`` and wait for it to serve."""
-    port = port or free_port()
-    args = [sys.executable, "-m", "gyre", "serve-engine", "--model", str(model_path), "--port", str(port)]
-    for item in overrides or []:
-        args += ["--set", item]
-    return ServerProcess(args, port, log_path).wait_ready(timeout_s)
+    """Start ``gyre serve-engine`` on ``model_path`` and wait for it to serve.
+
+    Without ``port`` a free one is chosen; if another process takes it before the engine binds (the port was free
+    when asked, not when used), the engine is started again on another one.
+    """
+    for attempt in range(3):
+        chosen = port or free_port()
+        args = [
+            sys.executable,
+            "-m",
+            "gyre",
+            "serve-engine",
+            "--model",
+            str(model_path),
+            "--port",
+            str(chosen),
+        ]
+        for item in overrides or []:
+            args += ["--set", item]
+        try:
+            return ServerProcess(args, chosen, log_path).wait_ready(timeout_s)
+        except EngineUnavailable as exc:
+            if port is not None or attempt == 2 or "address already in use" not in str(exc):
+                raise
+    raise AssertionError("unreachable")
 
 
 def sglang_command(
