@@ -11,7 +11,9 @@
     │   └── EngineCapacityError    the request can never fit (longer than the context or the KV cache)
     ├── SandboxError           a sandbox could not be created, used or cleaned up
     ├── AgentError             an agent broke its contract (recorded on the execution)
-    └── TaskError              a task directory or task suite is malformed; says which file and field
+    ├── TaskError              a task directory or task suite is malformed; says which file and field
+    └── TrainerError           the core trainer refused a request or did not answer; says which and why
+        └── CoreUnreachable        a satellite lost its core (silent, or refused it) and stops
 """
 
 from __future__ import annotations
@@ -62,3 +64,11 @@ class AgentError(GyreError):
 
 class TaskError(GyreError):
     """A task directory or suite is malformed; the message names the file and field."""
+
+
+class TrainerError(GyreError):
+    """The core trainer refused a request or did not answer in time; the message says which and why."""
+
+
+class CoreUnreachable(TrainerError):
+    """A satellite's core stopped answering or refused it; the satellite stops."""

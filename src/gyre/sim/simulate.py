@@ -129,7 +129,7 @@ def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
         cell.role, cell.since = role, now
 
     def observation() -> Observation:
-        current = finished_burst()
+        current = current_burst()
         undispatched = max(min((current + 1) * burst_size, total) - dispatched, 0)
         next_start = (current + 1) * burst_size
         next_count = max(min(next_start + burst_size, total) - max(dispatched, next_start), 0)
@@ -143,7 +143,7 @@ def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
             next_burst_step=(current + 1) * tk.burst_steps,
         )  # fmt: skip
 
-    def finished_burst() -> int:
+    def current_burst() -> int:
         """The first burst with executions still to finish (the current one)."""
         b = 0
         while (

@@ -6,7 +6,6 @@ Blocking calls over one ZeroMQ DEALER socket, one request at a time; from an eve
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from gyre.errors import GyreError
+from gyre.errors import TrainerError
 from gyre.protocol import (
     Ack,
     AttachEngine,
@@ -38,18 +37,18 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TrainerReply)
 
 
-class TrainerError(GyreError):
-    """The core refused a request or did not answer in time; the message says which and why."""
-
-
 class TrainerClient:
     """Requests to the core at ``address`` (``tcp://HOST:PORT``)."""
 
     def __init__(self, address: str, timeout_s: float = 60.0) -> None:
         self.address, self.timeout_s = address, timeout_s
-        self._sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(address)
+        self._sock = self._connect()
+
+    def _connect(self) -> zmq.Socket[bytes]:
+        sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.address)
+        return sock
 
     def __enter__(self) -> TrainerClient:
         return self
@@ -66,9 +65,7 @@ class TrainerClient:
         wait_s = self.timeout_s if timeout_s is None else timeout_s
         if not self._sock.poll(int(wait_s * 1000)):
             self._sock.close(0)  # a late answer must not be taken for the next request's
-            self._sock = zmq.Context.instance().socket(zmq.DEALER)
-            self._sock.setsockopt(zmq.LINGER, 0)
-            self._sock.connect(self.address)
+            self._sock = self._connect()
             raise TrainerError(
                 f"the core at {self.address} did not answer {type(request).__name__} in {wait_s:g} s"
             )
@@ -120,11 +117,11 @@ class TrainerClient:
         self._ask(Shutdown())
 
 
-def _spawn(args: list[str], env: dict[str, str] | None, log: Path | None) -> subprocess.Popen[bytes]:
+def _spawn(args: list[str], log: Path | None) -> subprocess.Popen[bytes]:
     out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
     try:
-        return subprocess.Popen([sys.executable, "-m", "gyre", "trainer", *args], stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, **(env or {})})  # fmt: skip
+        command = [sys.executable, "-m", "gyre", "trainer", *args]
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     finally:
         if log is not None:
             out.close()  # type: ignore[union-attr]
@@ -141,7 +138,7 @@ def launch_core(
     args = ["core", "--bind", bind, *(["--config", str(config)] if config else [])]
     for item in overrides:
         args += ["--set", item]
-    proc = _spawn(args, None, log)
+    proc = _spawn(args, log)
     with TrainerClient(bind, timeout_s=timeout_s) as client:
         try:
             client.statistics()
@@ -158,4 +155,4 @@ def launch_satellite(
     core: str, name: str, num_threads: int = 0, log: Path | None = None
 ) -> subprocess.Popen[bytes]:
     """Start ``gyre trainer satellite`` joining the core at ``core``."""
-    return _spawn(["satellite", "--core", core, "--name", name, "--threads", str(num_threads)], None, log)
+    return _spawn(["satellite", "--core", core, "--name", name, "--threads", str(num_threads)], log)

@@ -24,7 +24,7 @@ import zmq
 
 from gyre.config import LossConfig
 from gyre.engine import weight_sync
-from gyre.errors import GyreError
+from gyre.errors import CoreUnreachable
 from gyre.protocol import (
     Assign,
     Claim,
@@ -47,10 +47,6 @@ from gyre.train.state import flat_gradient, flatten_parameters, model_from_confi
 log = logging.getLogger(__name__)
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TrainerReply)
-
-
-class CoreUnreachable(GyreError):
-    """The core stopped answering (or refused this member); the satellite stops."""
 
 
 class SatelliteSummary(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,8 +21,9 @@ from test_checkpoints import random_micro_steps, train_step
 
 from gyre.config import LossConfig, TrainerConfig
 from gyre.engine.launch import free_port
+from gyre.errors import TrainerError
 from gyre.protocol import MicroStep, StepMetrics, TrainerStatistics
-from gyre.train.client import TrainerClient, TrainerError, launch_core, launch_satellite
+from gyre.train.client import TrainerClient, launch_core, launch_satellite
 from gyre.train.state import TrainState
 
 pytestmark = pytest.mark.slow
