@@ -268,6 +268,23 @@ def cmd_trainer_satellite(args: argparse.Namespace) -> int:
             return 0
 
 
+def cmd_cell(args: argparse.Namespace) -> int:
+    """Run one cell: its engine (and on the core cell the core trainer), switching roles on the controller's word."""
+    from gyre.config import load_config
+    from gyre.control.cell import CellSpec, run_cell
+
+    cfg = load_config(args.config, list(args.set or []))
+    spec = CellSpec(name=args.name, kind=args.kind, order=args.order, controller=args.controller,
+                    model_path=args.model or cfg.engine.model_path, log_dir=args.log_dir or "")  # fmt: skip
+    if not spec.model_path:
+        raise ConfigError("gyre cell needs a model: --model DIR or engine.model_path")
+    run_cell(cfg, spec)
+    # as the core trainer: gloo's pair objects abort the interpreter's teardown, so a finished cell leaves without it
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def cmd_sim(args: argparse.Namespace) -> int:
     """Simulate a workload in every mode; print the comparison (and the sensitivity table); plot the roles."""
     from rich.console import Console
@@ -433,6 +450,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, help="torch CPU threads")
     s.add_argument("--stay", action="store_true", help="rejoin after being told to leave (until killed)")
     s.set_defaults(fn=cmd_trainer_satellite)
+
+    s = sub.add_parser(
+        "cell", help="one cell: an engine and a trainer that serve or train on the controller's word"
+    )
+    s.add_argument("--controller", required=True, help="the controller's address, tcp://HOST:PORT")
+    s.add_argument("--name", required=True, help="the cell's name (cell-0 ...)")
+    s.add_argument("--kind", choices=["core", "satellite", "standalone"], default="satellite")
+    s.add_argument("--order", type=int, default=1, help="place in the training order (0: the core)")
+    s.add_argument("--model", help="Hugging Face model directory (engine.model_path)")
+    s.add_argument("--log-dir", help="where the cell's engine writes its log")
+    s.add_argument(
+        "--config", type=Path, help="the run's TOML config ([cells], [controller], [trainer], [engine])"
+    )
+    s.add_argument("--set", action="append", metavar="KEY=VALUE", help="dotted override")
+    s.set_defaults(fn=cmd_cell)
 
     s = sub.add_parser("sim", help="simulate a cluster and workload in every mode (elastic, async, colocate)")
     s.add_argument("workload", help="workload TOML ([cluster], [tasks]) or a shipped one: paper, short")

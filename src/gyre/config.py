@@ -132,6 +132,36 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     loss: LossConfig = msgspec.field(default_factory=LossConfig)
 
 
+class CellsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The cells: one process each, owning an inference engine and a trainer, serving or training on command."""
+
+    count: Positive = 2  # cells that serve and train: cell-0 is the core, then satellites in training order
+    standalone: NonNegative = 0  # extra cells that only serve (never train); moved calls go there first
+    capacity_executions: Positive = 16  # executions one serving cell hosts at once (the policy's C_e)
+    engine_backend: Literal["embedded", "sglang"] = "embedded"
+    engine_overrides: list[str] = msgspec.field(
+        default_factory=list
+    )  # each embedded engine's dotted overrides
+    release_weights: bool = True  # serve -> train frees the engine's weights too, not only its KV cache
+    num_threads: NonNegative = 0  # torch threads of each cell's trainer; 0: torch's default
+    startup_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 180.0  # a cell's engine and trainer come up
+
+
+class ControllerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The elastic controller: its policy (the same object ``gyre sim`` drives) and its ZeroMQ control plane."""
+
+    mode: Literal["elastic", "colocate", "async"] = "elastic"
+    overlap: bool = True  # elastic: dispatch the next burst into capacity the tail frees
+    max_staleness: Annotated[int, msgspec.Meta(ge=0)] = 1  # versions between sampling and training
+    async_train_cells: Positive = 1  # async: cells that always train (the first in order)
+    bind: str = "tcp://127.0.0.1:0"  # the controller's ROUTER; port 0: any free one; cells connect here
+    heartbeat_s: Annotated[float, msgspec.Meta(gt=0.0)] = (
+        0.5  # how often cells and the controller say "alive"
+    )
+    cell_timeout_s: Annotated[float, msgspec.Meta(gt=0.0)] = 5.0  # silence after which a cell is gone
+    switch_timeout_s: Annotated[float, msgspec.Meta(gt=0.0)] = 300.0  # one role switch, at most
+
+
 class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One run's whole configuration: one TOML file."""
 
@@ -140,6 +170,8 @@ class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
     trajectory: TrajectoryConfig = msgspec.field(default_factory=TrajectoryConfig)
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
+    cells: CellsConfig = msgspec.field(default_factory=CellsConfig)
+    controller: ControllerConfig = msgspec.field(default_factory=ControllerConfig)
 
 
 T = TypeVar("T", bound=msgspec.Struct)

@@ -5,7 +5,7 @@ Channels:
   engine and a real SGLang server. Fields and defaults follow SGLang's ``io_struct.py``; the embedded engine rejects
   sampling parameters it does not know, and ignores top-level fields it does not use (as SGLang clients send many).
 - trainer (satellites and the driver <-> the core trainer, ZeroMQ, msgpack): `TrainerRequest` / `TrainerReply`.
-- control plane (controller <-> cells, ZeroMQ, msgpack): added with the elastic scheduler.
+- control plane (cells <-> the controller, ZeroMQ, msgpack): `CellMessage` / `ControllerMessage`.
 
 New fields go at the end with defaults.
 """
@@ -363,6 +363,14 @@ class SaveCheckpoint(msgspec.Struct, tag="save_checkpoint", kw_only=True):
     path: str
 
 
+class SetEngine(msgspec.Struct, tag="set_engine", kw_only=True):
+    """A cell: push weights to the engine at ``url`` after updates (``active``; attached and brought up to date
+    before the ``Ack``), or stop (answered once a push under way has ended, so its memory can be released)."""
+
+    url: str
+    active: bool
+
+
 class GetStatistics(msgspec.Struct, tag="get_statistics", kw_only=True):
     """Anyone: answer ``TrainerStatistics``."""
 
@@ -373,7 +381,7 @@ class Shutdown(msgspec.Struct, tag="shutdown", kw_only=True):
 
 TrainerRequest = (
     Hello | Claim | GradientReady | Goodbye | Heartbeat | SubmitMicroSteps | WaitStep | ReleaseMember
-    | AttachEngine | SaveCheckpoint | GetStatistics | Shutdown
+    | AttachEngine | SaveCheckpoint | GetStatistics | Shutdown | SetEngine
 )  # fmt: skip
 
 
@@ -462,3 +470,95 @@ class TrainerStatistics(msgspec.Struct, tag="statistics", kw_only=True, frozen=T
 TrainerReply = (
     Welcome | Assign | Refresh | Idle | Wake | Leave | Ping | StepDone | Ack | Refused | TrainerStatistics
 )  # fmt: skip
+
+
+# ---- control plane: cells (DEALER) <-> the controller (ROUTER) -------------------------------------------------------
+CellRole = Literal["serving", "draining", "training", "resuming", "gone"]
+CellKind = Literal["core", "satellite", "standalone"]  # what a cell is when it trains (standalone: never)
+
+
+class CellHello(msgspec.Struct, tag="cell_hello", kw_only=True):
+    """A cell started (or reconnected): it serves ``engine_url``; the core cell also says where its trainer is."""
+
+    cell: str
+    kind: CellKind
+    order: int  # place in the training order (0: the core); standalone cells serve only
+    engine_url: str
+    capacity: int  # executions it hosts while serving
+    core_address: str = ""  # the core cell's trainer (``tcp://HOST:PORT``)
+    role: CellRole = "serving"  # what it is doing now (a reconnecting cell may be training)
+    version: int = -1  # the weights its engine serves
+    hostname: str = ""
+    pid: int = 0
+
+
+class CellBeat(msgspec.Struct, tag="cell_beat", kw_only=True):
+    """A cell is alive (its own thread, also while it switches)."""
+
+    cell: str
+
+
+class SwitchDone(msgspec.Struct, tag="switch_done", kw_only=True):
+    """A cell finished its part of switch ``switch``; ``phases`` in seconds, in order; ``error`` if it failed."""
+
+    cell: str
+    switch: int
+    role: CellRole  # the role it is in now
+    phases: dict[str, float]
+    version: int = -1  # the weights its engine serves (after train -> serve)
+    error: str = ""
+
+
+CellMessage = CellHello | CellBeat | SwitchDone
+
+
+class CellWelcome(msgspec.Struct, tag="cell_welcome", kw_only=True):
+    """The controller knows the cell; satellites and standalone servers learn the core's trainer address here."""
+
+    cell: str
+    core_address: str
+    heartbeat_s: float
+    cell_timeout_s: float
+
+
+class StartTraining(msgspec.Struct, tag="start_training", kw_only=True):
+    """Serve -> train, after the router drained the cell: release engine memory, join the step."""
+
+    switch: int
+
+
+class StartServing(msgspec.Struct, tag="start_serving", kw_only=True):
+    """Train -> serve: leave the step, resume engine memory, take the current weights, report the version."""
+
+    switch: int
+
+
+class ControlPing(msgspec.Struct, tag="control_ping", kw_only=True):
+    """The controller is alive."""
+
+
+class CellShutdown(msgspec.Struct, tag="cell_shutdown", kw_only=True):
+    """Stop the cell (its engine and trainer with it)."""
+
+
+class CellRefused(msgspec.Struct, tag="cell_refused", kw_only=True):
+    """The controller will not plan with this cell; ``reason`` says why."""
+
+    reason: str
+
+
+ControllerMessage = CellWelcome | StartTraining | StartServing | ControlPing | CellShutdown | CellRefused
+
+
+class SwitchRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One role switch as journaled in ``switches.jsonl``: phases in order, seconds each."""
+
+    switch: int
+    cell: str
+    direction: Literal["serve_to_train", "train_to_serve"]
+    started: float  # wall clock (time.time())
+    phases: dict[str, float]
+    total_s: float
+    version: int = -1  # the engine's weights after train -> serve
+    moved_calls: int = 0  # calls continued elsewhere by the drain
+    error: str = ""

@@ -23,17 +23,13 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from gyre.config import (
+    ControllerConfig as PolicyConfig,  # the [controller] settings; the policy reads its first four
+)
+from gyre.protocol import CellRole
+
 Mode = Literal["elastic", "colocate", "async"]
-Role = Literal["serving", "draining", "training", "resuming", "gone"]  # draining/resuming: switching
-
-
-class PolicyConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """How the controller schedules cells (the ``[controller]`` settings it needs)."""
-
-    mode: Mode = "elastic"
-    overlap: bool = True  # elastic: dispatch the next burst into capacity the tail frees
-    max_staleness: Annotated[int, msgspec.Meta(ge=0)] = 1  # versions between sampling and training
-    async_train_cells: Annotated[int, msgspec.Meta(ge=1)] = 1  # async: cells that always train
+Role = CellRole  # draining/resuming: switching
 
 
 class CellView(msgspec.Struct, frozen=True, kw_only=True):

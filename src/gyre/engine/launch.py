@@ -6,7 +6,9 @@ saver enabled so release/resume work (needs ``pip install gyre[gpu]`` and a GPU)
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -30,7 +32,12 @@ class ServerProcess:
     """A running engine server; ``stop()`` (or leaving the ``with`` block) terminates it."""
 
     def __init__(
-        self, args: list[str], port: int, log_path: Path | None, env: dict[str, str] | None = None
+        self,
+        args: list[str],
+        port: int,
+        log_path: Path | None,
+        env: dict[str, str] | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
@@ -42,6 +49,7 @@ class ServerProcess:
                 stdout=out or subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(env or {})},
+                preexec_fn=_die_with_parent if die_with_parent else None,
             )
         finally:
             if out is not None:
@@ -91,17 +99,26 @@ class ServerProcess:
         self.stop()
 
 
+def _die_with_parent() -> None:
+    """(in the child, before exec) Be killed when the thread that started us ends, e.g. a cell process killed."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def launch_embedded(
     model_path: str | Path,
     port: int | None = None,
     overrides: list[str] | None = None,
     log_path: Path | None = None,
     timeout_s: float = 120.0,
+    die_with_parent: bool = False,
 ) -> ServerProcess:
     """Start ``gyre serve-engine`` on ``model_path`` and wait for it to serve.
 
     Without ``port`` a free one is chosen; if another process takes it before the engine binds (the port was free
-    when asked, not when used), the engine is started again on another one.
+    when asked, not when used), the engine is started again on another one. ``die_with_parent`` (Linux): the engine
+    is killed when the calling thread ends, so a killed cell leaves no engine behind; call it from a thread that
+    lives as long as the engine should.
     """
     for attempt in range(3):
         chosen = port or free_port()
@@ -118,7 +135,9 @@ def launch_embedded(
         for item in overrides or []:
             args += ["--set", item]
         try:
-            return ServerProcess(args, chosen, log_path).wait_ready(timeout_s)
+            return ServerProcess(args, chosen, log_path, die_with_parent=die_with_parent).wait_ready(
+                timeout_s
+            )
         except EngineUnavailable as exc:
             if port is not None or attempt == 2 or "address already in use" not in str(exc):
                 raise
@@ -157,6 +176,7 @@ def launch_sglang(
     log_path: Path | None = None,
     timeout_s: float = 900.0,
     weight_version: int = 0,
+    die_with_parent: bool = False,
 ) -> ServerProcess:
     """Start a real SGLang server (see `sglang_command`) and wait for it to serve."""
     try:
@@ -165,4 +185,4 @@ def launch_sglang(
         raise EngineUnavailable("the sglang backend needs the gpu extra: pip install 'gyre[gpu]'") from None
     port = port or free_port()
     args = sglang_command(model_path, port, tp_size, mem_fraction_static, weight_version, extra_args)
-    return ServerProcess(args, port, log_path).wait_ready(timeout_s)
+    return ServerProcess(args, port, log_path, die_with_parent=die_with_parent).wait_ready(timeout_s)

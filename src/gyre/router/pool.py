@@ -1,6 +1,8 @@
 """The pool of inference engines a router sends calls to, and the one loop that makes a call survive them.
 
-Each engine is ``serving``, ``draining``, ``gone`` or ``misconfigured``. A call sticks to the engine that holds its
+Each engine is ``serving``, ``draining``, ``gone`` or ``misconfigured``. An engine a controller manages (a cell's)
+changes state only when the controller says so (``drain``, ``resume``, ``mark_gone``), never by a health probe. A
+call sticks to the engine that holds its
 session's prefix while that engine serves, else goes to the least loaded one. When its engine drains or fails
 mid-generation, the call continues on another engine from the tokens generated so far (its KV handed over where both
 engines can), so the caller sees one normal response whose tokens and logprobs are exactly what the engines sampled,
@@ -60,6 +62,8 @@ class Engine:
     failures: int = 0
     last_probe: float = 0.0  # time.monotonic() of the last health probe while gone
     problem: str = ""  # why it is misconfigured
+    managed: bool = False  # a controller owns its state (a cell's engine): no health probe revives it
+    destination: str | None = None  # while draining: where its moved calls continue (capacity reserved there)
 
 
 class PoolStatistics(msgspec.Struct, frozen=True):
@@ -115,12 +119,12 @@ class EnginePool:
         self._failures = 0
 
     # ---- membership -----------------------------------------------------------------------------------------
-    def add(self, url: str, name: str | None = None) -> Engine:
-        """Start sending calls to the engine at ``url``."""
+    def add(self, url: str, name: str | None = None, managed: bool = False) -> Engine:
+        """Start sending calls to the engine at ``url`` (``managed``: a controller decides its state)."""
         name = name or f"engine-{next(self._names)}"
         if name in self.engines and self.engines[name].state is not EngineState.GONE:
             raise EngineRequestError(f"an engine named {name!r} is already in the pool", status=409)
-        engine = Engine(name, url.rstrip("/"), EngineClient(url, timeout_s=self.timeout_s))
+        engine = Engine(name, url.rstrip("/"), EngineClient(url, timeout_s=self.timeout_s), managed=managed)
         self.engines[name] = engine
         self._notify()
         return engine
@@ -132,9 +136,11 @@ class EnginePool:
             raise EngineRequestError(f"no engine named {name!r}; engines: {sorted(self.engines)}", status=404)
         return engine
 
-    async def drain(self, name: str) -> None:
-        """Send no new calls to ``name``; move its in-flight calls elsewhere; return when none is left there."""
+    async def drain(self, name: str, destination: str | None = None) -> None:
+        """Send no new calls to ``name``; move its in-flight calls elsewhere (to ``destination`` while it serves);
+        return when none is left there."""
         engine = self.get(name)
+        engine.destination = destination
         if engine.state is EngineState.SERVING:
             engine.state = EngineState.DRAINING
         while engine.inflight and engine.state is EngineState.DRAINING:
@@ -149,8 +155,12 @@ class EnginePool:
         """Let a drained engine (back from training, say) or a fixed misconfigured one serve again."""
         engine = self.get(name)
         engine.state = EngineState.SERVING
-        engine.problem = ""
+        engine.problem, engine.destination = "", None
         self._notify()
+
+    def mark_gone(self, name: str, reason: str) -> None:
+        """The controller declared the engine's cell gone: no calls; calls in flight there continue elsewhere."""
+        self._mark_gone(self.get(name), reason)
 
     async def remove(self, name: str) -> None:
         """Drain ``name`` and forget it."""
@@ -199,10 +209,14 @@ class EnginePool:
             engine.failures += 1
             self._notify()
 
-    async def _pick(self, affinity: str | None) -> Engine:
-        """The session's engine while it serves, else the least loaded serving one; waits for one to appear."""
+    async def _pick(self, affinity: str | None, moved_from: Engine | None = None) -> Engine:
+        """The session's engine while it serves, else the least loaded serving one; waits for one to appear. A call
+        moved off a draining engine goes where the controller reserved capacity for it, if that still serves."""
         deadline = time.monotonic() + self.wait_for_engine_s
         while True:
+            reserved = self.engines.get(moved_from.destination or "") if moved_from is not None else None
+            if reserved is not None and reserved.state is EngineState.SERVING:
+                return reserved
             sticky = self.engines.get(affinity) if affinity else None
             if sticky is not None and sticky.state is EngineState.SERVING:
                 return sticky
@@ -226,7 +240,11 @@ class EnginePool:
         """Bring back gone engines that answer ``/health`` again (a restart, a transient failure)."""
         now = time.monotonic()
         for engine in self.engines.values():
-            if engine.state is EngineState.GONE and now - engine.last_probe >= PROBE_INTERVAL_S:
+            if (
+                engine.state is EngineState.GONE
+                and not engine.managed
+                and now - engine.last_probe >= PROBE_INTERVAL_S
+            ):
                 engine.last_probe = now
                 if await engine.client.health():
                     log.warning("engine %s (%s) answers again: serving", engine.name, engine.url)
@@ -272,7 +290,7 @@ class EnginePool:
         previous: Engine | None = None
         limit = params.max_new_tokens
         while True:
-            engine = await self._pick(affinity)
+            engine = await self._pick(affinity, previous)
             if previous is not None and previous is not engine and out:
                 await self._hand_over(previous, engine, input_ids + out)
             budget = None if limit is None else limit - len(out)

@@ -23,6 +23,7 @@ from gyre.protocol import (
     Refused,
     ReleaseMember,
     SaveCheckpoint,
+    SetEngine,
     Shutdown,
     StepDone,
     StepMetrics,
@@ -97,6 +98,13 @@ class TrainerClient:
     def attach_engine(self, url: str, timeout_s: float = 120.0) -> str:
         """Push weights to the engine at ``url`` now and after every update."""
         reply = self._ask(AttachEngine(url=url), timeout_s)
+        assert isinstance(reply, Ack)
+        return reply.detail
+
+    def set_engine(self, url: str, active: bool, timeout_s: float = 120.0) -> str:
+        """Bring the engine at ``url`` up to date and push to it after updates (``active``), or stop pushing to it
+        (returns once a push under way has ended)."""
+        reply = self._ask(SetEngine(url=url, active=active), timeout_s)
         assert isinstance(reply, Ack)
         return reply.detail
 

@@ -4,7 +4,8 @@ Elastic data parallelism (DESIGN section 4). Weights are frozen during a step. T
 micro-steps in (``SubmitMicroSteps``) and seals it; members claim micro-steps one at a time, compute gradients at the
 step's weights and send them here, where they are summed; when the step is sealed and every micro-step is done the
 core applies one AdamW update, bumps the version, pushes the new weights to attached engines and answers
-``StepDone``. The core is a member too (``core_computes``), computing in its own thread.
+``StepDone``. The core is a member too (``core_computes``), computing in its own thread; in a cell the computing is
+switched on and off with the cell's role (``set_computing``).
 
 How groups are formed (never rebuilt when membership changes): each member has its own two-rank torch.distributed
 group with the core (core rank 0, member rank 1), created once when the member first says ``Hello``, from a TCPStore
@@ -63,6 +64,7 @@ from gyre.protocol import (
     Refused,
     ReleaseMember,
     SaveCheckpoint,
+    SetEngine,
     Shutdown,
     StepDone,
     StepMetrics,
@@ -135,6 +137,12 @@ class CoreTrainer:
         self.metrics: dict[int, StepMetrics] = {}
         self.weights_lock = threading.Lock()  # held while weights are read for a transfer; updates wait
         self.engines: dict[str, tuple[Any, weight_sync.WeightGroup, str]] = {}  # url -> client, group, name
+        self.inactive: set[str] = set()  # attached engines that get no pushes now (their cell trains)
+        self._engine_locks: dict[str, asyncio.Lock] = {}  # url -> held by its push (one collective at a time)
+        self.computing = threading.Event()  # the compute worker claims micro-steps while set
+        if cfg.core_computes:
+            self.computing.set()
+        self._busy = False  # the compute worker holds a micro-step (guarded by queue.lock)
         self._engine_loop = asyncio.new_event_loop()
         threading.Thread(target=self._engine_loop.run_forever, name="engine-push", daemon=True).start()
         self._pushes: list[tuple[str, Any]] = []  # (engine url, future) of the pushes of the last update
@@ -146,9 +154,8 @@ class CoreTrainer:
     # ---- the loop ---------------------------------------------------------------------------------------------
     def run(self) -> None:
         """Serve members and the driver until ``Shutdown``."""
-        if self.cfg.core_computes:
-            self._worker = threading.Thread(target=self._compute, name="core-compute", daemon=True)
-            self._worker.start()
+        self._worker = threading.Thread(target=self._compute, name="core-compute", daemon=True)
+        self._worker.start()
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.events, zmq.POLLIN)
@@ -243,6 +250,8 @@ class CoreTrainer:
                 self._release(identity, name)
             case AttachEngine(url=url):
                 self._attach(identity, url)
+            case SetEngine(url=url, active=active):
+                self._set_engine(identity, url, active)
             case SaveCheckpoint(path=path):
                 with self.weights_lock:
                     where = self.state.save(path)
@@ -439,11 +448,12 @@ class CoreTrainer:
         model, loss = self.state.model, self.cfg.loss
         while not self.stopping:
             with self.queue.changed:
-                if not self.queue.has_pending():
+                if not self.computing.is_set() or not self.queue.has_pending():
                     self.queue.changed.wait(timeout=0.5)
                     continue
                 claimed = self.queue.claim(CORE)
                 step, version = self.queue.step, self.state.version
+                self._busy = claimed is not None
             if claimed is None:
                 continue
             index, micro = claimed
@@ -454,14 +464,30 @@ class CoreTrainer:
                     "the core failed computing micro-step %d of step %d; it is claimed again", index, step
                 )
                 model.zero_grad(set_to_none=True)
-                self.queue.release(CORE)
+                with self.queue.changed:
+                    self.queue.release(CORE)
+                    self._busy = False
+                    self.queue.changed.notify_all()
                 self.stopping = True  # a core that cannot compute must not hold the step hostage silently
                 return
-            with self.queue.lock:
+            with self.queue.changed:
                 if step == self.queue.step:
                     self.queue.finish(index, CORE, stats, self.state.add_model_gradients)
+                self._busy = False
+                self.queue.changed.notify_all()
             model.zero_grad(set_to_none=True)
             self._notify("received", CORE, index)
+
+    def set_computing(self, on: bool) -> None:
+        """Let the core's own worker claim micro-steps, or stop it (returns once the one it holds is summed)."""
+        with self.queue.changed:
+            if on:
+                self.computing.set()
+                self.queue.changed.notify_all()
+                return
+            self.computing.clear()
+            while self._busy and not self.stopping:
+                self.queue.changed.wait(timeout=0.5)
 
     # ---- the update ---------------------------------------------------------------------------------------------
     def _finish_step(self) -> None:
@@ -483,7 +509,7 @@ class CoreTrainer:
         if self.cfg.checkpoint_every_steps and self.state.step % self.cfg.checkpoint_every_steps == 0:
             root = Path(self.cfg.checkpoint_dir or "checkpoints")
             self.state.save(root / f"step-{self.state.step}")
-        for url in self.engines:
+        for url in self.engines.keys() - self.inactive:
             self._pushes.append((url, asyncio.run_coroutine_threadsafe(self._push(url), self._engine_loop)))
         q.open(self.state.step)
         if self.state.step in self.future:
@@ -520,18 +546,48 @@ class CoreTrainer:
 
         asyncio.run_coroutine_threadsafe(attach(), self._engine_loop)
 
+    def _set_engine(self, identity: bytes, url: str, active: bool) -> None:
+        if active:
+            self.inactive.discard(url)
+            if url not in self.engines:
+                self._attach(identity, url)
+                return
+
+            async def push() -> None:
+                try:
+                    await self._push(url)
+                except (GyreError, OSError, RuntimeError) as exc:
+                    self._notify("reply", identity, "refused", f"weight push to {url} failed: {exc}")
+                    return
+                self._notify("reply", identity, "ack", f"{url} serves version {self.state.version}")
+
+            asyncio.run_coroutine_threadsafe(push(), self._engine_loop)
+            return
+        self.inactive.add(url)
+
+        async def settled() -> None:  # a push under way holds the engine's lock until its collective ends
+            async with self._engine_lock(url):
+                self._notify("reply", identity, "ack", f"{url} gets no pushes")
+
+        asyncio.run_coroutine_threadsafe(settled(), self._engine_loop)
+
+    def _engine_lock(self, url: str) -> asyncio.Lock:
+        """(engine loop only) The lock one engine's pushes take turns on."""
+        return self._engine_locks.setdefault(url, asyncio.Lock())
+
     async def _push(self, url: str) -> None:
         """Send the current weights to one engine (it reports the new version once they are in)."""
-        client, group, name = self.engines[url]
-        await asyncio.to_thread(self.weights_lock.acquire)
-        try:
-            named = [(n, p.detach()) for n, p in self.state.named]
-            started = time.perf_counter()
-            await weight_sync.push_weights(client, group, named, self.state.version, name, flattened=True)
-            took = time.perf_counter() - started
-            self.push_s[url] = min(self.push_s.get(url, took), took)
-        finally:
-            self.weights_lock.release()
+        async with self._engine_lock(url):
+            client, group, name = self.engines[url]
+            await asyncio.to_thread(self.weights_lock.acquire)
+            try:
+                named = [(n, p.detach()) for n, p in self.state.named]
+                started = time.perf_counter()
+                await weight_sync.push_weights(client, group, named, self.state.version, name, flattened=True)
+                took = time.perf_counter() - started
+                self.push_s[url] = min(self.push_s.get(url, took), took)
+            finally:
+                self.weights_lock.release()
 
     def statistics(self) -> TrainerStatistics:
         """The current step, members and claims."""

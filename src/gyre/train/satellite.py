@@ -79,6 +79,9 @@ class Satellite:
         self.group_name = ""
         self.version = -1
         self._leave = threading.Event()
+        self.joined = (
+            threading.Event()
+        )  # set once it holds its pair group in a ``run`` (cleared when it ends)
         self._sock: zmq.Socket[bytes] | None = None
 
     def request_leave(self) -> None:
@@ -104,6 +107,7 @@ class Satellite:
             loss = msgspec.convert(welcome.loss, LossConfig)
             log.info("%s welcomed after %.3f s", self.name, time.monotonic() - started)
             self._join_group(welcome)
+            self.joined.set()
             log.info("%s in its pair group after %.3f s", self.name, time.monotonic() - started)
             self._send(Claim(member=self.name, version=self.version))
             while True:
@@ -150,6 +154,7 @@ class Satellite:
                     case _:
                         log.warning("satellite %s ignores %s", self.name, type(message).__name__)
         finally:
+            self.joined.clear()
             stop_beats.set()
             sock.close()
             self._sock = None

@@ -1,0 +1,401 @@
+"""The live controller: the cells' state machines, the harness-preserving switch protocol, the control plane.
+
+It lives in the driver's event loop. Cells connect to its ZeroMQ ROUTER (``address``) and say ``CellHello``; it owns
+one state machine per cell (``serving -> draining -> training -> resuming -> serving``, or ``gone``) and the router's
+engine states follow it: a cell's engine joins the router's pool as a managed engine only once it serves the core's
+weights, is drained before the cell trains, and takes calls again only after the cell reports the new version.
+
+Switches (DESIGN section 4), each timed per phase and journaled to ``switches.jsonl``:
+- serve -> train: the router sends the cell no new calls and moves the calls in flight there, from the tokens
+  generated so far, to the capacity reserved for them (a standalone server first, else the serving cell that will
+  serve longest: the last in training order) (``drain``); then the cell's own phases (see `gyre.control.cell`).
+- train -> serve: the cell's phases, then the router sends it calls again (``route``).
+
+Heartbeats both ways: a cell silent for ``cell_timeout_s`` is gone (the router stops routing to it and continues its
+calls elsewhere; the core gives its claimed micro-steps to others by its own member timeout; the policy plans
+without it). A cell that says Hello again, restarted or reconnected, rejoins.
+
+The policy (`gyre.control.policy.decide`) is not called here: whoever drives the run builds an ``Observation`` (with
+`cell_views`) and carries out the actions with `to_train` / `to_serve`; `trace` keeps each observation and the
+decision taken on it, so a run can be replayed through the simulator's copy of the same policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from gyre.config import ControllerConfig
+from gyre.control.policy import Action, CellView, Observation, ToServe, ToTrain, decide
+from gyre.errors import GyreError
+from gyre.journal import Journal
+from gyre.protocol import (
+    CellBeat,
+    CellHello,
+    CellKind,
+    CellMessage,
+    CellRefused,
+    CellRole,
+    CellShutdown,
+    CellWelcome,
+    ControlPing,
+    StartServing,
+    StartTraining,
+    SwitchDone,
+    SwitchRecord,
+)
+from gyre.router.pool import EnginePool
+
+log = logging.getLogger(__name__)
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(CellMessage)
+
+
+class SwitchFailed(GyreError):
+    """A role switch could not be carried out (the cell reported an error, went away, or ran out of time)."""
+
+
+@dataclass(eq=False)
+class _Cell:
+    name: str
+    kind: CellKind
+    order: int
+    engine_url: str
+    capacity: int
+    identity: bytes
+    role: CellRole = "resuming"
+    version: int = -1
+    last_seen: float = field(default_factory=time.monotonic)
+    waiting: dict[int, asyncio.Future[SwitchDone]] = field(default_factory=dict)  # switch -> its report
+    switches: int = 0
+
+
+class CellStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """One cell as the controller sees it."""
+
+    name: str
+    kind: CellKind
+    order: int
+    role: CellRole
+    version: int
+    capacity: int
+    switches: int
+
+
+class ControllerStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """The cells in planning order, and the switch history's size."""
+
+    address: str
+    cells: tuple[CellStatistics, ...]
+    switches: int
+    failed_switches: int
+    gone: int  # times a cell was declared gone
+
+
+class TraceEntry(msgspec.Struct, frozen=True):
+    """One decision: what the policy saw and what it answered."""
+
+    observation: Observation
+    actions: list[Action]
+
+
+class Controller:
+    """Cells, their roles and switches; ``async with Controller(...)`` binds the ROUTER and runs its loops."""
+
+    def __init__(
+        self, cfg: ControllerConfig, pool: EnginePool, journal_dir: str | Path | None = None
+    ) -> None:
+        self.cfg, self.pool = cfg, pool
+        self.cells: dict[str, _Cell] = {}
+        self.core_address = ""
+        self.address = ""
+        self.trace: list[TraceEntry] = []
+        self._journal = Journal(journal_dir, "switches.jsonl") if journal_dir else None
+        self.records: list[SwitchRecord] = []
+        self._numbers = itertools.count(1)
+        self._changed = asyncio.Event()
+        self._failed = 0
+        self._gone = 0
+        self._unwelcomed: list[str] = []  # cells waiting for the core's address
+
+    # ---- lifetime -----------------------------------------------------------------------------------------------
+    async def __aenter__(self) -> Controller:
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 1000)
+        self._sock.setsockopt(
+            zmq.ROUTER_HANDOVER, 1
+        )  # a reconnecting cell's new connection takes its identity
+        bind = self.cfg.bind[:-2] + ":*" if self.cfg.bind.endswith(":0") else self.cfg.bind
+        self._sock.bind(bind)
+        self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self._tasks = asyncio.TaskGroup()
+        await self._tasks.__aenter__()
+        self._loops = [self._tasks.create_task(self._receive()), self._tasks.create_task(self._beat())]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for task in self._loops:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._tasks.__aexit__(None, None, None)
+        self._sock.close(0)
+        self._ctx.term()
+        if self._journal is not None:
+            self._journal.close()
+
+    async def shutdown_cells(self) -> None:
+        """Tell every cell to stop (its engine and trainer with it)."""
+        for cell in self.cells.values():
+            if cell.role != "gone":
+                await self._send(cell, CellShutdown())
+
+    # ---- what the policy sees -----------------------------------------------------------------------------------
+    def ordered(self) -> list[_Cell]:
+        """Cells in planning order: the core, satellites by order, then standalone servers."""
+        return sorted(self.cells.values(), key=lambda c: (c.kind == "standalone", c.order, c.name))
+
+    def cell_views(self) -> tuple[CellView, ...]:
+        """The cells as the policy sees them, in order."""
+        return tuple(CellView(name=c.name, role=c.role, capacity=c.capacity, standalone=c.kind == "standalone")
+                     for c in self.ordered())  # fmt: skip
+
+    def decide(self, cfg: ControllerConfig, observation: Observation) -> list[Action]:
+        """The policy's answer to ``observation``, kept in ``trace``."""
+        actions = decide(cfg, observation)
+        self.trace.append(TraceEntry(observation, list(actions)))
+        return actions
+
+    def statistics(self) -> ControllerStatistics:
+        """A snapshot of every cell's state."""
+        return ControllerStatistics(
+            address=self.address,
+            cells=tuple(CellStatistics(name=c.name, kind=c.kind, order=c.order, role=c.role, version=c.version,
+                                       capacity=c.capacity, switches=c.switches) for c in self.ordered()),
+            switches=len(self.records), failed_switches=self._failed, gone=self._gone,
+        )  # fmt: skip
+
+    async def wait_serving(self, count: int, timeout_s: float) -> None:
+        """Return once ``count`` cells serve (at start-up: their engines hold the core's weights)."""
+        async with asyncio.timeout(timeout_s):
+            while sum(c.role == "serving" for c in self.cells.values()) < count:
+                await self._wait_changed()
+
+    async def wait_role(self, name: str, roles: tuple[CellRole, ...], timeout_s: float) -> None:
+        """Return once cell ``name`` is in one of ``roles``."""
+        async with asyncio.timeout(timeout_s):
+            while name not in self.cells or self.cells[name].role not in roles:
+                await self._wait_changed()
+
+    async def _wait_changed(self) -> None:
+        await self._changed.wait()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # ---- switches -----------------------------------------------------------------------------------------------
+    async def to_train(self, name: str) -> SwitchRecord:
+        """Serve -> train: drain the router's calls off the cell, then it releases memory and joins the step."""
+        cell = self._get(name)
+        if cell.kind == "standalone" or cell.role != "serving":
+            raise SwitchFailed(f"{name} cannot start training: it is {cell.role} ({cell.kind})")
+        number, started, clock = next(self._numbers), time.time(), time.perf_counter()
+        cell.role = "draining"
+        self._notify()
+        destination = self._destination(cell)
+        moved = self.pool.statistics().moved_calls
+        await self.pool.drain(name, destination)
+        phases = {"drain": time.perf_counter() - clock}
+        moved = self.pool.statistics().moved_calls - moved
+        report = await self._carry_out(cell, number, StartTraining(switch=number))
+        return self._record(cell, number, "serve_to_train", started, clock, phases, report, moved)
+
+    async def to_serve(self, name: str) -> SwitchRecord:
+        """Train -> serve: the cell leaves the step, takes its memory and the new weights back; then it gets calls."""
+        cell = self._get(name)
+        if cell.role != "training":
+            raise SwitchFailed(f"{name} cannot start serving: it is {cell.role}")
+        number, started, clock = next(self._numbers), time.time(), time.perf_counter()
+        cell.role = "resuming"
+        self._notify()
+        report = await self._carry_out(cell, number, StartServing(switch=number))
+        phases: dict[str, float] = {}
+        if not report.error:
+            routed = time.perf_counter()
+            self.pool.resume(name)
+            phases["route"] = time.perf_counter() - routed
+        return self._record(cell, number, "train_to_serve", started, clock, phases, report, 0)
+
+    async def apply(self, actions: list[Action]) -> None:
+        """Carry out the policy's role moves (in order, each to its end); dispatching is the caller's."""
+        for action in actions:
+            match action:
+                case ToTrain(cell=name):
+                    await self.to_train(name)
+                case ToServe(cell=name):
+                    await self.to_serve(name)
+
+    def _destination(self, leaving: _Cell) -> str | None:
+        """Where the leaving cell's calls continue: a standalone server, else the serving cell last in order."""
+        serving = [c for c in self.ordered() if c.role == "serving" and c is not leaving]
+        standalone = [c for c in serving if c.kind == "standalone"]
+        if standalone:
+            return min(standalone, key=lambda c: self.pool.engines[c.name].outstanding_tokens).name
+        return serving[-1].name if serving else None
+
+    async def _carry_out(self, cell: _Cell, number: int, command: StartTraining | StartServing) -> SwitchDone:
+        future: asyncio.Future[SwitchDone] = asyncio.get_running_loop().create_future()
+        cell.waiting[number] = future
+        await self._send(cell, command)
+        try:
+            async with asyncio.timeout(self.cfg.switch_timeout_s):
+                report = await future
+        except TimeoutError:
+            report = SwitchDone(cell=cell.name, switch=number, role=cell.role, phases={},
+                                error=f"no report within {self.cfg.switch_timeout_s:g} s")  # fmt: skip
+        finally:
+            cell.waiting.pop(number, None)
+        return report
+
+    def _record(self, cell: _Cell, number: int, direction: Literal["serve_to_train", "train_to_serve"],
+                started: float, clock: float, phases: dict[str, float], report: SwitchDone,
+                moved: int) -> SwitchRecord:  # fmt: skip
+        ordered = (
+            {**phases, **report.phases} if direction == "serve_to_train" else {**report.phases, **phases}
+        )
+        if cell.role != "gone":
+            cell.role = report.role
+            cell.version = report.version if report.version >= 0 else cell.version
+        cell.switches += 1
+        record = SwitchRecord(switch=number, cell=cell.name, direction=direction, started=started,
+                              phases=ordered, total_s=time.perf_counter() - clock, version=cell.version,
+                              moved_calls=moved, error=report.error)  # fmt: skip
+        self.records.append(record)
+        if self._journal is not None:
+            self._journal.append(record)
+        self._notify()
+        if report.error:
+            self._failed += 1
+            raise SwitchFailed(f"{direction.replace('_', ' ')} of {cell.name} failed: {report.error}")
+        log.info("%s: %s in %.3f s (%s)", cell.name, direction, record.total_s,
+                 ", ".join(f"{k} {v:.3f}" for k, v in ordered.items()))  # fmt: skip
+        return record
+
+    def _get(self, name: str) -> _Cell:
+        cell = self.cells.get(name)
+        if cell is None:
+            raise SwitchFailed(f"no cell named {name!r}; cells: {sorted(self.cells)}")
+        return cell
+
+    # ---- the control plane --------------------------------------------------------------------------------------
+    async def _send(self, cell: _Cell, message: object) -> None:
+        await self._sock.send_multipart([cell.identity, _encoder.encode(message)])
+
+    async def _receive(self) -> None:
+        while True:
+            identity, payload = await self._sock.recv_multipart()
+            try:
+                message = _decoder.decode(payload)
+            except msgspec.DecodeError as exc:
+                log.warning("not a cell message (%s): dropped", exc)
+                continue
+            cell = self.cells.get(message.cell)
+            if cell is not None and cell.role != "gone":
+                cell.last_seen = time.monotonic()
+            match message:
+                case CellBeat():
+                    pass
+                case CellHello():
+                    await self._hello(identity, message)
+                case SwitchDone(switch=number):
+                    if cell is None:
+                        continue
+                    if number == 0:  # joined: it serves the core's weights
+                        self._joined(cell, message)
+                    elif (waiting := cell.waiting.get(number)) is not None and not waiting.done():
+                        waiting.set_result(message)
+
+    async def _hello(self, identity: bytes, hello: CellHello) -> None:
+        if hello.kind == "core":
+            if self.core_address and self.core_address != hello.core_address:
+                core = next((c for c in self.cells.values() if c.kind == "core" and c.role != "gone"), None)
+                if core is not None and core.name != hello.cell:
+                    await self._sock.send_multipart([identity, _encoder.encode(
+                        CellRefused(reason=f"{core.name} is the core already"))])  # fmt: skip
+                    return
+            self.core_address = hello.core_address
+        cell = self.cells.get(hello.cell)
+        if cell is None or cell.role == "gone" or cell.engine_url != hello.engine_url:
+            cell = self.cells[hello.cell] = _Cell(hello.cell, hello.kind, hello.order, hello.engine_url,
+                                                  hello.capacity, identity)  # fmt: skip
+            log.info("cell %s (%s, order %d) connected from %s pid %d", hello.cell, hello.kind, hello.order,
+                     hello.hostname, hello.pid)  # fmt: skip
+        cell.identity, cell.last_seen = identity, time.monotonic()
+        cell.role, cell.version = hello.role, hello.version
+        if hello.role == "serving":  # a cell that kept serving while the controller restarted
+            self._route(cell)
+        self._notify()
+        if self.core_address:
+            for waiting in [cell.name, *self._unwelcomed]:
+                if waiting in self.cells:
+                    await self._send(self.cells[waiting], self._welcome(self.cells[waiting]))
+            self._unwelcomed.clear()
+        else:
+            self._unwelcomed.append(cell.name)
+
+    def _welcome(self, cell: _Cell) -> CellWelcome:
+        return CellWelcome(cell=cell.name, core_address=self.core_address, heartbeat_s=self.cfg.heartbeat_s,
+                           cell_timeout_s=self.cfg.cell_timeout_s)  # fmt: skip
+
+    def _joined(self, cell: _Cell, report: SwitchDone) -> None:
+        if report.error:
+            log.error("cell %s could not take the core's weights: %s", cell.name, report.error)
+            return
+        cell.role, cell.version = "serving", report.version
+        self._route(cell)
+        log.info("cell %s serves version %d", cell.name, cell.version)
+        self._notify()
+
+    def _route(self, cell: _Cell) -> None:
+        engine = self.pool.engines.get(cell.name)
+        if engine is None or engine.url != cell.engine_url.rstrip("/"):
+            if engine is not None:
+                self.pool.engines.pop(cell.name)
+            self.pool.add(cell.engine_url, cell.name, managed=True)
+        else:
+            self.pool.resume(cell.name)
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_s)
+            now = time.monotonic()
+            for cell in list(self.cells.values()):
+                if cell.role == "gone":
+                    continue
+                if now - cell.last_seen > self.cfg.cell_timeout_s:
+                    self._declare_gone(cell, f"silent for {now - cell.last_seen:.1f} s")
+                else:
+                    await self._send(cell, ControlPing())
+
+    def _declare_gone(self, cell: _Cell, reason: str) -> None:
+        log.warning("cell %s is gone: %s", cell.name, reason)
+        cell.role = "gone"
+        self._gone += 1
+        if cell.name in self.pool.engines:
+            self.pool.mark_gone(cell.name, f"its cell is gone: {reason}")
+        for waiting in cell.waiting.values():
+            if not waiting.done():
+                waiting.set_result(SwitchDone(cell=cell.name, switch=0, role="gone", phases={},
+                                              error=f"the cell went away: {reason}"))  # fmt: skip
+        self._notify()
