@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import random
 from pathlib import Path
 
 import pytest
@@ -12,31 +11,9 @@ import torch
 from gyre.config import EngineConfig, TrainerConfig
 from gyre.engine.embedded.engine import EmbeddedEngine
 from gyre.errors import ConfigError
-from gyre.protocol import GenerateRequest, MicroStep, SamplingParams
-from gyre.train.objective import compute_gradients
+from gyre.protocol import GenerateRequest, SamplingParams
 from gyre.train.state import TrainState
-
-
-def random_micro_steps(seed: int, count: int, vocab: int = 260) -> list[MicroStep]:
-    """Chains of random tokens with random behaviour logprobs and advantages; weights sum to 1 over the list."""
-    rng = random.Random(seed)
-    sizes = [rng.randrange(20, 120) for _ in range(count)]
-    total = sum(n - 1 for n in sizes)
-    out = []
-    for n in sizes:
-        ids = [rng.randrange(vocab) for _ in range(n)]
-        out.append(MicroStep(input_ids=ids, position_ids=list(range(n)), parents=[-1, *range(n - 1)],
-                             weights=[0.0] + [1.0 / total] * (n - 1), advantages=[rng.uniform(-1, 1)] * n,
-                             behaviour_logprobs=[rng.uniform(-6.0, -4.0) for _ in range(n)], versions=[0] * n,
-                             sequences=1))  # fmt: skip
-    return out
-
-
-def train_step(state: TrainState, items: list[MicroStep]) -> None:
-    for m in items:
-        compute_gradients(state.model, m, state.cfg.loss, state.version, state.reference)
-        state.add_model_gradients()
-    state.apply()
+from reference import random_micro_steps, train_step
 
 
 def config(model: Path, **kw: object) -> TrainerConfig:

@@ -17,7 +17,6 @@ import pytest
 import torch
 import zmq
 from safetensors.torch import load_file
-from test_checkpoints import random_micro_steps, train_step
 
 from gyre.config import LossConfig, TrainerConfig
 from gyre.engine.launch import free_port
@@ -25,6 +24,7 @@ from gyre.errors import TrainerError
 from gyre.protocol import MicroStep, StepMetrics, TrainerStatistics
 from gyre.train.client import TrainerClient, launch_core, launch_satellite
 from gyre.train.state import TrainState
+from reference import random_micro_steps, train_step
 
 pytestmark = pytest.mark.slow
 LR = 1e-3

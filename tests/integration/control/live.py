@@ -1,0 +1,148 @@
+"""Real cells (``gyre cell`` processes with embedded engines), the controller and the router in one event loop,
+with agents talking to the router through the official ``openai`` client: what the control tests run against."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import openai
+import torch
+import uvicorn
+
+from gyre.config import GyreConfig, RouterConfig, dump_config, load_config
+from gyre.control.cell import CellSpec, cell_specs, launch_cell
+from gyre.control.controller import Controller
+from gyre.engine.launch import free_port
+from gyre.records import CallRecord, expand_inputs
+from gyre.router.core import Router
+from gyre.router.pool import EnginePool
+from gyre.router.server import build_agent_app
+from gyre.train.client import TrainerClient
+from reference import hf_logprobs
+
+BASE = [
+    "cells.engine_overrides=['engine.kv_cache_mem_gib=0.1']", "cells.num_threads=1",
+    "trainer.learning_rate=1e-3", "trainer.heartbeat_s=0.25", "trainer.transfer_timeout_s=30",
+    "controller.heartbeat_s=0.25",
+]  # fmt: skip
+
+
+@dataclass
+class Conversation:
+    """What one agent's session saw: each reply's token ids as the API returned them."""
+
+    token: str
+    replies: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Live:
+    """``async with Live(model, tmp, overrides) as live``: cells serving, the router listening, a trainer client."""
+
+    def __init__(self, model: Path, tmp: Path, overrides: list[str]) -> None:
+        self.model, self.tmp = model, tmp
+        self.cfg: GyreConfig = load_config(None, [*BASE, *overrides])
+        self.pool = EnginePool(wait_for_engine_s=120)
+        self.router = Router(
+            RouterConfig(model_path=str(model), journal_dir=str(tmp / "run")), pool=self.pool
+        )
+        self.controller = Controller(self.cfg.controller, self.pool, tmp / "run")
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.specs: dict[str, CellSpec] = {}
+        self.conversations: list[Conversation] = []
+        self.errors: list[str] = []
+
+    async def __aenter__(self) -> Live:
+        await self.controller.__aenter__()
+        port = free_port()
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.server = uvicorn.Server(uvicorn.Config(build_agent_app(self.router), host="127.0.0.1", port=port,
+                                                    log_level="warning"))  # fmt: skip
+        self.serving = asyncio.ensure_future(self.server.serve())  # stopped in __aexit__
+        (self.tmp / "config.toml").write_text(dump_config(self.cfg))
+        for spec in cell_specs(self.cfg, self.controller.address, str(self.model), str(self.tmp)):
+            self.start(spec)
+        await self.controller.wait_serving(len(self.specs), 180)
+        self.trainer = TrainerClient(self.controller.core_address, timeout_s=120)
+        return self
+
+    def start(self, spec: CellSpec) -> None:
+        self.specs[spec.name] = spec
+        self.procs[spec.name] = launch_cell(spec, self.tmp / "config.toml", self.tmp / f"{spec.name}.log")
+
+    def kill(self, name: str) -> None:
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait()
+
+    async def __aexit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            await self.controller.shutdown_cells()
+        for proc in self.procs.values():
+            try:
+                await asyncio.to_thread(proc.wait, 20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        self.trainer.close()
+        self.server.should_exit = True
+        await self.serving
+        await self.controller.__aexit__(None, None, None)
+        await self.router.aclose()
+
+    # ---- agents ---------------------------------------------------------------------------------------------------
+    async def agent(self, i: int, stop: asyncio.Event, turns: int = 3) -> None:
+        """Conversations of ``turns`` calls each, one after another, until ``stop``; errors are collected."""
+        rng = random.Random(i)
+        while not stop.is_set():
+            token = self.router.open_session(f"agent-{i}-{len(self.conversations)}")
+            conversation = Conversation(token)
+            self.conversations.append(conversation)
+            client = openai.AsyncOpenAI(base_url=f"{self.base_url}/s/{token}/v1", api_key="unused",
+                                        max_retries=0, timeout=600)  # fmt: skip
+            messages: list[dict[str, Any]] = [{"role": "user", "content": f"agent {i} says hello"}]
+            try:
+                for _ in range(turns):
+                    r = await client.chat.completions.create(
+                        model=self.model.name, messages=messages, max_tokens=rng.randrange(8, 48),
+                        temperature=1.0, extra_body={"return_token_ids": True},
+                    )  # type: ignore[call-overload]  # fmt: skip
+                    conversation.replies.append(r.model_dump())
+                    messages += [r.choices[0].message.model_dump(exclude_none=True),
+                                 {"role": "user", "content": "go on"}]  # fmt: skip
+            except openai.OpenAIError as exc:
+                self.errors.append(f"agent {i}: {exc!r}")
+            finally:
+                await client.close()
+
+    # ---- checks ---------------------------------------------------------------------------------------------------
+    def records(self) -> dict[str, list[CallRecord]]:
+        return {c.token: self.router.records(c.token) for c in self.conversations}
+
+    def check_token_exact(self, models: dict[int, Any]) -> int:
+        """Every reply is its record, and teacher forcing at each token's weight version reproduces its logprob.
+        Returns how many records were checked."""
+        checked = 0
+        for conversation in self.conversations:
+            records = self.router.records(conversation.token)
+            full = expand_inputs(records)
+            assert len(records) == len(conversation.replies)
+            for reply, record in zip(conversation.replies, records, strict=True):
+                choice = reply["choices"][0]
+                assert record.output_ids == choice["token_ids"]
+                inputs = full[record.call_id]
+                assert inputs == reply["prompt_token_ids"]
+                versions = record.token_versions()
+                want = torch.zeros(len(record.output_ids))
+                for version in set(versions):
+                    ref = torch.tensor(hf_logprobs(models[version], inputs, record.output_ids))
+                    mask = torch.tensor([v == version for v in versions])
+                    want[mask] = ref[mask]
+                got = torch.tensor(record.output_logprobs)
+                assert torch.allclose(got, want, atol=1e-4), (record.call_id, versions)
+                checked += 1
+        return checked
