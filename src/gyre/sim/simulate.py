@@ -18,6 +18,7 @@ from typing import Annotated, cast
 
 import msgspec
 
+from gyre.control.books import Books
 from gyre.control.policy import CellView, Dispatch, Observation, PolicyConfig, Role, ToServe, ToTrain, decide
 
 Positive = Annotated[float, msgspec.Meta(gt=0)]
@@ -102,8 +103,8 @@ def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
     """Run the whole workload under ``policy``; deterministic for a workload's seed."""
     cl, tk = workload.cluster, workload.tasks
     times = durations(tk)
-    total, batch = len(times), tk.batch_executions
-    burst_size = batch * tk.burst_steps
+    batch = tk.batch_executions
+    books = Books(batch, tk.burst_steps, tk.steps)  # the live loop keeps the same books
     cells = [_Cell(f"cell{i}", False) for i in range(cl.cells)]
     cells += [_Cell(f"server{i}", True) for i in range(cl.standalone)]
     by_name = {c.name: c for c in cells}
@@ -111,12 +112,8 @@ def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
     order = itertools.count()
     timeline: list[Segment] = []
     now = 0.0
-    dispatched = finished = 0
-    sampled_with: list[int] = [0] * total
-    unfinished_in_burst: dict[int, int] = {}
-    ready: dict[int, int] = {}  # step -> finished executions not yet claimed for training
-    train_step, done, computing, applying = 0, 0, 0, False
-    version, switches = 0, 0
+    done, computing, applying = 0, 0, False
+    switches = 0
     step_end: list[float] = []
     idle = 0.0
     lags: list[int] = []
@@ -129,41 +126,24 @@ def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
         cell.role, cell.since = role, now
 
     def observation() -> Observation:
-        current = current_burst()
-        undispatched = max(min((current + 1) * burst_size, total) - dispatched, 0)
-        next_start = (current + 1) * burst_size
-        next_count = max(min(next_start + burst_size, total) - max(dispatched, next_start), 0)
-        return Observation(
-            cells=tuple(CellView(name=c.name, role=c.role, capacity=cl.capacity, standalone=c.standalone)
-                        for c in cells),
-            in_flight=dispatched - finished, undispatched=undispatched, undispatched_step=dispatched // batch,
-            next_burst=next_count,
-            data_ready=ready.get(train_step, 0) > 0,
-            step_running=done > 0 or computing > 0 or applying, version=version,
-            next_burst_step=(current + 1) * tk.burst_steps,
-        )  # fmt: skip
-
-    def current_burst() -> int:
-        """The first burst with executions still to finish (the current one)."""
-        b = 0
-        while (
-            (b + 1) * burst_size < total
-            and (b + 1) * burst_size <= dispatched
-            and not unfinished_in_burst.get(b)
-        ):
-            b += 1
-        return b
+        return books.observation(tuple(CellView(name=c.name, role=c.role, capacity=cl.capacity,
+                                                standalone=c.standalone) for c in cells))  # fmt: skip
 
     def start_training() -> None:
         nonlocal computing
         for cell in cells:
-            if cell.role == "training" and not cell.busy and ready.get(train_step, 0) > 0 and not applying:
-                ready[train_step] -= 1
+            if (
+                cell.role == "training"
+                and not cell.busy
+                and books.ready.get(books.train_step, 0) > 0
+                and not applying
+            ):
+                books.take()
                 cell.busy, computing = True, computing + 1
                 push(now + cl.micro_step_s, "micro", cell.name)
 
     def act() -> None:
-        nonlocal dispatched, switches
+        nonlocal switches
         for _ in range(4 * len(cells) + 4):
             actions = decide(policy, observation())
             if not actions:
@@ -179,33 +159,25 @@ def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
                         push(now + cl.train_to_serve_s, "switched", (name, "serving"))
                         switches += 1
                     case Dispatch(current=c, next=n):
-                        for i in range(dispatched, dispatched + c + n):
-                            sampled_with[i] = version
-                            unfinished_in_burst[i // burst_size] = (
-                                unfinished_in_burst.get(i // burst_size, 0) + 1
-                            )
+                        for i in books.dispatch(c + n):
                             push(now + times[i], "finish", i)
-                        dispatched += c + n
             if all(isinstance(a, Dispatch) for a in actions):
                 return
 
     act()
-    while len(step_end) < tk.steps:
+    while not books.done:
         if not events:
-            raise RuntimeError(f"the simulation stalled at {now:.0f} s: step {train_step}, {dispatched} dispatched, "
-                               f"roles {[c.role for c in cells]}")  # fmt: skip
+            raise RuntimeError(f"the simulation stalled at {now:.0f} s: step {books.train_step}, "
+                               f"{books.dispatched} dispatched, roles {[c.role for c in cells]}")  # fmt: skip
         at, _, kind, what = heapq.heappop(events)
         serving = sum(cl.capacity for c in cells if c.role == "serving")
-        idle += (at - now) * (max(serving - (dispatched - finished), 0) / cl.capacity
+        idle += (at - now) * (max(serving - (books.dispatched - books.finished), 0) / cl.capacity
                               + sum(1 for c in cells if c.role in ("draining", "resuming"))
                               + sum(1 for c in cells if c.role == "training" and not c.busy))  # fmt: skip
         now = at
         match kind:
             case "finish":
-                i = cast(int, what)
-                finished += 1
-                unfinished_in_burst[i // burst_size] -= 1
-                ready[i // batch] = ready.get(i // batch, 0) + 1
+                books.finish(cast(int, what))
             case "switched":
                 name, role = cast(tuple[str, Role], what)
                 set_role(by_name[name], role)
@@ -215,12 +187,10 @@ def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
                 done += 1
                 if done == batch:
                     applying = True
-                    push(now + cl.apply_s, "applied", train_step)
+                    push(now + cl.apply_s, "applied", books.train_step)
             case "applied":
-                lags += [
-                    train_step - sampled_with[i] for i in range(train_step * batch, (train_step + 1) * batch)
-                ]
-                version, train_step, done, applying = version + 1, train_step + 1, 0, False
+                lags += books.applied()
+                done, applying = 0, False
                 step_end.append(now)
         start_training()
         act()

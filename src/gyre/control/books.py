@@ -1,0 +1,93 @@
+"""Where a run's executions and steps stand: the counters the policy's `Observation` is built from.
+
+Kept the same way by the live loop (`gyre.control.loop`) and the simulator (`gyre.sim`), from the same events, so
+both ask the policy the same question. Pure: no I/O, no clock.
+
+Executions are numbered in dispatch order; execution ``i`` trains in step ``i // batch_executions`` and belongs to
+burst ``i // (batch_executions * burst_steps)``. An execution is *ready* once it finished and until a trainer takes
+its data; the step being trained is *running* from the first data taken until its update is applied.
+"""
+
+from __future__ import annotations
+
+from gyre.control.policy import CellView, Observation
+
+
+class Books:
+    """Dispatched / finished / taken / applied, per burst and per step."""
+
+    def __init__(self, batch_executions: int, burst_steps: int, steps: int) -> None:
+        self.batch, self.burst_size = batch_executions, batch_executions * burst_steps
+        self.burst_steps, self.steps = burst_steps, steps
+        self.total = steps * batch_executions
+        self.dispatched = self.finished = 0
+        self.unfinished_in_burst: dict[int, int] = {}
+        self.ready: dict[int, int] = {}  # step -> finished executions whose data no trainer took yet
+        self.sampled_with: list[int] = []  # execution -> the weight version serving when it was dispatched
+        self.train_step = 0  # the step trained now (or next)
+        self.version = 0  # weights serving cells sample with (steps applied)
+        self.taken = 0  # executions of train_step whose data a trainer took
+        self.step_end: list[int] = []  # applied steps, in order (for callers that time them)
+
+    def observation(self, cells: tuple[CellView, ...], pending: bool = False) -> Observation:
+        """What the policy sees now; ``pending``: data handed to the trainer that no trainer claimed yet."""
+        current = self.current_burst()
+        undispatched = max(min((current + 1) * self.burst_size, self.total) - self.dispatched, 0)
+        next_start = (current + 1) * self.burst_size
+        next_count = max(min(next_start + self.burst_size, self.total) - max(self.dispatched, next_start), 0)
+        return Observation(
+            cells=cells, in_flight=self.dispatched - self.finished, undispatched=undispatched,
+            undispatched_step=self.dispatched // self.batch, next_burst=next_count,
+            data_ready=self.ready.get(self.train_step, 0) > 0 or pending, step_running=self.taken > 0,
+            version=self.version, next_burst_step=(current + 1) * self.burst_steps,
+        )  # fmt: skip
+
+    def current_burst(self) -> int:
+        """The first burst with executions still to finish (the current one)."""
+        b = 0
+        while (
+            (b + 1) * self.burst_size < self.total
+            and (b + 1) * self.burst_size <= self.dispatched
+            and not self.unfinished_in_burst.get(b)
+        ):
+            b += 1
+        return b
+
+    def dispatch(self, count: int) -> range:
+        """Record ``count`` more executions dispatched now; their indices."""
+        first = self.dispatched
+        for i in range(first, first + count):
+            self.sampled_with.append(self.version)
+            burst = i // self.burst_size
+            self.unfinished_in_burst[burst] = self.unfinished_in_burst.get(burst, 0) + 1
+        self.dispatched += count
+        return range(first, first + count)
+
+    def finish(self, index: int) -> None:
+        """Execution ``index`` finished; its data is ready for its step."""
+        self.finished += 1
+        self.unfinished_in_burst[index // self.burst_size] -= 1
+        step = index // self.batch
+        self.ready[step] = self.ready.get(step, 0) + 1
+
+    def take(self, count: int = 1) -> None:
+        """A trainer took the data of ``count`` ready executions of the step trained now."""
+        self.ready[self.train_step] -= count
+        self.taken += count
+
+    def applied(self) -> list[int]:
+        """The step trained now was applied: the version moves on. Returns its executions' staleness."""
+        step = self.train_step
+        lags = [step - self.sampled_with[i] for i in range(step * self.batch, (step + 1) * self.batch)]
+        self.version, self.train_step, self.taken = self.version + 1, step + 1, 0
+        self.step_end.append(step)
+        return lags
+
+    def step_of(self, index: int) -> int:
+        """The step execution ``index`` trains in."""
+        return index // self.batch
+
+    @property
+    def done(self) -> bool:
+        """Every step was applied."""
+        return self.train_step >= self.steps
