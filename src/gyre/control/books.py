@@ -3,7 +3,8 @@
 Kept the same way by the live loop (`gyre.control.loop`) and the simulator (`gyre.sim`), from the same events, so
 both ask the policy the same question. Pure: no I/O, no clock.
 
-Executions are numbered in dispatch order; execution ``i`` trains in step ``i // batch_executions`` and belongs to
+Every change is kept in ``events`` (method and arguments), so a live run's decisions can be replayed on fresh books
+(`replay`). Executions are numbered in dispatch order; execution ``i`` trains in step ``i // batch_executions`` and belongs to
 burst ``i // (batch_executions * burst_steps)``. An execution is *ready* once it finished and until a trainer takes
 its data; the step being trained is *running* from the first data taken until its update is applied.
 """
@@ -27,7 +28,7 @@ class Books:
         self.train_step = 0  # the step trained now (or next)
         self.version = 0  # weights serving cells sample with (steps applied)
         self.taken = 0  # executions of train_step whose data a trainer took
-        self.step_end: list[int] = []  # applied steps, in order (for callers that time them)
+        self.events: list[tuple[str, int, int]] = []  # every change, in order: (what, arguments)
 
     def observation(self, cells: tuple[CellView, ...], pending: bool = False) -> Observation:
         """What the policy sees now; ``pending``: data handed to the trainer that no trainer claimed yet."""
@@ -55,6 +56,7 @@ class Books:
 
     def dispatch(self, count: int) -> range:
         """Record ``count`` more executions dispatched now; their indices."""
+        self.events.append(("dispatch", count, 0))
         first = self.dispatched
         for i in range(first, first + count):
             self.sampled_with.append(self.version)
@@ -63,24 +65,33 @@ class Books:
         self.dispatched += count
         return range(first, first + count)
 
-    def finish(self, index: int) -> None:
-        """Execution ``index`` finished; its data is ready for its step."""
+    def finish(self, index: int, ready: bool = True) -> None:
+        """Execution ``index`` finished; its data is ready for its step (or later: ``make_ready``, once its group is
+        complete)."""
+        self.events.append(("finish", index, int(ready)))
         self.finished += 1
         self.unfinished_in_burst[index // self.burst_size] -= 1
-        step = index // self.batch
-        self.ready[step] = self.ready.get(step, 0) + 1
+        if ready:
+            self.make_ready(index // self.batch, 1, _log=False)
+
+    def make_ready(self, step: int, count: int, _log: bool = True) -> None:
+        """``count`` finished executions of ``step`` have trainable data now (a whole group)."""
+        if _log:
+            self.events.append(("ready", step, count))
+        self.ready[step] = self.ready.get(step, 0) + count
 
     def take(self, count: int = 1) -> None:
         """A trainer took the data of ``count`` ready executions of the step trained now."""
+        self.events.append(("take", count, 0))
         self.ready[self.train_step] -= count
         self.taken += count
 
     def applied(self) -> list[int]:
         """The step trained now was applied: the version moves on. Returns its executions' staleness."""
+        self.events.append(("applied", 0, 0))
         step = self.train_step
         lags = [step - self.sampled_with[i] for i in range(step * self.batch, (step + 1) * self.batch)]
         self.version, self.train_step, self.taken = self.version + 1, step + 1, 0
-        self.step_end.append(step)
         return lags
 
     def step_of(self, index: int) -> int:
@@ -91,3 +102,21 @@ class Books:
     def done(self) -> bool:
         """Every step was applied."""
         return self.train_step >= self.steps
+
+
+def replay(books: Books, events: list[tuple[str, int, int]]) -> None:
+    """Apply recorded ``events`` to ``books`` (fresh ones of the same shape), as the run that kept them did."""
+    for what, a, b in events:
+        match what:
+            case "dispatch":
+                books.dispatch(a)
+            case "finish":
+                books.finish(a, ready=bool(b))
+            case "ready":
+                books.make_ready(a, b)
+            case "take":
+                books.take(a)
+            case "applied":
+                books.applied()
+            case _:
+                raise ValueError(f"not a books event: {what!r}")

@@ -15,9 +15,8 @@ Heartbeats both ways: a cell silent for ``cell_timeout_s`` is gone (the router s
 calls elsewhere; the core gives its claimed micro-steps to others by its own member timeout; the policy plans
 without it). A cell that says Hello again, restarted or reconnected, rejoins.
 
-The policy (`gyre.control.policy.decide`) is not called here: whoever drives the run builds an ``Observation`` (with
-`cell_views`) and carries out the actions with `to_train` / `to_serve`; `trace` keeps each observation and the
-decision taken on it, so a run can be replayed through the simulator's copy of the same policy.
+The policy (`gyre.control.policy.decide`) is not called here: the loop that drives the run (`gyre.control.loop`)
+builds an ``Observation`` from `cell_views` and its books and carries out the moves with `apply`.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ import zmq
 import zmq.asyncio
 
 from gyre.config import ControllerConfig
-from gyre.control.policy import Action, CellView, Observation, ToServe, ToTrain, decide
+from gyre.control.policy import Action, CellView, ToServe, ToTrain
 from gyre.errors import GyreError
 from gyre.journal import Journal
 from gyre.protocol import (
@@ -102,13 +101,6 @@ class ControllerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     gone: int  # times a cell was declared gone
 
 
-class TraceEntry(msgspec.Struct, frozen=True):
-    """One decision: what the policy saw and what it answered."""
-
-    observation: Observation
-    actions: list[Action]
-
-
 class Controller:
     """Cells, their roles and switches; ``async with Controller(...)`` binds the ROUTER and runs its loops."""
 
@@ -119,7 +111,6 @@ class Controller:
         self.cells: dict[str, _Cell] = {}
         self.core_address = ""
         self.address = ""
-        self.trace: list[TraceEntry] = []
         self._journal = Journal(journal_dir, "switches.jsonl") if journal_dir else None
         self.records: list[SwitchRecord] = []
         self._numbers = itertools.count(1)
@@ -169,12 +160,6 @@ class Controller:
         """The cells as the policy sees them, in order."""
         return tuple(CellView(name=c.name, role=c.role, capacity=c.capacity, standalone=c.kind == "standalone")
                      for c in self.ordered())  # fmt: skip
-
-    def decide(self, cfg: ControllerConfig, observation: Observation) -> list[Action]:
-        """The policy's answer to ``observation``, kept in ``trace``."""
-        actions = decide(cfg, observation)
-        self.trace.append(TraceEntry(observation, list(actions)))
-        return actions
 
     def statistics(self) -> ControllerStatistics:
         """A snapshot of every cell's state."""

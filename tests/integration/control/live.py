@@ -25,6 +25,7 @@ from gyre.router.core import Router
 from gyre.router.pool import EnginePool
 from gyre.router.server import build_agent_app
 from gyre.train.client import TrainerClient
+from gyre.train.step import Rollout
 from reference import hf_logprobs
 
 BASE = [
@@ -118,6 +119,28 @@ class Live:
                 self.errors.append(f"agent {i}: {exc!r}")
             finally:
                 await client.close()
+
+    async def execution(self, index: int, group_size: int, calls: int = 2, tool_s: float = 0.0) -> Rollout:
+        """A stand-in agent: ``calls`` model calls with ``tool_s`` of "tool" after each; a random reward."""
+        token = self.router.open_session(f"x{index}")
+        self.conversations.append(conversation := Conversation(token))
+        client = openai.AsyncOpenAI(base_url=f"{self.base_url}/s/{token}/v1", api_key="unused", max_retries=0,
+                                    timeout=600)  # fmt: skip
+        messages: list[dict[str, Any]] = [{"role": "user", "content": f"task {index // group_size}"}]
+        try:
+            for _ in range(calls):
+                r = await client.chat.completions.create(
+                    model=self.model.name, messages=messages, max_tokens=16, temperature=1.0,
+                    extra_body={"return_token_ids": True},
+                )  # type: ignore[call-overload]  # fmt: skip
+                conversation.replies.append(r.model_dump())
+                messages += [r.choices[0].message.model_dump(exclude_none=True),
+                             {"role": "user", "content": "go on"}]  # fmt: skip
+                await asyncio.sleep(tool_s)
+        finally:
+            await client.close()
+        return Rollout(execution_id=f"x{index}", group=f"g{index // group_size}",
+                       reward=random.Random(index).random(), records=self.router.records(token))  # fmt: skip
 
     # ---- checks ---------------------------------------------------------------------------------------------------
     def records(self) -> dict[str, list[CallRecord]]:

@@ -1,0 +1,235 @@
+"""The live elastic loop: executions dispatched where the policy says, whole groups streamed to the trainer as they
+finish, role moves carried out by the controller, until the run's steps are applied.
+
+One decision per event (an execution finished, a switch ended, a step was applied) or tick: the loop builds the
+observation from its `Books` and the controller's cells, asks the policy (keeping each decision in ``decisions``),
+starts the moves (concurrently; the policy never asks a switching cell to move again) and the executions it was told
+to dispatch. What an execution is, and how a group becomes micro-steps, are the caller's (``execute``, ``build``):
+the loop knows counts, groups and steps, not agents or sandboxes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from gyre.config import ControllerConfig, TrajectoryConfig
+from gyre.control.books import Books
+from gyre.control.controller import Controller, SwitchFailed
+from gyre.control.policy import CellView, Dispatch, ToServe, ToTrain, decide
+from gyre.protocol import MicroStep, StepMetrics, SwitchRecord
+from gyre.train.client import TrainerClient
+from gyre.train.step import Rollout, build_step_from_config
+
+log = logging.getLogger(__name__)
+Execute = Callable[[int], Awaitable[Rollout]]  # execution index -> what it produced (its ``group``: the task)
+Build = Callable[[list[Rollout], int], list[MicroStep]]  # a whole group, its step -> micro-steps
+
+
+class DecisionTrace(msgspec.Struct, frozen=True):
+    """One decision of a live run: how many books events preceded it, what else it saw, what it answered."""
+
+    events: int  # len(books.events) when it was taken
+    cells: tuple[CellView, ...]
+    pending: bool
+    actions: list[ToTrain | ToServe | Dispatch]
+
+
+class LoopResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What a run of the loop took and did."""
+
+    mode: str
+    total_s: float
+    steps: list[StepMetrics]
+    step_end_s: list[float]  # seconds from the start when each step was applied
+    idle_fraction: float  # of all cells' time: free serving slots, trainers without work, switching
+    switches: list[SwitchRecord]
+    failed_executions: int
+    staleness_mean: float
+    staleness_max: int
+    decisions: list[DecisionTrace]
+    events: list[tuple[str, int, int]]
+
+
+def group_micro_steps(cfg: TrajectoryConfig, batch_executions: int) -> Build:
+    """Micro-steps of one group, weighted as one ``batch_executions``-execution step would weigh them (so groups can
+    stream into the trainer before the step's last execution finished)."""
+
+    def build(group: list[Rollout], step: int) -> list[MicroStep]:
+        data = build_step_from_config(group, cfg, step)
+        scale = data.executions / batch_executions  # build_step weighs the group as if it were the whole step
+        return [msgspec.structs.replace(m, weights=[w * scale for w in m.weights]) for m in data.micro_steps]
+
+    return build
+
+
+class ElasticLoop:
+    """Runs ``books.steps`` steps of ``books.batch`` executions each, in groups of ``group_size``; the books' step 0
+    is the core's next step."""
+
+    def __init__(
+        self,
+        controller: Controller,
+        policy: ControllerConfig,
+        books: Books,
+        group_size: int,
+        execute: Execute,
+        build: Build,
+        tick_s: float = 0.25,
+    ) -> None:
+        if books.batch % group_size:
+            raise ValueError(f"batch_executions {books.batch} is not a multiple of group_size {group_size}")
+        self.controller, self.policy, self.books = controller, policy, books
+        self.group_size, self.execute, self.build, self.tick_s = group_size, execute, build, tick_s
+        self.trainer = TrainerClient(controller.core_address, timeout_s=120)
+        self._lock = asyncio.Lock()  # one request at a time on the trainer client
+        self._moving: dict[str, str] = {}  # cell -> the role it is switching through
+        self._groups: dict[tuple[int, str], list[Rollout]] = defaultdict(list)
+        self._ahead: dict[int, int] = defaultdict(int)  # step -> executions submitted before it was trained
+        self._finished_in_step: dict[int, int] = defaultdict(int)
+        self._submitted_in_step: dict[int, int] = defaultdict(int)
+        self._wake = asyncio.Event()
+        self._failed = 0
+        self._metrics: list[StepMetrics] = []
+        self._step_end: list[float] = []
+        self._lags: list[int] = []
+        self._idle = 0.0
+        self._claims: dict[str, list[int]] = {}  # trainer member -> micro-steps it holds (last asked)
+        self.decisions: list[DecisionTrace] = []
+
+    async def run(self) -> LoopResult:
+        """Until every step is applied; then the cells are left where the policy put them."""
+        self._started = time.monotonic()
+        first_switch = len(self.controller.records)
+        self._base = (
+            await asyncio.to_thread(self.trainer.statistics)
+        ).step  # the core's step for books step 0
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                self._tasks = tasks
+                waiter = tasks.create_task(self._wait_steps())
+                last = time.monotonic()
+                while not self.books.done:
+                    pending = await self._pending()
+                    now = time.monotonic()
+                    self._idle += (now - last) * self._idle_cells()
+                    last = now
+                    self._decide(pending)
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(self.tick_s):
+                            await self._wake.wait()
+                await waiter
+        finally:
+            self.trainer.close()
+        total = time.monotonic() - self._started
+        cells = max(len(self.controller.cells), 1)
+        return LoopResult(
+            mode=self.policy.mode, total_s=total, steps=self._metrics, step_end_s=self._step_end,
+            idle_fraction=self._idle / (cells * total), switches=self.controller.records[first_switch:],
+            failed_executions=self._failed,
+            staleness_mean=sum(self._lags) / max(len(self._lags), 1), staleness_max=max(self._lags, default=0),
+            decisions=self.decisions, events=list(self.books.events),
+        )  # fmt: skip
+
+    # ---- decisions ----------------------------------------------------------------------------------------------
+    def _views(self) -> tuple[CellView, ...]:
+        return tuple(msgspec.structs.replace(v, role=self._moving[v.name]) if v.name in self._moving else v
+                     for v in self.controller.cell_views())  # fmt: skip
+
+    def _decide(self, pending: bool) -> None:
+        cells = self._views()
+        actions = decide(self.policy, self.books.observation(cells, pending))
+        self.decisions.append(DecisionTrace(len(self.books.events), cells, pending, list(actions)))
+        for action in actions:
+            match action:
+                case ToTrain(cell=name) | ToServe(cell=name):
+                    self._moving[name] = "draining" if isinstance(action, ToTrain) else "resuming"
+                    self._tasks.create_task(self._move(action))
+                case Dispatch(current=c, next=n):
+                    for index in self.books.dispatch(c + n):
+                        self._tasks.create_task(self._run_execution(index))
+
+    async def _move(self, action: ToTrain | ToServe) -> None:
+        try:
+            await self.controller.apply([action])
+        except SwitchFailed as exc:  # the cell stays where it is (or is gone); the policy plans with that
+            log.warning("%s", exc)
+        finally:
+            self._moving.pop(action.cell, None)
+            self._wake.set()
+
+    # ---- executions and data ------------------------------------------------------------------------------------
+    async def _run_execution(self, index: int) -> None:
+        step = self.books.step_of(index)
+        try:
+            rollout = await self.execute(index)
+        except Exception as exc:  # a failed execution is data: it leaves its group, nothing else stops
+            log.warning("execution %d failed: %s", index, exc)
+            self._failed += 1
+            rollout = Rollout(execution_id=f"x{index}", group=f"failed-{index}", reward=0.0, records=[],
+                              dropped=True)  # fmt: skip
+        self.books.finish(index, ready=False)
+        self._finished_in_step[step] += 1
+        group_key = (step, f"{index // self.group_size}")
+        self._groups[group_key].append(rollout)
+        if len(self._groups[group_key]) == self.group_size:
+            await self._submit(step, self._groups.pop(group_key))
+        self._wake.set()
+
+    async def _submit(self, step: int, group: list[Rollout]) -> None:
+        micro = await asyncio.to_thread(self.build, group, step)
+        count = len(group)
+        self.books.make_ready(step, count)
+        # taken now: the trainer has it once submitted (``pending`` says whether anyone claimed it); a step cannot
+        # be applied before its last submit, so it is still the step trained now or a later one
+        if step == self.books.train_step:
+            self.books.take(count)
+        else:
+            self._ahead[step] += count
+        async with self._lock:
+            self._submitted_in_step[step] += count
+            seal = self._submitted_in_step[step] == self.books.batch
+            if micro or seal:
+                await asyncio.to_thread(self.trainer.submit, self._base + step, micro, seal)
+
+    async def _wait_steps(self) -> None:
+        with TrainerClient(self.controller.core_address, timeout_s=120) as waiter:
+            for step in range(self.books.steps):
+                metrics = await asyncio.to_thread(
+                    waiter.wait_step, self._base + step, 7 * 86400.0
+                )  # steps of hours-long executions
+                self._metrics.append(metrics)
+                self._step_end.append(time.monotonic() - self._started)
+                self._lags += self.books.applied()
+                if self._ahead.get(self.books.train_step):
+                    self.books.take(self._ahead.pop(self.books.train_step))
+                log.info("step %d applied after %.1f s", step, self._step_end[-1])
+                self._wake.set()
+
+    async def _pending(self) -> bool:
+        async with self._lock:
+            stats = await asyncio.to_thread(self.trainer.statistics)
+        self._claims = stats.claims
+        return stats.pending > 0 and stats.step == self._base + self.books.train_step
+
+    def _idle_cells(self) -> float:
+        """Cells' worth of idle capacity now: free serving slots, training cells holding no micro-step, switching."""
+        idle = 0.0
+        serving = [c for c in self.controller.ordered() if c.role == "serving"]
+        free = max(sum(c.capacity for c in serving) - (self.books.dispatched - self.books.finished), 0)
+        if serving:
+            idle += free / (sum(c.capacity for c in serving) / len(serving))
+        for cell in self.controller.ordered():
+            if cell.role in ("draining", "resuming"):
+                idle += 1
+            elif cell.role == "training":
+                member = "core" if cell.kind == "core" else cell.name
+                idle += 0 if self._claims.get(member) else 1
+        return idle
