@@ -12,8 +12,10 @@
     ├── SandboxError           a sandbox could not be created, used or cleaned up
     ├── AgentError             an agent broke its contract (recorded on the execution)
     ├── TaskError              a task directory or task suite is malformed; says which file and field
-    └── TrainerError           the core trainer refused a request or did not answer; says which and why
-        └── CoreUnreachable        a satellite lost its core (silent, or refused it) and stops
+    ├── TrainerError           the core trainer refused a request or did not answer; says which and why
+    │   └── CoreUnreachable        a satellite lost its core (silent, or refused it) and stops
+    └── CellError              a cell did not start, or a role switch failed; says which cell and why
+        └── SwitchFailed           a switch was refused, reported an error, or its cell went away
 """
 
 from __future__ import annotations
@@ -72,3 +74,11 @@ class TrainerError(GyreError):
 
 class CoreUnreachable(TrainerError):
     """A satellite's core stopped answering or refused it; the satellite stops."""
+
+
+class CellError(GyreError):
+    """A cell did not start, or a role switch of a cell failed."""
+
+
+class SwitchFailed(CellError):
+    """A role switch could not be carried out (refused, the cell reported an error, went away or timed out)."""

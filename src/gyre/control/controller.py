@@ -36,7 +36,7 @@ import zmq.asyncio
 
 from gyre.config import ControllerConfig
 from gyre.control.policy import Action, CellView, ToServe, ToTrain
-from gyre.errors import GyreError
+from gyre.errors import SwitchFailed
 from gyre.journal import Journal
 from gyre.protocol import (
     CellBeat,
@@ -58,10 +58,6 @@ from gyre.router.pool import EnginePool
 log = logging.getLogger(__name__)
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(CellMessage)
-
-
-class SwitchFailed(GyreError):
-    """A role switch could not be carried out (the cell reported an error, went away, or ran out of time)."""
 
 
 @dataclass(eq=False)

@@ -21,8 +21,9 @@ import msgspec
 
 from gyre.config import ControllerConfig, TrajectoryConfig
 from gyre.control.books import Books
-from gyre.control.controller import Controller, SwitchFailed
+from gyre.control.controller import Controller
 from gyre.control.policy import CellView, Dispatch, ToServe, ToTrain, decide
+from gyre.errors import SwitchFailed
 from gyre.protocol import MicroStep, StepMetrics, SwitchRecord
 from gyre.train.client import TrainerClient
 from gyre.train.step import Rollout, build_step_from_config

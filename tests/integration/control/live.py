@@ -4,10 +4,7 @@ with agents talking to the router through the official ``openai`` client: what t
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
-import signal
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,13 +13,10 @@ import openai
 import torch
 import uvicorn
 
-from gyre.config import GyreConfig, RouterConfig, dump_config, load_config
-from gyre.control.cell import CellSpec, cell_specs, launch_cell
-from gyre.control.controller import Controller
+from gyre.config import load_config
+from gyre.control.cluster import Cluster
 from gyre.engine.launch import free_port
 from gyre.records import CallRecord, expand_inputs
-from gyre.router.core import Router
-from gyre.router.pool import EnginePool
 from gyre.router.server import build_agent_app
 from gyre.train.client import TrainerClient
 from gyre.train.step import Rollout
@@ -44,56 +38,45 @@ class Conversation:
 
 
 class Live:
-    """``async with Live(model, tmp, overrides) as live``: cells serving, the router listening, a trainer client."""
+    """``async with Live(model, tmp, overrides) as live``: a `Cluster` serving, its router listening over HTTP for
+    agents, a trainer client."""
 
     def __init__(self, model: Path, tmp: Path, overrides: list[str]) -> None:
         self.model, self.tmp = model, tmp
-        self.cfg: GyreConfig = load_config(None, [*BASE, *overrides])
-        self.pool = EnginePool(wait_for_engine_s=120)
-        self.router = Router(
-            RouterConfig(model_path=str(model), journal_dir=str(tmp / "run")), pool=self.pool
-        )
-        self.controller = Controller(self.cfg.controller, self.pool, tmp / "run")
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.specs: dict[str, CellSpec] = {}
+        cfg = load_config(None, [*BASE, *overrides])
+        self.cluster = Cluster(cfg, model, tmp / "run")
+        self.cfg, self.pool, self.router = cfg, self.cluster.pool, self.cluster.router
+        self.controller = self.cluster.controller
         self.conversations: list[Conversation] = []
         self.errors: list[str] = []
 
     async def __aenter__(self) -> Live:
-        await self.controller.__aenter__()
+        await self.cluster.__aenter__()
         port = free_port()
         self.base_url = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(build_agent_app(self.router), host="127.0.0.1", port=port,
                                                     log_level="warning"))  # fmt: skip
         self.serving = asyncio.ensure_future(self.server.serve())  # stopped in __aexit__
-        (self.tmp / "config.toml").write_text(dump_config(self.cfg))
-        for spec in cell_specs(self.cfg, self.controller.address, str(self.model), str(self.tmp)):
-            self.start(spec)
-        await self.controller.wait_serving(len(self.specs), 180)
+        for _ in range(600):  # agents may connect once it listens
+            if self.server.started or self.serving.done():
+                break
+            await asyncio.sleep(0.05)
+        assert self.server.started, "the router's HTTP server did not start"
         self.trainer = TrainerClient(self.controller.core_address, timeout_s=120)
         return self
 
-    def start(self, spec: CellSpec) -> None:
-        self.specs[spec.name] = spec
-        self.procs[spec.name] = launch_cell(spec, self.tmp / "config.toml", self.tmp / f"{spec.name}.log")
-
     def kill(self, name: str) -> None:
-        self.procs[name].send_signal(signal.SIGKILL)
-        self.procs[name].wait()
+        self.cluster.kill(name)
+
+    async def restart(self, name: str) -> None:
+        self.cluster.start(self.cluster.specs[name])
+        await self.cluster.wait_started([name])
 
     async def __aexit__(self, *exc: object) -> None:
-        with contextlib.suppress(Exception):
-            await self.controller.shutdown_cells()
-        for proc in self.procs.values():
-            try:
-                await asyncio.to_thread(proc.wait, 20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
         self.trainer.close()
         self.server.should_exit = True
         await self.serving
-        await self.controller.__aexit__(None, None, None)
-        await self.router.aclose()
+        await self.cluster.__aexit__(None, None, None)
 
     # ---- agents ---------------------------------------------------------------------------------------------------
     async def agent(self, i: int, stop: asyncio.Event, turns: int = 3) -> None:
@@ -116,7 +99,7 @@ class Live:
                     messages += [r.choices[0].message.model_dump(exclude_none=True),
                                  {"role": "user", "content": "go on"}]  # fmt: skip
             except openai.OpenAIError as exc:
-                self.errors.append(f"agent {i}: {exc!r}")
+                self.errors.append(f"agent {i}: {exc!r} caused by {exc.__cause__!r}")
             finally:
                 await client.close()
 

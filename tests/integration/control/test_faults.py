@@ -65,8 +65,7 @@ def test_a_cell_killed_while_serving(tiny_model: Path, tmp_path: Path) -> None:
             await asyncio.to_thread(live.trainer.wait_step, 0, 300)
             await live.controller.to_serve("cell-0")
             # restarted, it rejoins: serves, then trains in the next step as a satellite
-            live.start(live.specs["cell-1"])
-            await live.controller.wait_role("cell-1", ("serving",), 180)
+            await live.restart("cell-1")
             await live.controller.to_train("cell-0")
             await live.controller.to_train("cell-1")
             await asyncio.to_thread(live.trainer.submit, 1, steps[1], True)

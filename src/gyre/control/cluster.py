@@ -1,0 +1,94 @@
+"""Local cells, their controller and the router in front of them: what a driver on one machine starts.
+
+``async with Cluster(cfg, model_path, run_dir) as cluster``: the controller binds, the router's pool is empty, the
+cells ``[cells]`` asks for are started as ``gyre cell`` processes (resolved config in ``run_dir/config.toml``, logs
+in ``run_dir/logs/``), and the body runs once every one of them serves the core's weights. Leaving it tells the cells
+to stop and waits for them. Cells on other machines join the same controller by address (``gyre cell --controller``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+from pathlib import Path
+
+import msgspec
+
+from gyre.config import GyreConfig, dump_config
+from gyre.control.cell import CellSpec, cell_specs, launch_cell
+from gyre.control.controller import Controller
+from gyre.errors import CellError
+from gyre.router.core import Router
+from gyre.router.pool import EnginePool
+
+
+class Cluster:
+    """The cells of one run on this machine, with the controller and router that use them."""
+
+    def __init__(self, cfg: GyreConfig, model_path: str | Path, run_dir: str | Path) -> None:
+        self.cfg, self.model_path, self.run_dir = cfg, str(model_path), Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        router_cfg = cfg.router
+        if not router_cfg.model_path:
+            router_cfg = msgspec.structs.replace(router_cfg, model_path=self.model_path)
+        self.pool = EnginePool(
+            router_cfg.wait_for_engine_s, router_cfg.retry_budget, router_cfg.request_timeout_s
+        )
+        self.router = Router(router_cfg, pool=self.pool)
+        self.controller = Controller(cfg.controller, self.pool, self.run_dir)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.specs: dict[str, CellSpec] = {}
+
+    async def __aenter__(self) -> Cluster:
+        await self.controller.__aenter__()
+        try:
+            (self.run_dir / "config.toml").write_text(dump_config(self.cfg))
+            (self.run_dir / "logs").mkdir(exist_ok=True)
+            for spec in cell_specs(
+                self.cfg, self.controller.address, self.model_path, str(self.run_dir / "logs")
+            ):
+                self.start(spec)
+            await self.wait_started(list(self.specs))
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    def start(self, spec: CellSpec) -> None:
+        """Start (or restart) one cell process."""
+        self.specs[spec.name] = spec
+        log = self.run_dir / "logs" / f"{spec.name}.log"
+        self.procs[spec.name] = launch_cell(spec, self.run_dir / "config.toml", log)
+
+    async def wait_started(self, names: list[str]) -> None:
+        """Return once the cells ``names`` serve; a cell process that exits first is an error naming its log."""
+        async with asyncio.timeout(self.cfg.cells.startup_timeout_s):
+            for name in names:
+                while True:
+                    if self.procs[name].poll() is not None:
+                        log = self.run_dir / "logs" / f"{name}.log"
+                        raise CellError(f"cell {name} exited with code {self.procs[name].returncode} before "
+                                        f"serving; see {log}")  # fmt: skip
+                    try:
+                        await self.controller.wait_role(name, ("serving",), 0.5)
+                        break
+                    except TimeoutError:
+                        continue
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a cell process (its engine dies with it)."""
+        self.procs[name].send_signal(signal.SIGKILL)
+        self.procs[name].wait()
+
+    async def __aexit__(self, *exc: object) -> None:
+        with contextlib.suppress(Exception):
+            await self.controller.shutdown_cells()
+        for proc in self.procs.values():
+            try:
+                await asyncio.to_thread(proc.wait, 30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        await self.controller.__aexit__(None, None, None)
+        await self.router.aclose()
