@@ -35,6 +35,9 @@ class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     enable_prefix_cache: bool = True  # reuse the KV of earlier requests' tokens
     seed: int = 0  # seed of the sampling generator
     weight_version: NonNegative = 0  # reported until the first weight update sets another
+    modelled_step_s: Annotated[float, msgspec.Meta(ge=0.0)] = (
+        0.0  # every engine step lasts at least this (a modelled accelerator, for benchmarks); 0: off
+    )
     host: str = "127.0.0.1"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 30000
 
@@ -129,6 +132,9 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     checkpoint_every_steps: NonNegative = 0  # write checkpoint_dir/step-N after every N steps; 0: never
     checkpoint_dir: str = ""
     seed: int = 0  # torch's seed in every trainer process (dropout, if a model has any)
+    modelled_tokens_per_s: Annotated[float, msgspec.Meta(ge=0.0)] = (
+        0.0  # every member computes at most this many tokens a second (a modelled accelerator); 0: off
+    )
     loss: LossConfig = msgspec.field(default_factory=LossConfig)
 
 

@@ -400,6 +400,7 @@ class Welcome(msgspec.Struct, tag="welcome", kw_only=True):
     transfer_timeout_s: float
     backend: str = "gloo"
     numel: int = 0  # values in the flat weight buffer; a member whose model differs must not join
+    modelled_tokens_per_s: float = 0.0  # the core's [trainer] pacing, so every member models the same device
 
 
 class Assign(msgspec.Struct, tag="assign", kw_only=True):

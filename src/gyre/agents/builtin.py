@@ -7,6 +7,7 @@ runs a sub-agent with its own context (role ``sub-agent``) in the same sandbox a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
 from dataclasses import dataclass
@@ -57,6 +58,9 @@ class BuiltinAgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     max_tool_output_chars: int = 8_000  # longer tool output is cut in the middle
     delegation: bool = True  # offer the `delegate` tool (not to sub-agents themselves)
     sub_agent_max_steps: int = 20
+    modelled_tool_latency_s: float = (
+        0.0  # extra seconds after each model call, as if tools ran that long (benchmarks)
+    )
 
 
 @dataclass
@@ -109,6 +113,8 @@ class BuiltinAgent:
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
                 if submitted is not None:
                     return "submitted", submitted, step
+            if cfg.modelled_tool_latency_s > 0:
+                await asyncio.sleep(cfg.modelled_tool_latency_s)
             used = body.get("usage", {}).get("total_tokens", 0)
             if used > cfg.context_budget_tokens and step < max_steps:
                 messages = await self._compact(ctx, instruction, messages, tools, summary_role, tally)

@@ -76,7 +76,7 @@ from gyre.protocol import (
     Wake,
     Welcome,
 )
-from gyre.train.objective import compute_gradients, merge_stats
+from gyre.train.objective import compute_gradients, merge_stats, pace
 from gyre.train.pairs import Pair
 from gyre.train.queue import StepQueue, check_micro_step
 from gyre.train.state import TrainState
@@ -288,7 +288,7 @@ class CoreTrainer:
             model_config=self.state.model.config.to_dict(), reference=self.state.reference is not None,
             loss=msgspec.to_builtins(self.cfg.loss), heartbeat_s=self.cfg.heartbeat_s,
             member_timeout_s=self.cfg.member_timeout_s, transfer_timeout_s=self.cfg.transfer_timeout_s,
-            backend=self.cfg.backend, numel=self.state.numel,
+            backend=self.cfg.backend, numel=self.state.numel, modelled_tokens_per_s=self.cfg.modelled_tokens_per_s,
         ))  # fmt: skip
 
     def _claim(self, identity: bytes, name: str, version: int) -> None:
@@ -459,6 +459,7 @@ class CoreTrainer:
             index, micro = claimed
             try:
                 stats = compute_gradients(model, micro, loss, version, self.state.reference)
+                pace(stats, self.cfg.modelled_tokens_per_s)
             except Exception:  # submissions are checked; this is a bug or the machine (memory): say so loudly
                 log.exception(
                     "the core failed computing micro-step %d of step %d; it is claimed again", index, step

@@ -132,3 +132,9 @@ def merge_stats(items: list[MicroStats]) -> MicroStats:
         else:
             out[name] = sum(values)
     return MicroStats(**out)
+
+
+def pace(stats: MicroStats, tokens_per_s: float) -> None:
+    """Make a micro-step last ``computed_tokens / tokens_per_s`` at least (a modelled accelerator); 0: no pacing."""
+    if tokens_per_s > 0:
+        time.sleep(max(stats.computed_tokens / tokens_per_s - stats.seconds, 0.0))

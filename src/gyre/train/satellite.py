@@ -41,7 +41,7 @@ from gyre.protocol import (
     Wake,
     Welcome,
 )
-from gyre.train.objective import compute_gradients
+from gyre.train.objective import compute_gradients, pace
 from gyre.train.state import flat_gradient, flatten_parameters, model_from_config
 
 log = logging.getLogger(__name__)
@@ -130,6 +130,7 @@ class Satellite:
                     case Assign(step=step, version=version, index=index, micro=micro):
                         assert self.group is not None and self.model is not None
                         stats = compute_gradients(self.model, micro, loss, version, self.reference)
+                        pace(stats, welcome.modelled_tokens_per_s)
                         flat = flat_gradient(self.model)
                         self.model.zero_grad(set_to_none=True)
                         self._send(GradientReady(member=self.name, step=step, index=index, numel=flat.numel(),

@@ -150,6 +150,7 @@ class EmbeddedEngine:
                     self._publish([req])
             if not sched.has_work():
                 continue
+            started = time.perf_counter()
             try:
                 news = sched.step()
             except Exception as exc:  # a bug or device failure: fail the batch, keep serving
@@ -158,6 +159,8 @@ class EmbeddedEngine:
             news = [r for r in news if r.stream or r.finish is not None]  # others need no wake-up per token
             if news:
                 self._publish(news)
+            if self.cfg.modelled_step_s:  # a modelled device: a step costs the same at any batch, as on a GPU
+                time.sleep(max(self.cfg.modelled_step_s - (time.perf_counter() - started), 0.0))
 
     def _fail_all(self, message: str) -> list[Request]:
         failed = list(self.scheduler.running) + list(self.scheduler.waiting)
