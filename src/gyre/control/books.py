@@ -30,17 +30,22 @@ class Books:
         self.taken = 0  # executions of train_step whose data a trainer took
         self.events: list[tuple[str, int, int]] = []  # every change, in order: (what, arguments)
 
-    def observation(self, cells: tuple[CellView, ...], pending: bool = False) -> Observation:
-        """What the policy sees now; ``pending``: data handed to the trainer that no trainer claimed yet."""
+    def observation(
+        self, cells: tuple[CellView, ...], pending: bool = False, max_staleness: int = 1
+    ) -> Observation:
+        """What the policy sees now; ``pending``: data handed to the trainer that no trainer claimed yet. Later
+        bursts are offered (``next_burst``) as far as their executions would train at most ``max_staleness``
+        versions after the weights serving now."""
         current = self.current_burst()
         undispatched = max(min((current + 1) * self.burst_size, self.total) - self.dispatched, 0)
         next_start = (current + 1) * self.burst_size
-        next_count = max(min(next_start + self.burst_size, self.total) - max(self.dispatched, next_start), 0)
+        horizon = max(next_start + self.burst_size, (self.version + max_staleness + 1) * self.batch)
+        next_count = max(min(horizon, self.total) - max(self.dispatched, next_start), 0)
         return Observation(
             cells=cells, in_flight=self.dispatched - self.finished, undispatched=undispatched,
             undispatched_step=self.dispatched // self.batch, next_burst=next_count,
             data_ready=self.ready.get(self.train_step, 0) > 0 or pending, step_running=self.taken > 0,
-            version=self.version, next_burst_step=(current + 1) * self.burst_steps,
+            version=self.version, next_burst_step=max(self.dispatched, next_start) // self.batch,
         )  # fmt: skip
 
     def current_burst(self) -> int:

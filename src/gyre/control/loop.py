@@ -146,7 +146,7 @@ class ElasticLoop:
 
     def _decide(self, pending: bool) -> None:
         cells = self._views()
-        actions = decide(self.policy, self.books.observation(cells, pending))
+        actions = decide(self.policy, self.books.observation(cells, pending, self.policy.max_staleness))
         self.decisions.append(DecisionTrace(len(self.books.events), cells, pending, list(actions)))
         for action in actions:
             match action:

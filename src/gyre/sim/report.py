@@ -1,7 +1,8 @@
 """``gyre sim``: run a workload in every mode, print the comparison, plot the cells' roles, vary the costs.
 
 Modes compared at the same cell budget on the same executions: ``elastic`` with single-step bursts (the paper's),
-``elastic`` with cross-burst overlap, ``async`` tuned (the best fixed number of training cells), ``colocate``.
+``elastic`` with cross-burst overlap, ``async`` tuned (the best fixed number of training cells) and with half the
+cells training (an untuned split), ``colocate``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def compare(workload: Workload, max_staleness: int = 1) -> dict[str, SimResult]:
     tries = [simulate(workload, PolicyConfig(mode="async", async_train_cells=k, max_staleness=max_staleness))
              for k in range(1, max(workload.cluster.cells, 2))]  # fmt: skip
     out["async (tuned)"] = min(tries, key=lambda r: r.total_s)
+    out["async (half the cells train)"] = tries[max(workload.cluster.cells // 2, 1) - 1]
     return out
 
 
@@ -69,7 +71,8 @@ def sensitivity(workload: Workload) -> list[tuple[str, float, float]]:
             tk, duration_p99_over_p50=tk.duration_p99_over_p50 * 2)),
         "cells x2": msgspec.structs.replace(workload, cluster=msgspec.structs.replace(cl, cells=cl.cells * 2)),
     }  # fmt: skip
-    return [(name, *speedups(compare(w))) for name, w in variations.items()]
+    rows = [(name, *speedups(compare(w))) for name, w in variations.items()]
+    return [*rows, ("max_staleness 2", *speedups(compare(workload, max_staleness=2)))]
 
 
 def plot(results: dict[str, SimResult], path: Path) -> Path:

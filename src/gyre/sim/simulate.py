@@ -34,6 +34,10 @@ class Cluster(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     apply_s: Positive = 30.0  # the optimizer update and the weight push after a step
     serve_to_train_s: Annotated[float, msgspec.Meta(ge=0)] = 8.52  # published at 2.4T scale
     train_to_serve_s: Annotated[float, msgspec.Meta(ge=0)] = 3.46
+    decode_step_s: Annotated[float, msgspec.Meta(ge=0)] = 0.0  # one decode step at batch 1 (multi-turn tasks)
+    decode_step_growth: Annotated[float, msgspec.Meta(ge=0)] = (
+        0.0  # a step at batch b: x (1 + growth (b - 1))
+    )
 
 
 class Tasks(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -46,6 +50,8 @@ class Tasks(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     duration_p99_over_p50: Annotated[float, msgspec.Meta(ge=1.0)] = 10.0  # tail heaviness
     budget_s: Positive = 14400.0  # an execution is cut (and scored partially) at this
     seed: int = 0
+    turns: Annotated[int, msgspec.Meta(ge=0)] = 0  # model calls per execution; 0: one opaque duration each
+    tokens_per_call: Annotated[int, msgspec.Meta(ge=1)] = 500  # decoded per call (multi-turn)
 
 
 class Workload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -76,6 +82,9 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     staleness_mean: float  # versions between the weights that sampled an execution and the step it trains in
     staleness_max: int
     timeline: list[Segment]
+    idle_by_role: dict[
+        str, float
+    ] = {}  # the idle fraction's parts: free serving slots, trainers without work, switching
 
 
 def durations(tasks: Tasks) -> list[float]:
@@ -100,7 +109,13 @@ class _Cell:
 
 
 def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
-    """Run the whole workload under ``policy``; deterministic for a workload's seed."""
+    """Run the whole workload under ``policy``; deterministic for a workload's seed.
+
+    Multi-turn tasks (``turns > 0``): an execution is ``turns`` calls, each decoding ``tokens_per_call`` tokens at
+    the speed of a serving cell's batch then waiting for its tools (its drawn duration, spread over the turns);
+    it is cut at ``budget_s``. The batch is the calls decoding now spread over the serving cells (the router
+    balances them); a call's speed is set when it starts.
+    """
     cl, tk = workload.cluster, workload.tasks
     times = durations(tk)
     batch = tk.batch_executions
@@ -116,7 +131,18 @@ def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
     switches = 0
     step_end: list[float] = []
     idle = 0.0
+    idle_parts = {"serving": 0.0, "training": 0.0, "switching": 0.0}
     lags: list[int] = []
+    decoding = 0  # calls decoding now (multi-turn)
+    started_at: dict[int, float] = {}
+    turns_done: dict[int, int] = {}
+
+    def start_call(i: int) -> None:
+        nonlocal decoding
+        decoding += 1
+        batch_per_cell = decoding / max(sum(1 for c in cells if c.role == "serving"), 1)
+        step_s = cl.decode_step_s * (1 + cl.decode_step_growth * max(batch_per_cell - 1, 0))
+        push(now + tk.tokens_per_call * step_s, "decoded", i)
 
     def push(at: float, kind: str, what: object) -> None:
         heapq.heappush(events, (at, next(order), kind, what))
@@ -127,7 +153,8 @@ def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
 
     def observation() -> Observation:
         return books.observation(tuple(CellView(name=c.name, role=c.role, capacity=cl.capacity,
-                                                standalone=c.standalone) for c in cells))  # fmt: skip
+                                                standalone=c.standalone) for c in cells),
+                                 max_staleness=policy.max_staleness)  # fmt: skip
 
     def start_training() -> None:
         nonlocal computing
@@ -160,7 +187,11 @@ def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
                         switches += 1
                     case Dispatch(current=c, next=n):
                         for i in books.dispatch(c + n):
-                            push(now + times[i], "finish", i)
+                            if tk.turns:
+                                started_at[i], turns_done[i] = now, 0
+                                start_call(i)
+                            else:
+                                push(now + times[i], "finish", i)
             if all(isinstance(a, Dispatch) for a in actions):
                 return
 
@@ -171,13 +202,27 @@ def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
                                f"{books.dispatched} dispatched, roles {[c.role for c in cells]}")  # fmt: skip
         at, _, kind, what = heapq.heappop(events)
         serving = sum(cl.capacity for c in cells if c.role == "serving")
-        idle += (at - now) * (max(serving - (books.dispatched - books.finished), 0) / cl.capacity
-                              + sum(1 for c in cells if c.role in ("draining", "resuming"))
-                              + sum(1 for c in cells if c.role == "training" and not c.busy))  # fmt: skip
+        parts = (max(serving - (books.dispatched - books.finished), 0) / cl.capacity,
+                 sum(1 for c in cells if c.role == "training" and not c.busy),
+                 sum(1 for c in cells if c.role in ("draining", "resuming")))  # fmt: skip
+        for name, cells_idle in zip(("serving", "training", "switching"), parts, strict=True):
+            idle_parts[name] += (at - now) * cells_idle
+        idle += (at - now) * sum(parts)
         now = at
         match kind:
             case "finish":
                 books.finish(cast(int, what))
+            case "decoded":
+                i = cast(int, what)
+                decoding -= 1
+                turns_done[i] += 1
+                push(now + times[i] / tk.turns, "tools", i)
+            case "tools":
+                i = cast(int, what)
+                if turns_done[i] < tk.turns and now - started_at[i] < tk.budget_s:
+                    start_call(i)
+                else:
+                    books.finish(i)
             case "switched":
                 name, role = cast(tuple[str, Role], what)
                 set_role(by_name[name], role)
@@ -200,6 +245,7 @@ def simulate(workload: Workload, policy: PolicyConfig) -> SimResult:
     return SimResult(
         mode=policy.mode, overlap=policy.overlap, total_s=now, step_end_s=step_end,
         idle_fraction=idle / (len(cells) * now), switches=switches,
+        idle_by_role={k: v / (len(cells) * now) for k, v in idle_parts.items()},
         staleness_mean=sum(lags) / len(lags), staleness_max=max(lags),
         timeline=[s for s in timeline if s.end_s > s.start_s],
     )  # fmt: skip

@@ -62,5 +62,5 @@ def test_each_mode_runs_its_steps_and_replays(tiny_model: Path, tmp_path: Path) 
         for d in result.decisions:
             replay(books, result.events[seen : d.events])
             seen = d.events
-            assert decide(policy, books.observation(d.cells, d.pending)) == d.actions, mode
+            assert decide(policy, books.observation(d.cells, d.pending, policy.max_staleness)) == d.actions, mode
         assert msgspec.json.decode(msgspec.json.encode(result), type=LoopResult) == result

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gyre.cli import main
@@ -57,8 +58,24 @@ def test_shipped_workloads_load_and_bad_ones_are_refused(tmp_path: Path) -> None
     bad.write_text("[cluster]\ncells = 0\n")
     with pytest.raises(ConfigError, match="cells"):
         load_workload(bad)
-    with pytest.raises(ConfigError, match="shipped: paper, short"):
+    with pytest.raises(ConfigError, match="shipped: agentic, paper, short"):
         load_workload(tmp_path / "missing.toml")
+
+
+def test_multi_turn_executions_decode_slower_in_bigger_batches_and_stop_at_the_budget() -> None:
+    def turns(growth: float, budget_s: float = 7200.0) -> Workload:
+        cluster = msgspec.structs.replace(SMALL.cluster, decode_step_s=0.5, decode_step_growth=growth)
+        tasks = msgspec.structs.replace(SMALL.tasks, turns=5, tokens_per_call=200, budget_s=budget_s)
+        return Workload(cluster=cluster, tasks=tasks)
+
+    cfg = PolicyConfig(mode="elastic")
+    flat, crowded = simulate(turns(0.0), cfg), simulate(turns(0.5), cfg)
+    assert len(flat.step_end_s) == len(crowded.step_end_s) == 8
+    assert crowded.total_s > flat.total_s * 1.05  # a cell's step slows as its batch grows
+    assert flat.total_s > simulate(SMALL, cfg).total_s  # decoding adds to the tools' time
+    # cut at the budget: no step waits longer than a budget (plus decoding and training) for its last execution
+    cut = simulate(turns(0.0, budget_s=600.0), cfg)
+    assert cut.total_s < flat.total_s
 
 
 def test_gyre_sim_prints_the_comparison_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
