@@ -92,8 +92,6 @@ class ElasticLoop:
         self._lock = asyncio.Lock()  # one request at a time on the trainer client
         self._moving: dict[str, str] = {}  # cell -> the role it is switching through
         self._groups: dict[tuple[int, str], list[Rollout]] = defaultdict(list)
-        self._ahead: dict[int, int] = defaultdict(int)  # step -> executions submitted before it was trained
-        self._finished_in_step: dict[int, int] = defaultdict(int)
         self._submitted_in_step: dict[int, int] = defaultdict(int)
         self._wake = asyncio.Event()
         self._failed = 0
@@ -177,7 +175,6 @@ class ElasticLoop:
             rollout = Rollout(execution_id=f"x{index}", group=f"failed-{index}", reward=0.0, records=[],
                               dropped=True)  # fmt: skip
         self.books.finish(index, ready=False)
-        self._finished_in_step[step] += 1
         group_key = (step, f"{index // self.group_size}")
         self._groups[group_key].append(rollout)
         if len(self._groups[group_key]) == self.group_size:
@@ -187,13 +184,7 @@ class ElasticLoop:
     async def _submit(self, step: int, group: list[Rollout]) -> None:
         micro = await asyncio.to_thread(self.build, group, step)
         count = len(group)
-        self.books.make_ready(step, count)
-        # taken now: the trainer has it once submitted (``pending`` says whether anyone claimed it); a step cannot
-        # be applied before its last submit, so it is still the step trained now or a later one
-        if step == self.books.train_step:
-            self.books.take(count)
-        else:
-            self._ahead[step] += count
+        self.books.make_ready(step, count)  # taken once a trainer has begun its step (``_pending``)
         async with self._lock:
             self._submitted_in_step[step] += count
             seal = self._submitted_in_step[step] == self.books.batch
@@ -209,16 +200,20 @@ class ElasticLoop:
                 self._metrics.append(metrics)
                 self._step_end.append(time.monotonic() - self._started)
                 self._lags += self.books.applied()
-                if self._ahead.get(self.books.train_step):
-                    self.books.take(self._ahead.pop(self.books.train_step))
                 log.info("step %d applied after %.1f s", step, self._step_end[-1])
                 self._wake.set()
 
     async def _pending(self) -> bool:
+        """Whether the trainer holds micro-steps of the step trained now that nobody claimed; once trainers have
+        begun that step, the executions submitted to it count as taken (the step is running)."""
         async with self._lock:
             stats = await asyncio.to_thread(self.trainer.statistics)
         self._claims = stats.claims
-        return stats.pending > 0 and stats.step == self._base + self.books.train_step
+        current = stats.step == self._base + self.books.train_step
+        begun = current and (stats.done > 0 or any(stats.claims.values()))
+        if begun and (ready := self.books.ready.get(self.books.train_step, 0)) > 0:
+            self.books.take(ready)
+        return current and stats.pending > 0
 
     def _idle_cells(self) -> float:
         """Cells' worth of idle capacity now: free serving slots, training cells holding no micro-step, switching."""

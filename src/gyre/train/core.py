@@ -424,7 +424,7 @@ class CoreTrainer:
     def _beat(self) -> None:
         now = time.monotonic()
         for member in list(self.members.values()):
-            if member.state == "gone":
+            if member.state != "active":  # a parked member stopped its heartbeats; it says Hello to rejoin
                 continue
             if now - member.last_seen > self.cfg.member_timeout_s:
                 self._gone(member, f"silent for {now - member.last_seen:.1f} s")

@@ -38,7 +38,7 @@ def test_each_mode_runs_its_steps_and_replays(tiny_model: Path, tmp_path: Path) 
                         await live.controller.to_serve(cell.name)
                 loop = ElasticLoop(
                     live.controller, policy, Books(BATCH, 1, STEPS), GROUP,
-                    lambda i: live.execution(i, GROUP, tool_s=0.05 * (i % 3)),
+                    lambda i: live.execution(i, GROUP, tool_s=0.4 * (i % 4)),  # groups finish apart
                     group_micro_steps(TrajectoryConfig(), BATCH),
                 )  # fmt: skip
                 results[mode] = await loop.run()
@@ -62,5 +62,8 @@ def test_each_mode_runs_its_steps_and_replays(tiny_model: Path, tmp_path: Path) 
         for d in result.decisions:
             replay(books, result.events[seen : d.events])
             seen = d.events
-            assert decide(policy, books.observation(d.cells, d.pending, policy.max_staleness)) == d.actions, mode
+            observation = books.observation(d.cells, d.pending, policy.max_staleness)
+            assert decide(policy, observation) == d.actions, mode
+            if mode == "colocate" and any(isinstance(a, ToTrain) for a in d.actions):
+                assert observation.in_flight == 0  # the barrier: nothing is sampled while cells train
         assert msgspec.json.decode(msgspec.json.encode(result), type=LoopResult) == result
