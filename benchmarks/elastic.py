@@ -165,7 +165,7 @@ async def modes(args: argparse.Namespace, model: Path, work: Path) -> dict[str, 
         "colocate": ControllerConfig(mode="colocate"),
     }
     out: dict[str, Any] = {}
-    for modelled in (True, False):
+    for modelled in [d == "modelled" for d in args.devices.split(",")]:
         device = "modelled" if modelled else "cpu"
         table = Table(title=f"{args.steps} steps x {args.tasks * args.group} executions on {args.cells} cells "
                             f"({'modelled devices' if modelled else 'bare CPU, shared'})")  # fmt: skip
@@ -208,6 +208,8 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=8, help="serve -> train -> serve cycles timed")
     parser.add_argument("--load", type=int, default=16, help="agents running while switches are timed")
     parser.add_argument("--skip-modes", action="store_true", help="only time the switches")
+    parser.add_argument("--skip-switches", action="store_true", help="only compare the modes")
+    parser.add_argument("--devices", default="modelled,cpu", help="modelled, cpu or both (comma-separated)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -215,25 +217,30 @@ def main() -> None:
         work = Path(tmp)
         model = init_model(work / "tiny", preset="tiny", seed=0)
         started = time.monotonic()
-        switches = asyncio.run(switch_times(args, model, work))
-        table = Table(
-            title=f"Role switches under load ({args.load} agents), tiny model, {args.cycles} cycles"
-        )
-        for col in ("direction", "median s", "worst s", "target", "phases (median s)"):
-            table.add_column(col, justify="right")
-        for direction, target in (("serve_to_train", "<= 2 s"), ("train_to_serve", "<= 1 s")):
-            d = switches[direction]
-            table.add_row(direction.replace("_", " "), f"{d['total_median_s']:.3f}", f"{d['total_max_s']:.3f}",
-                          target, ", ".join(f"{p} {v:.3f}" for p, v in d["phases_median_s"].items()))  # fmt: skip
-        console.print(table)
-        console.print(f"calls moved by drains: {switches['serve_to_train']['moved_calls']}; "
-                      f"executions crashed: {switches['crashed']}")  # fmt: skip
-        out: dict[str, Any] = {"args": vars(args), "switches": switches}
+        out: dict[str, Any] = {"args": vars(args)}
+        if not args.skip_switches:
+            out["switches"] = report_switches(args, asyncio.run(switch_times(args, model, work)))
         if not args.skip_modes:
             out["modes"] = asyncio.run(modes(args, model, work))
         out["wall_s"] = time.monotonic() - started
-    (RESULTS / "elastic.json").write_text(json.dumps(out, indent=2))
-    console.print(f"wrote {RESULTS / 'elastic.json'} ({out['wall_s']:.0f} s)")
+    name = "elastic.json" if not args.skip_switches and not args.skip_modes else "elastic-partial.json"
+    (RESULTS / name).write_text(json.dumps(out, indent=2))
+    console.print(f"wrote {RESULTS / name} ({out['wall_s']:.0f} s)")
+
+
+def report_switches(args: argparse.Namespace, switches: dict[str, Any]) -> dict[str, Any]:
+    """Print the switch table."""
+    table = Table(title=f"Role switches under load ({args.load} agents), tiny model, {args.cycles} cycles")
+    for col in ("direction", "median s", "worst s", "target", "phases (median s)"):
+        table.add_column(col, justify="right")
+    for direction, target in (("serve_to_train", "<= 2 s"), ("train_to_serve", "<= 1 s")):
+        d = switches[direction]
+        table.add_row(direction.replace("_", " "), f"{d['total_median_s']:.3f}", f"{d['total_max_s']:.3f}",
+                      target, ", ".join(f"{p} {v:.3f}" for p, v in d["phases_median_s"].items()))  # fmt: skip
+    console.print(table)
+    console.print(f"calls moved by drains: {switches['serve_to_train']['moved_calls']}; "
+                  f"executions crashed: {switches['crashed']}")  # fmt: skip
+    return switches
 
 
 if __name__ == "__main__":

@@ -309,6 +309,19 @@ def cmd_sim(args: argparse.Namespace) -> int:
     console.print(
         f"elastic (overlap): {over_async:.2f}x over tuned async, {over_colocate:.2f}x over colocate"
     )
+    if args.cells:
+        from gyre.sim.report import cell_sweep
+
+        sweep = Table(title="Cell count: hours per mode (elastic overlap / tuned async / colocate)")
+        for col in ("cells", "elastic (overlap)", "async (tuned)", "colocate", "best"):
+            sweep.add_column(col, justify="right")
+        counts = [int(c) for c in args.cells.split(",")]
+        for count, by_mode in cell_sweep(workload, counts, args.max_staleness):
+            hours = {m: by_mode[m].total_s / 3600 for m in ("elastic (overlap)", "async (tuned)", "colocate")}
+            sweep.add_row(
+                str(count), *(f"{h:.1f}" for h in hours.values()), min(hours, key=hours.__getitem__)
+            )
+        console.print(sweep)
     if args.sensitivity:
         sens = Table(title="Sensitivity: elastic (overlap) speed-up")
         for col in ("variation", "over async", "over colocate"):
@@ -473,6 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--sensitivity", action="store_true", help="also vary switch cost, tail heaviness, cell count"
     )
     s.add_argument("--plot", help="write the cells' roles over time to this PNG")
+    s.add_argument("--cells", help="also compare the modes at these cell counts, e.g. 4,8,16")
     s.set_defaults(fn=cmd_sim)
 
     s = sub.add_parser("quickstart", help="init the tiny model if missing, serve it and send it a generation")

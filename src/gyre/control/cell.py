@@ -108,6 +108,7 @@ class Cell:
                 self.cfg.trainer,
                 model_path=self.cfg.trainer.model_path or spec.model_path,
                 core_computes=False,  # it computes while the cell trains
+                bind=_any_port(self.cfg.trainer.bind),  # cells announce it to the controller: any free port
                 num_threads=cells.num_threads or self.cfg.trainer.num_threads,
             )
             core = CoreTrainer(trainer)
@@ -271,6 +272,11 @@ class Cell:
         """Stop the engine (the core trainer thread ends with the process)."""
         if self.engine is not None:
             self.engine.stop()
+
+
+def _any_port(address: str) -> str:
+    """``tcp://HOST:PORT`` with port 0 (the trainer binds a free one)."""
+    return address.rsplit(":", 1)[0] + ":0"
 
 
 def launch_cell(spec: CellSpec, config_path: str | Path, log: Path | None = None) -> subprocess.Popen[bytes]:

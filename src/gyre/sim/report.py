@@ -75,6 +75,17 @@ def sensitivity(workload: Workload) -> list[tuple[str, float, float]]:
     return [*rows, ("max_staleness 2", *speedups(compare(workload, max_staleness=2)))]
 
 
+def cell_sweep(
+    workload: Workload, counts: list[int], max_staleness: int = 1
+) -> list[tuple[int, dict[str, SimResult]]]:
+    """Every mode at each cell count (same executions): which mode, and how many cells, for this workload."""
+    out = []
+    for count in counts:
+        cluster = msgspec.structs.replace(workload.cluster, cells=count)
+        out.append((count, compare(msgspec.structs.replace(workload, cluster=cluster), max_staleness)))
+    return out
+
+
 def plot(results: dict[str, SimResult], path: Path) -> Path:
     """Each mode's cell roles over time (one panel per mode), as a PNG."""
     import matplotlib

@@ -81,7 +81,8 @@ def test_multi_turn_executions_decode_slower_in_bigger_batches_and_stop_at_the_b
 def test_gyre_sim_prints_the_comparison_and_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     workload = tmp_path / "w.toml"
     workload.write_text("[cluster]\ncells = 3\ncapacity = 4\n\n[tasks]\nsteps = 4\nbatch_executions = 8\n")
-    assert main(["sim", str(workload), "--plot", str(tmp_path / "roles.png")]) == 0
+    assert main(["sim", str(workload), "--plot", str(tmp_path / "roles.png"), "--cells", "2,4"]) == 0
     out = capsys.readouterr().out
     assert "over tuned async" in out and "colocate" in out
+    assert "Cell count" in out and "│     4 │" in out
     assert (tmp_path / "roles.png").stat().st_size > 10_000
