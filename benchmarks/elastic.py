@@ -6,7 +6,7 @@
    ``--cycles`` times serve -> train -> serve of both trainable cells. Median and worst seconds per phase, against
    the targets (serve -> train <= 2 s, train -> serve <= 1 s; published at 2.4T scale: 8.52 s and 3.46 s).
 2. Modes: ``--cells`` cells (the core and satellites), the ``toy`` suite run by the built-in agent (a few short
-   calls) with a heavy-tailed modelled tool latency (lognormal per execution, p99/p50 = 10), ``--steps`` steps of
+   calls) with a heavy-tailed modelled tool latency (lognormal per execution, p99/p50 = ``--tail``, 10), ``--steps`` steps of
    ``--tasks`` x ``--group`` executions, in elastic (overlap), async (one training cell) and colocate; twice: on
    the bare CPU (every cell shares 2 cores) and on modelled devices (each engine step lasts ``--step-s``, each
    trainer computes ``--train-tps`` tokens a second at most, so cells do not compete for the CPU). Time for the
@@ -62,7 +62,7 @@ def overrides(args: argparse.Namespace, cells: int, standalone: int, modelled: b
 
 def agent(args: argparse.Namespace, rng: random.Random) -> BuiltinAgentSpec:
     """The built-in agent, short, with this execution's modelled tool latency (heavy-tailed across executions)."""
-    sigma = math.log(10.0) / 2.3263  # p99 / p50 = 10
+    sigma = math.log(args.tail) / 2.3263  # p99 / p50 of the lognormal
     latency = min(rng.lognormvariate(math.log(args.tool_s), sigma), 20 * args.tool_s)
     return BuiltinAgentSpec(config=BuiltinAgentConfig(max_steps=args.calls, max_tokens_per_call=args.tokens,
                                                       delegation=False, modelled_tool_latency_s=latency))  # fmt: skip
@@ -203,6 +203,9 @@ def main() -> None:
     )
     parser.add_argument("--tokens", type=int, default=24, help="max tokens per call")
     parser.add_argument("--tool-s", type=float, default=1.0, help="median modelled tool latency per call")
+    parser.add_argument(
+        "--tail", type=float, default=10.0, help="p99/p50 of the tool latency across executions"
+    )
     parser.add_argument("--step-s", type=float, default=0.05, help="modelled engine step time")
     parser.add_argument("--train-tps", type=float, default=4000.0, help="modelled trainer tokens per second")
     parser.add_argument("--cycles", type=int, default=8, help="serve -> train -> serve cycles timed")
