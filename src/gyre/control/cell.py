@@ -89,6 +89,7 @@ class Cell:
         self.satellite: Satellite | None = None  # on satellite cells
         self._satellite_run: asyncio.Task[SatelliteSummary | None] | None = None
         self._tags = ["kv_cache", "weights"] if cfg.cells.release_weights else ["kv_cache"]
+        self._joining = False
 
     # ---- start-up (blocking, in the main thread: the engine dies with it) -----------------------------------------
     def start(self) -> None:
@@ -135,7 +136,6 @@ class Cell:
                 self._tasks = tasks
                 self._send(self._hello())
                 beats = tasks.create_task(self._beat(self.cfg.controller.heartbeat_s))
-                last_heard = time.monotonic()
                 while True:
                     if not await sock.poll(
                         int(timeout_s * 1000)
@@ -144,13 +144,15 @@ class Cell:
                         self._send(self._hello())
                         continue
                     message = _decoder.decode(await sock.recv())
-                    last_heard = time.monotonic()
                     match message:
                         case ControlPing():
                             pass
                         case CellWelcome(core_address=core):
-                            if self.role == "resuming" and self.version < 0:
+                            if self.role == "resuming" and self.version < 0 and not self._joining:
                                 self.core_address = self.core_address or core
+                                self._joining = (
+                                    True  # one join at a time; a failed one is tried at the next Welcome
+                                )
                                 tasks.create_task(self._switch(JOINED, self._join_serving))
                         case StartTraining(switch=n):
                             tasks.create_task(self._switch(n, self._to_training))
@@ -160,7 +162,6 @@ class Cell:
                             raise GyreError(f"the controller refused cell {self.spec.name}: {reason}")
                         case CellShutdown():
                             break
-                del last_heard
                 beats.cancel()
                 if self._satellite_run is not None and self.satellite is not None:
                     self.satellite.request_leave()
@@ -215,9 +216,19 @@ class Cell:
         await asyncio.to_thread(ask)
 
     async def _join_serving(self, phases: Phases) -> None:
-        await self._timed(phases, "weights", self._core_request(True))
-        self.version = await self._engine.get_weight_version()
-        self.role = "serving"
+        try:
+            await self._timed(phases, "weights", self._core_request(True))
+            self.version = await self._engine.get_weight_version()
+            self.role = "serving"
+        except Exception:
+            self._tasks.create_task(self._hello_later())  # the controller's Welcome brings the next try
+            raise
+        finally:
+            self._joining = False
+
+    async def _hello_later(self) -> None:
+        await asyncio.sleep(self.cfg.controller.cell_timeout_s)
+        self._send(self._hello())
 
     async def _to_training(self, phases: Phases) -> None:
         if self.spec.kind == "standalone":

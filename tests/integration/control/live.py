@@ -79,8 +79,9 @@ class Live:
         await self.cluster.__aexit__(None, None, None)
 
     # ---- agents ---------------------------------------------------------------------------------------------------
-    async def agent(self, i: int, stop: asyncio.Event, turns: int = 3) -> None:
-        """Conversations of ``turns`` calls each, one after another, until ``stop``; errors are collected."""
+    async def agent(self, i: int, stop: asyncio.Event, turns: int = 3, tool_s: float = 0.0) -> None:
+        """Conversations of ``turns`` calls each, one after another, until ``stop``, with ``tool_s`` on average of
+        "tools" after each call; errors are collected."""
         rng = random.Random(i)
         while not stop.is_set():
             token = self.router.open_session(f"agent-{i}-{len(self.conversations)}")
@@ -98,6 +99,7 @@ class Live:
                     conversation.replies.append(r.model_dump())
                     messages += [r.choices[0].message.model_dump(exclude_none=True),
                                  {"role": "user", "content": "go on"}]  # fmt: skip
+                    await asyncio.sleep(rng.uniform(0, 2 * tool_s))
             except openai.OpenAIError as exc:
                 self.errors.append(f"agent {i}: {exc!r} caused by {exc.__cause__!r}")
             finally:

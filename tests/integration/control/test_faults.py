@@ -4,6 +4,8 @@ step completes with the same update, and a restarted cell rejoins."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 
@@ -101,7 +103,14 @@ def test_a_cell_killed_while_training(tiny_model: Path, tmp_path: Path) -> None:
             def holds() -> bool:
                 return "cell-1" in live.trainer.statistics().claims
 
-            await eventually("cell-1 to hold a micro-step", holds)
+            proc = live.cluster.procs["cell-1"]
+            for _ in range(50):  # stopped at a moment the core sees it holding one (what it sent has landed)
+                await eventually("cell-1 to hold a micro-step", holds)
+                os.kill(proc.pid, signal.SIGSTOP)
+                await asyncio.sleep(0.3)
+                if holds():
+                    break
+                os.kill(proc.pid, signal.SIGCONT)
             live.kill("cell-1")  # mid-micro-step
             metrics = await asyncio.to_thread(live.trainer.wait_step, 0, 300)
             assert metrics.micro_steps == len(items) and sum(metrics.by_member.values()) == len(items)

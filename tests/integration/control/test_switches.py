@@ -38,7 +38,7 @@ def test_200_agents_through_100_switches(tiny_model: Path, tmp_path: Path) -> No
     async def main() -> tuple[Live, list[StepMetrics]]:
         async with Live(tiny_model, tmp_path, overrides) as live:
             stop = asyncio.Event()
-            agents = [asyncio.ensure_future(live.agent(i, stop)) for i in range(AGENTS)]
+            agents = [asyncio.ensure_future(live.agent(i, stop, tool_s=2.0)) for i in range(AGENTS)]
             metrics = []
             for k, items in enumerate(steps):
                 await live.controller.to_train("cell-0")
