@@ -268,6 +268,28 @@ def cmd_trainer_satellite(args: argparse.Namespace) -> int:
             return 0
 
 
+def cmd_train(args: argparse.Namespace) -> int:
+    """Train online: the task suite's executions on the cells, elastic (or colocate/async) steps, the run directory."""
+    from rich.console import Console
+
+    from gyre.config import load_config
+    from gyre.training import train
+
+    overrides = list(args.set or [])
+    for key, value in (("run.steps", args.steps), ("run.run_dir", args.run_dir), ("controller.mode", args.mode),
+                       ("run.model_path", args.model)):  # fmt: skip
+        if value is not None:
+            overrides.append(_override(key, value))
+    cfg = load_config(args.config, overrides)
+    summary = asyncio.run(train(cfg))
+    Console().print(
+        f"gyre train: {summary.steps} steps ({summary.mode}) in {summary.total_s:.1f} s, "
+        f"idle {summary.idle_fraction:.0%}, {summary.switches} switches, "
+        f"reward {summary.reward_first:.3f} -> {summary.reward_last:.3f}; run directory {summary.run_dir}"
+    )
+    return 0
+
+
 def cmd_cell(args: argparse.Namespace) -> int:
     """Run one cell: its engine (and on the core cell the core trainer), switching roles on the controller's word."""
     from gyre.config import load_config
@@ -463,6 +485,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, help="torch CPU threads")
     s.add_argument("--stay", action="store_true", help="rejoin after being told to leave (until killed)")
     s.set_defaults(fn=cmd_trainer_satellite)
+
+    s = sub.add_parser(
+        "train", help="train a model online on a task suite (elastic cells; colocate or async)"
+    )
+    s.add_argument(
+        "config", nargs="?", type=Path, help="the run's TOML ([run], [cells], [controller], [trainer])"
+    )
+    s.add_argument("--steps", type=int, help="optimizer steps (run.steps)")
+    s.add_argument("--mode", choices=["elastic", "colocate", "async"], help="controller.mode")
+    s.add_argument("--model", help="model directory to train (run.model_path)")
+    s.add_argument("--run-dir", help="run directory (run.run_dir)")
+    s.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="dotted override, e.g. run.group_size=8"
+    )
+    s.set_defaults(fn=cmd_train)
 
     s = sub.add_parser(
         "cell", help="one cell: an engine and a trainer that serve or train on the controller's word"

@@ -168,6 +168,27 @@ class ControllerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     switch_timeout_s: Annotated[float, msgspec.Meta(gt=0.0)] = 300.0  # one role switch, at most
 
 
+class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What `gyre train` runs: the model, the task suite, the steps and their executions, the built-in agent."""
+
+    model_path: str = "models/tiny"  # the Hugging Face model directory trained (and served by every cell)
+    suite: str = "toy:64"  # a built-in suite (toy, toy:N[:SEED], nl2repo-mini) or a suite/task directory
+    run_dir: str = ""  # the run directory; empty: runs/train-<suite>-<time>
+    steps: Positive = 4  # optimizer steps
+    tasks_per_step: Positive = 8  # tasks sampled (without replacement, then again) for each step
+    group_size: Positive = 4  # executions per task in a step (group-relative advantages)
+    burst_steps: Positive = 1  # steps dispatched together as one burst
+    seed: int = 0  # task order
+    agent_max_calls: Positive = 16  # the built-in agent's model calls per execution (main context)
+    agent_max_tokens: Positive = 512  # per call
+    agent_temperature: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
+
+    @property
+    def batch_executions(self) -> int:
+        """Executions per step."""
+        return self.tasks_per_step * self.group_size
+
+
 class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One run's whole configuration: one TOML file."""
 
@@ -178,6 +199,7 @@ class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     trainer: TrainerConfig = msgspec.field(default_factory=TrainerConfig)
     cells: CellsConfig = msgspec.field(default_factory=CellsConfig)
     controller: ControllerConfig = msgspec.field(default_factory=ControllerConfig)
+    run: RunConfig = msgspec.field(default_factory=RunConfig)
 
 
 T = TypeVar("T", bound=msgspec.Struct)

@@ -83,11 +83,13 @@ class ElasticLoop:
         execute: Execute,
         build: Build,
         tick_s: float = 0.25,
+        on_step: Callable[[int, StepMetrics], None] | None = None,
     ) -> None:
         if books.batch % group_size:
             raise ValueError(f"batch_executions {books.batch} is not a multiple of group_size {group_size}")
         self.controller, self.policy, self.books = controller, policy, books
         self.group_size, self.execute, self.build, self.tick_s = group_size, execute, build, tick_s
+        self.on_step = on_step  # called with (books step, metrics) as each step is applied
         self.trainer = TrainerClient(controller.core_address, timeout_s=120)
         self._lock = asyncio.Lock()  # one request at a time on the trainer client
         self._moving: dict[str, str] = {}  # cell -> the role it is switching through
@@ -201,6 +203,8 @@ class ElasticLoop:
                 self._step_end.append(time.monotonic() - self._started)
                 self._lags += self.books.applied()
                 log.info("step %d applied after %.1f s", step, self._step_end[-1])
+                if self.on_step is not None:
+                    self.on_step(step, metrics)
                 self._wake.set()
 
     async def _pending(self) -> bool:

@@ -1,0 +1,77 @@
+"""`gyre train` on the tiny model, CI-sized, in each mode: every step applied and the run directory complete."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from gyre.cli import main
+from gyre.journal import read_journal
+from gyre.protocol import SwitchRecord
+from gyre.runtime.runtime import ExecutionResult
+from gyre.training import StepRecord, TrainSummary
+
+pytestmark = pytest.mark.slow
+CONFIG = """
+[run]
+suite = "toy:8"
+steps = 2
+tasks_per_step = 2
+group_size = 2
+agent_max_calls = 2
+agent_max_tokens = 16
+
+[cells]
+count = 2
+capacity_executions = 2
+engine_overrides = ["engine.kv_cache_mem_gib=0.2"]
+num_threads = 1
+
+[trainer]
+learning_rate = 1e-4
+heartbeat_s = 0.25
+
+[controller]
+heartbeat_s = 0.25
+"""
+
+
+@pytest.mark.parametrize("mode", ["elastic", "colocate", "async"])
+def test_gyre_train_runs_its_steps_in_each_mode(
+    mode: str, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG)
+    run_dir = tmp_path / "run"
+    assert (
+        main(["train", str(config), "--mode", mode, "--model", str(tiny_model), "--run-dir", str(run_dir)])
+        == 0
+    )
+    assert f"2 steps ({mode})" in capsys.readouterr().out
+
+    summary = msgspec.json.decode((run_dir / "train.json").read_bytes(), type=TrainSummary)
+    assert summary.steps == 2 and summary.failed_executions == 0 and summary.mode == mode
+    steps = list(read_journal(run_dir / "metrics.jsonl", StepRecord))
+    assert [s.step for s in steps] == [0, 1] and all(s.executions == 4 for s in steps)
+    assert all(s.trainer.micro_steps > 0 and s.trainer.version == s.step + 1 for s in steps)
+    executions = list(read_journal(run_dir / "journal" / "executions.jsonl", ExecutionResult))
+    assert len({e.execution_id for e in executions}) == 4 * 2  # every execution once, each with its calls
+    assert all(e.records and e.verdict is not None for e in executions)
+    assert (run_dir / "journal" / "calls.jsonl").stat().st_size > 0
+    for step in (1, 2):  # a Hugging Face checkpoint after every step
+        assert (
+            json.loads((run_dir / "checkpoints" / f"step-{step}" / "trainer_state.json").read_text())["step"]
+            == step
+        )
+    switches = list(read_journal(run_dir / "switches.jsonl", SwitchRecord))
+    assert not any(s.error for s in switches)
+    if mode == "async":  # the core trains from the start, the other cell serves throughout
+        assert [(s.cell, s.direction) for s in switches] == [("cell-0", "serve_to_train")]
+    elif mode == "colocate":  # all sample, then all train, every step
+        assert {s.direction for s in switches} == {"serve_to_train", "train_to_serve"}
+    else:  # the core first; whether cells come back between steps depends on the water level
+        assert switches[0].cell == "cell-0" and switches[0].direction == "serve_to_train"
+    assert "[run]" in (run_dir / "config.toml").read_text()
