@@ -290,6 +290,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """(Re)build a run directory's report.html from its journals."""
+    from gyre.report import write_report
+
+    if not (args.run_dir / "metrics.jsonl").exists() and not (args.run_dir / "switches.jsonl").exists():
+        raise ConfigError(
+            f"{args.run_dir} is not a gyre train run directory (no metrics.jsonl or switches.jsonl)"
+        )
+    print(write_report(args.run_dir))
+    return 0
+
+
 def cmd_cell(args: argparse.Namespace) -> int:
     """Run one cell: its engine (and on the core cell the core trainer), switching roles on the controller's word."""
     from gyre.config import load_config
@@ -485,6 +497,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--threads", type=int, help="torch CPU threads")
     s.add_argument("--stay", action="store_true", help="rejoin after being told to leave (until killed)")
     s.set_defaults(fn=cmd_trainer_satellite)
+
+    s = sub.add_parser("report", help="(re)build RUN_DIR/report.html from a gyre train run's journals")
+    s.add_argument("run_dir", type=Path)
+    s.set_defaults(fn=cmd_report)
 
     s = sub.add_parser(
         "train", help="train a model online on a task suite (elastic cells; colocate or async)"

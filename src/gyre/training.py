@@ -14,6 +14,7 @@ import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -24,6 +25,7 @@ from gyre.control.cluster import Cluster
 from gyre.control.loop import ElasticLoop, group_micro_steps
 from gyre.journal import Journal
 from gyre.protocol import StepMetrics
+from gyre.report import write_report
 from gyre.runtime import BuiltinAgentSpec, ExecutionSpec, Runtime
 from gyre.tasks import Task, Verifier, resolve_suite
 from gyre.train.step import Rollout
@@ -40,6 +42,7 @@ class StepRecord(msgspec.Struct, frozen=True, kw_only=True):
     executions: int
     dropped: int  # executions not trained (verifier failed, crashed)
     trainer: StepMetrics
+    at_s: float = 0.0  # wall clock (time.time()) when it was applied
 
 
 class TrainSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,6 +91,7 @@ async def train(cfg: GyreConfig) -> TrainSummary:
                                                        temperature=run.agent_temperature))  # fmt: skip
     rollouts: dict[int, list[Rollout]] = defaultdict(list)
     metrics = Journal(run_dir, "metrics.jsonl")
+    board = _board(run_dir)
 
     async def execute(index: int) -> Rollout:  # one execution of the task its index names
         step, within = divmod(index, batch)
@@ -102,12 +106,16 @@ async def train(cfg: GyreConfig) -> TrainSummary:
 
     def on_step(step: int, trained: StepMetrics) -> None:  # journaled before the loop goes on
         kept = [r.reward for r in rollouts[step] if not r.dropped]
-        metrics.append(StepRecord(
+        record = StepRecord(
             step=step, wall_s=time.monotonic() - started, reward_mean=statistics.fmean(kept) if kept else 0.0,
             reward_std=statistics.pstdev(kept) if kept else 0.0,
             pass_rate=sum(r >= 1.0 for r in kept) / max(len(kept), 1), executions=len(rollouts[step]),
-            dropped=len(rollouts[step]) - len(kept), trainer=trained,
-        ))  # fmt: skip
+            dropped=len(rollouts[step]) - len(kept), trainer=trained, at_s=time.time(),
+        )  # fmt: skip
+        metrics.append(record)
+        for tag, value in scalars(record).items():
+            board.add_scalar(tag, value, step)
+        board.flush()
 
     async with Cluster(cfg, run.model_path, run_dir) as cluster:
         runtime = Runtime(cluster.router, cfg.sandbox, str(journal), verifier=Verifier(cfg.sandbox))
@@ -119,6 +127,7 @@ async def train(cfg: GyreConfig) -> TrainSummary:
         finally:
             await runtime.aclose()
             metrics.close()
+            board.close()
     means = [
         statistics.fmean(r.reward for r in rollouts[s]) if rollouts[s] else 0.0 for s in range(run.steps)
     ]
@@ -127,4 +136,25 @@ async def train(cfg: GyreConfig) -> TrainSummary:
                            switches=len(result.switches), failed_executions=result.failed_executions,
                            reward_first=means[0], reward_last=means[-1])  # fmt: skip
     (run_dir / "train.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
+    write_report(run_dir)
     return summary
+
+
+def scalars(record: StepRecord) -> dict[str, float]:
+    """A step's figures as TensorBoard scalars (tag -> value)."""
+    t = record.trainer
+    return {
+        "reward/mean": record.reward_mean, "reward/std": record.reward_std, "reward/pass_rate": record.pass_rate,
+        "executions/dropped": record.dropped, "train/loss": t.loss, "train/grad_norm": t.grad_norm,
+        "train/entropy": t.entropy, "train/kl": t.kl, "train/clip_fraction": t.clip_fraction,
+        "train/ratio_mean": t.ratio_mean, "train/lr": t.lr, "train/tokens": t.tokens,
+        "train/computed_tokens": t.computed_tokens, "train/staleness_mean": t.staleness_mean,
+        "time/step_s": t.seconds, "time/wall_s": record.wall_s,
+    }  # fmt: skip
+
+
+def _board(run_dir: Path) -> Any:
+    """A TensorBoard event writer in ``run_dir/tensorboard`` (``tensorboard --logdir`` opens it)."""
+    from tensorboardX import SummaryWriter
+
+    return SummaryWriter(str(run_dir / "tensorboard"))

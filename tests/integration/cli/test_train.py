@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 
 import msgspec
@@ -75,3 +76,25 @@ def test_gyre_train_runs_its_steps_in_each_mode(
     else:  # the core first; whether cells come back between steps depends on the water level
         assert switches[0].cell == "cell-0" and switches[0].direction == "serve_to_train"
     assert "[run]" in (run_dir / "config.toml").read_text()
+    assert {"reward/mean", "train/loss", "train/staleness_mean"} <= scalar_tags(run_dir / "tensorboard")
+    page = (run_dir / "report.html").read_text()
+    assert (
+        page.count("data:image/png;base64,") >= 3 and "<script" not in page
+    )  # self-contained, opens offline
+    assert "Reward per step" in page and "Cell roles over time" in page
+
+
+def scalar_tags(directory: Path) -> set[str]:
+    """The scalar tags in a directory's TensorBoard event files (TFRecord framing, Event protos)."""
+    from tensorboardX.proto.event_pb2 import Event
+
+    tags: set[str] = set()
+    for path in directory.glob("events.out.tfevents.*"):
+        data = path.read_bytes()
+        at = 0
+        while at + 12 <= len(data):
+            length = struct.unpack("<Q", data[at : at + 8])[0]
+            event = Event.FromString(data[at + 12 : at + 12 + length])
+            tags |= {v.tag for v in event.summary.value}
+            at += 12 + length + 4
+    return tags
