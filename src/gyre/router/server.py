@@ -275,6 +275,11 @@ def _http_errors() -> dict[Any, Callable[[Request, Exception], Awaitable[Respons
     return {404: not_found, 405: not_allowed}
 
 
+# Idle agent connections stay open this long: far longer than clients keep theirs (httpx: 5 s), so a client never
+# reuses a connection the server has just closed (the agent would see a connection error after a long tool call).
+KEEP_ALIVE_S = 300
+
+
 async def serve_router(router: Router) -> None:
     """Serve both applications until cancelled (agent-facing and admin, one event loop)."""
     import asyncio
@@ -283,7 +288,11 @@ async def serve_router(router: Router) -> None:
 
     agent = uvicorn.Server(
         uvicorn.Config(
-            build_agent_app(router), host=router.cfg.host, port=router.cfg.port, log_level="warning"
+            build_agent_app(router),
+            host=router.cfg.host,
+            port=router.cfg.port,
+            log_level="warning",
+            timeout_keep_alive=KEEP_ALIVE_S,
         )
     )
     admin = uvicorn.Server(

@@ -275,13 +275,18 @@ class Runtime:
         if self._socket_dir is None:
             import uvicorn
 
-            from gyre.router.server import build_agent_app
+            from gyre.router.server import KEEP_ALIVE_S, build_agent_app
 
             directory = tempfile.mkdtemp(prefix="gyre-router-")
             os.chmod(directory, 0o755)
             path = os.path.join(directory, "router.sock")
             server = uvicorn.Server(
-                uvicorn.Config(build_agent_app(self.router), uds=path, log_level="warning")
+                uvicorn.Config(
+                    build_agent_app(self.router),
+                    uds=path,
+                    log_level="warning",
+                    timeout_keep_alive=KEEP_ALIVE_S,
+                )
             )
             self._socket_server = server
             self._socket_task = asyncio.ensure_future(server.serve())  # supervised here; stopped by aclose()

@@ -17,7 +17,7 @@ from gyre.config import load_config
 from gyre.control.cluster import Cluster
 from gyre.engine.launch import free_port
 from gyre.records import CallRecord, expand_inputs
-from gyre.router.server import build_agent_app
+from gyre.router.server import KEEP_ALIVE_S, build_agent_app
 from gyre.train.client import TrainerClient
 from gyre.train.step import Rollout
 from reference import hf_logprobs
@@ -55,7 +55,7 @@ class Live:
         port = free_port()
         self.base_url = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(build_agent_app(self.router), host="127.0.0.1", port=port,
-                                                    log_level="warning"))  # fmt: skip
+                                                    log_level="warning", timeout_keep_alive=KEEP_ALIVE_S))  # fmt: skip
         self.serving = asyncio.ensure_future(self.server.serve())  # stopped in __aexit__
         for _ in range(600):  # agents may connect once it listens
             if self.server.started or self.serving.done():

@@ -239,7 +239,13 @@ def run_engine_server(cfg: EngineConfig) -> None:
     engine = EmbeddedEngine(cfg)
     app = build_app(engine)
     config = uvicorn.Config(
-        app, host=cfg.host, port=cfg.port, loop="uvloop", log_level="warning", timeout_graceful_shutdown=2
+        app,
+        host=cfg.host,
+        port=cfg.port,
+        loop="uvloop",
+        log_level="warning",
+        timeout_graceful_shutdown=2,
+        timeout_keep_alive=300,  # longer than clients keep idle connections (httpx: 5 s): none is reused closed
     )
     server = uvicorn.Server(config)
     log.info("embedded engine serving %s on http://%s:%d", cfg.model_path, cfg.host, cfg.port)
