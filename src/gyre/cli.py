@@ -281,7 +281,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         if value is not None:
             overrides.append(_override(key, value))
     cfg = load_config(args.config, overrides)
-    summary = asyncio.run(train(cfg))
+    summary = asyncio.run(train(cfg, live=not args.no_live and sys.stdout.isatty()))
     Console().print(
         f"gyre train: {summary.steps} steps ({summary.mode}) in {summary.total_s:.1f} s, "
         f"idle {summary.idle_fraction:.0%}, {summary.switches} switches, "
@@ -512,6 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", choices=["elastic", "colocate", "async"], help="controller.mode")
     s.add_argument("--model", help="model directory to train (run.model_path)")
     s.add_argument("--run-dir", help="run directory (run.run_dir)")
+    s.add_argument(
+        "--no-live", action="store_true", help="no live terminal view (it is off when not a terminal)"
+    )
     s.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="dotted override, e.g. run.group_size=8"
     )

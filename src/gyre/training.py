@@ -9,6 +9,7 @@ execution with its verdict), ``switches.jsonl``, ``metrics.jsonl`` (a line per a
 
 from __future__ import annotations
 
+import asyncio
 import random
 import statistics
 import time
@@ -18,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from gyre import view
 from gyre.agents.builtin import BuiltinAgentConfig
 from gyre.config import GyreConfig
 from gyre.control.books import Books
@@ -74,8 +76,8 @@ def step_tasks(cfg: GyreConfig) -> list[Task]:
     return order[: cfg.run.steps * cfg.run.tasks_per_step]
 
 
-async def train(cfg: GyreConfig) -> TrainSummary:
-    """Run ``cfg.run.steps`` online-RL steps; everything lands in the run directory."""
+async def train(cfg: GyreConfig, live: bool = False) -> TrainSummary:
+    """Run ``cfg.run.steps`` online-RL steps; everything lands in the run directory (``live``: the terminal view)."""
     run, run_dir = cfg.run, Path(cfg.run.run_dir or default_run_dir(cfg))
     journal = run_dir / "journal"
     cfg = msgspec.structs.replace(
@@ -90,6 +92,7 @@ async def train(cfg: GyreConfig) -> TrainSummary:
                                                        max_tokens_per_call=run.agent_max_tokens,
                                                        temperature=run.agent_temperature))  # fmt: skip
     rollouts: dict[int, list[Rollout]] = defaultdict(list)
+    records: list[StepRecord] = []
     metrics = Journal(run_dir, "metrics.jsonl")
     board = _board(run_dir)
 
@@ -113,6 +116,7 @@ async def train(cfg: GyreConfig) -> TrainSummary:
             dropped=len(rollouts[step]) - len(kept), trainer=trained, at_s=time.time(),
         )  # fmt: skip
         metrics.append(record)
+        records.append(record)
         for tag, value in scalars(record).items():
             board.add_scalar(tag, value, step)
         board.flush()
@@ -120,10 +124,18 @@ async def train(cfg: GyreConfig) -> TrainSummary:
     async with Cluster(cfg, run.model_path, run_dir) as cluster:
         runtime = Runtime(cluster.router, cfg.sandbox, str(journal), verifier=Verifier(cfg.sandbox))
         try:
-            loop = ElasticLoop(cluster.controller, cfg.controller, Books(batch, run.burst_steps, run.steps),
-                               run.group_size, execute, group_micro_steps(cfg.trajectory, batch),
-                               on_step=on_step)  # fmt: skip
-            result = await loop.run()
+            books = Books(batch, run.burst_steps, run.steps)
+            loop = ElasticLoop(cluster.controller, cfg.controller, books, run.group_size, execute,
+                               group_micro_steps(cfg.trajectory, batch), on_step=on_step)  # fmt: skip
+            async with asyncio.TaskGroup() as group:
+                shown = (
+                    group.create_task(view.show(cluster.controller, books, records, started))
+                    if live
+                    else None
+                )
+                result = await loop.run()
+                if shown is not None:
+                    shown.cancel()
         finally:
             await runtime.aclose()
             metrics.close()

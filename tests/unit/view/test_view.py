@@ -1,0 +1,30 @@
+"""The live view shows what a person watching a run looks for: each cell's role, the water level, the step."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+
+from gyre.config import ControllerConfig
+from gyre.control.books import Books
+from gyre.control.controller import Controller, _Cell
+from gyre.router.pool import EnginePool
+from gyre.view import render
+
+
+def test_a_frame_shows_cells_water_level_and_step() -> None:
+    controller = Controller(ControllerConfig(), EnginePool())
+    controller.cells["cell-0"] = _Cell("cell-0", "core", 0, "http://x", 4, b"a", role="training", version=2)
+    controller.cells["cell-1"] = _Cell(
+        "cell-1", "satellite", 1, "http://y", 4, b"b", role="serving", version=2
+    )
+    books = Books(batch_executions=4, burst_steps=1, steps=3)
+    books.dispatch(6)
+    books.finish(0)
+    console = Console(record=True, width=120)
+    console.print(render(controller, books, [], time.monotonic()))
+    text = console.export_text()
+    assert "cell-0" in text and "training" in text and "serving" in text
+    assert "5 executions in flight" in text and "6 dispatched, 1 finished of 12" in text
+    assert "0 of 3 (weights v0)" in text
