@@ -120,9 +120,8 @@ class Controller:
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 1000)
-        self._sock.setsockopt(
-            zmq.ROUTER_HANDOVER, 1
-        )  # a reconnecting cell's new connection takes its identity
+        # a reconnecting cell's new connection takes over its identity
+        self._sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         bind = self.cfg.bind[:-2] + ":*" if self.cfg.bind.endswith(":0") else self.cfg.bind
         self._sock.bind(bind)
         self.address = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -236,6 +235,10 @@ class Controller:
         return serving[-1].name if serving else None
 
     async def _carry_out(self, cell: _Cell, number: int, command: StartTraining | StartServing) -> SwitchDone:
+        if cell.role == "gone":  # declared gone while the router drained it: nobody would answer
+            return SwitchDone(
+                cell=cell.name, switch=number, role="gone", phases={}, error="the cell went away"
+            )
         future: asyncio.Future[SwitchDone] = asyncio.get_running_loop().create_future()
         cell.waiting[number] = future
         await self._send(cell, command)
