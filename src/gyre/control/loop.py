@@ -108,9 +108,8 @@ class ElasticLoop:
         """Until every step is applied; then the cells are left where the policy put them."""
         self._started = time.monotonic()
         first_switch = len(self.controller.records)
-        self._base = (
-            await asyncio.to_thread(self.trainer.statistics)
-        ).step  # the core's step for books step 0
+        stats = await asyncio.to_thread(self.trainer.statistics)
+        self._base = stats.step  # the core's step that is the books' step 0
         try:
             async with asyncio.TaskGroup() as tasks:
                 self._tasks = tasks
