@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from gyre.errors import ConfigError, GyreError
+from gyre.rundir import RunDir, default_run_dir
 
 if TYPE_CHECKING:
     from gyre.config import EngineConfig
@@ -179,7 +180,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     sandbox = load_config(args.config, list(args.set or [])).sandbox
     name = args.suite.rstrip("/").rsplit("/", 1)[-1].replace(":", "-")
-    run_dir = args.run_dir or f"runs/eval-{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = args.run_dir or str(default_run_dir("eval", name))
     try:
         options = EvalOptions(
             suite=args.suite, run_dir=run_dir, agent=args.agent, model_path=args.model_path,
@@ -276,16 +277,33 @@ def cmd_train(args: argparse.Namespace) -> int:
     from gyre.training import train
 
     overrides = list(args.set or [])
+    if args.resume is not None:  # the run's own resolved config, then what the command line changes
+        if args.config is not None or args.run_dir is not None:
+            raise ConfigError(
+                "gyre train --resume RUN_DIR reads RUN_DIR/config.toml: give no CONFIG or --run-dir"
+            )
+        args.config, args.run_dir = RunDir(args.resume).config, str(args.resume)
+        if not args.config.is_file():
+            raise ConfigError(f"{args.resume} is not a gyre train run directory (no config.toml)")
     for key, value in (("run.steps", args.steps), ("run.run_dir", args.run_dir), ("controller.mode", args.mode),
                        ("run.model_path", args.model)):  # fmt: skip
         if value is not None:
             overrides.append(_override(key, value))
+    if args.resume is not None:
+        overrides.append("trainer.resume_from=")  # the run's latest checkpoint, which train finds
     cfg = load_config(args.config, overrides)
-    summary = asyncio.run(train(cfg, live=not args.no_live and sys.stdout.isatty()))
+    summary = asyncio.run(
+        train(cfg, live=not args.no_live and sys.stdout.isatty(), resume=args.resume is not None)
+    )
+    evals = (
+        ""
+        if summary.eval_first is None
+        else f", held-out {summary.eval_first:.3f} -> {summary.eval_last:.3f}"
+    )
     Console().print(
         f"gyre train: {summary.steps} steps ({summary.mode}) in {summary.total_s:.1f} s, "
         f"idle {summary.idle_fraction:.0%}, {summary.switches} switches, "
-        f"reward {summary.reward_first:.3f} -> {summary.reward_last:.3f}; run directory {summary.run_dir}"
+        f"reward {summary.reward_first:.3f} -> {summary.reward_last:.3f}{evals}; run directory {summary.run_dir}"
     )
     return 0
 
@@ -512,6 +530,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--mode", choices=["elastic", "colocate", "async"], help="controller.mode")
     s.add_argument("--model", help="model directory to train (run.model_path)")
     s.add_argument("--run-dir", help="run directory (run.run_dir)")
+    s.add_argument(
+        "--resume", type=Path, metavar="RUN_DIR",
+        help="continue a killed run from its last checkpoint (finished executions are reused, not run again)",
+    )  # fmt: skip
     s.add_argument(
         "--no-live", action="store_true", help="no live terminal view (it is off when not a terminal)"
     )

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from gyre.errors import ConfigError
+from gyre.records import RecordSource
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -135,6 +136,9 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     modelled_tokens_per_s: Annotated[float, msgspec.Meta(ge=0.0)] = (
         0.0  # every member computes at most this many tokens a second (a modelled accelerator); 0: off
     )
+    modelled_push_s: Annotated[float, msgspec.Meta(ge=0.0)] = (
+        0.0  # every weight push to an engine takes at least this long (a modelled transfer of a big model); 0: off
+    )
     loss: LossConfig = msgspec.field(default_factory=LossConfig)
 
 
@@ -182,11 +186,47 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     agent_max_calls: Positive = 16  # the built-in agent's model calls per execution (main context)
     agent_max_tokens: Positive = 512  # per call
     agent_temperature: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
+    agent: str = "builtin"  # builtin | command:ARGV (a scaffold talking to its router session; both train)
+    eval_suite: str = ""  # a held-out suite evaluated while training (`gyre eval` semantics); empty: none
+    eval_every: NonNegative = (
+        0  # evaluate after every N applied steps (and before the first and after the last)
+    )
+    eval_tasks: NonNegative = 0  # the eval suite's first N tasks; 0: all
+    eval_samples: Positive = 1  # executions per eval task
+    eval_temperature: Annotated[float, msgspec.Meta(ge=0.0)] | None = None  # None: agent_temperature
 
     @property
     def batch_executions(self) -> int:
         """Executions per step."""
         return self.tasks_per_step * self.group_size
+
+
+class SftConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """`gyre sft`: a supervised warm start on demonstration call records (``gyre.sft``).
+
+    AdamW's other settings (betas, eps, weight decay, gradient clipping, ``lr_min_ratio``) and the torch threads
+    come from ``[trainer]``; the loss is the plain negative log-likelihood of the demonstrated output tokens.
+    """
+
+    model_path: str = "models/tiny"  # the Hugging Face model directory (or Gyre checkpoint) to start from
+    journals: list[str] = msgspec.field(default_factory=list)  # calls.jsonl files, journal or run directories
+    sources: list[RecordSource] = msgspec.field(
+        default_factory=lambda: ["scripted"]
+    )  # records whose output counts as a demonstration: scripted (an expert's), policy, upstream
+    output_dir: str = ""  # where metrics.jsonl, sft.json and checkpoints/step-N go; empty: runs/sft-<time>
+    epochs: Positive = 1  # passes over the demonstrations
+    batch_sessions: Positive = 8  # demonstration sessions (executions) per optimizer step
+    micro_step_tokens: Positive = (
+        8192  # a step's sessions are folded into prefix trees of at most this many tokens, one forward each
+    )
+    max_seq_len: NonNegative = 0  # calls longer than this (input + output tokens) are left out; 0: the model's max_position_embeddings
+    learning_rate: Annotated[float, msgspec.Meta(gt=0.0)] = 1e-3
+    lr_warmup_steps: NonNegative = 0  # steps of linear warm-up from 0
+    lr_schedule: Literal["constant", "linear", "cosine"] = (
+        "cosine"  # after warm-up, decaying over the remaining steps to trainer.lr_min_ratio
+    )
+    seed: int = 0  # the session order of every epoch, and torch's seed
+    checkpoint_every_steps: NonNegative = 0  # also write checkpoints/step-N every N steps; 0: only the last
 
 
 class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -200,6 +240,7 @@ class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cells: CellsConfig = msgspec.field(default_factory=CellsConfig)
     controller: ControllerConfig = msgspec.field(default_factory=ControllerConfig)
     run: RunConfig = msgspec.field(default_factory=RunConfig)
+    sft: SftConfig = msgspec.field(default_factory=SftConfig)
 
 
 T = TypeVar("T", bound=msgspec.Struct)
@@ -266,7 +307,9 @@ def dump_config(config: msgspec.Struct) -> str:
 
 
 def _to_toml(data: dict[str, Any], prefix: str = "") -> str:
-    scalars = [f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict)]
+    scalars = [  # TOML has no null: a None is left out (its default, None, comes back on loading)
+        f"{k} = {_toml_value(v)}" for k, v in data.items() if not isinstance(v, dict) and v is not None
+    ]
     text = (f"[{prefix}]\n" if prefix and scalars else "") + "".join(line + "\n" for line in scalars)
     for key, value in data.items():
         if isinstance(value, dict):

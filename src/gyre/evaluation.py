@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import statistics
 import time
 from collections import Counter
@@ -97,6 +98,7 @@ class EvalSummary(msgspec.Struct, frozen=True, kw_only=True):
     tasks: int
     executions: int
     mean_score: float  # over scored executions and placeholders (dropped ones are left out)
+    mean_ci: tuple[float, float] = (0.0, 0.0)  # its 95% bootstrap interval (executions resampled)
     pass_rate: float  # share of those with score 1
     score_distribution: dict[str, int]  # bin label -> executions
     outcomes: dict[str, int]
@@ -126,7 +128,7 @@ async def evaluate(options: EvalOptions) -> EvalSummary:
     unsupported = {t.id: _why_not(t, options) for t in tasks}
     unsupported = {k: v for k, v in unsupported.items() if v}  # never run, reported
     runnable = [t for t in tasks if t.id not in unsupported]
-    agent = _agent_spec(options, runnable)
+    agent = agent_spec(options.agent, runnable)
     run_dir = Path(options.run_dir)
     journal = run_dir / "journal"
     journal.mkdir(parents=True, exist_ok=True)
@@ -183,8 +185,9 @@ def _router(options: EvalOptions, engine_url: str | None, journal: Path) -> Rout
     return Router(cfg)
 
 
-def _agent_spec(options: EvalOptions, tasks: list[Task]) -> AgentSpec:
-    kind, _, rest = options.agent.partition(":")
+def agent_spec(agent: str, tasks: list[Task]) -> AgentSpec:
+    """The agent ``builtin | oracle | command:ARGV`` names (oracle: every task needs a solution or an expert)."""
+    kind, _, rest = agent.partition(":")
     match kind:
         case "builtin":
             return BuiltinAgentSpec()
@@ -202,7 +205,7 @@ def _agent_spec(options: EvalOptions, tasks: list[Task]) -> AgentSpec:
             if not argv:
                 raise ConfigError("--agent command:ARGV needs the scaffold's command line after 'command:'")
             return CommandAgentSpec(argv=argv)
-    raise ConfigError(f"--agent {options.agent!r}: expected builtin, oracle or command:ARGV")
+    raise ConfigError(f"--agent {agent!r}: expected builtin, oracle or command:ARGV")
 
 
 def _for_task(agent: AgentSpec, task: Task, options: EvalOptions) -> AgentSpec:
@@ -323,6 +326,7 @@ def summarize(
         tasks=len(tasks),
         executions=len(rows),
         mean_score=statistics.fmean(r.score for r in counted) if counted else 0.0,
+        mean_ci=bootstrap_ci([r.score for r in counted]),
         pass_rate=sum(r.score >= 1.0 for r in counted) / len(counted) if counted else 0.0,
         score_distribution={label: distribution.get(label, 0) for label in BIN_LABELS},
         outcomes=dict(Counter(r.outcome for r in rows)),
@@ -333,6 +337,20 @@ def summarize(
         unsupported=unsupported,
         rows=rows,
     )
+
+
+def bootstrap_ci(
+    scores: list[float], confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float]:
+    """A percentile bootstrap interval of the mean of ``scores`` (executions resampled with replacement); a single
+    score or none gives a zero-width interval at the mean."""
+    if len(scores) < 2:
+        mean = scores[0] if scores else 0.0
+        return mean, mean
+    rng, n = random.Random(seed), len(scores)
+    means = sorted(statistics.fmean(rng.choices(scores, k=n)) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    return means[int(tail * (resamples - 1))], means[round((1 - tail) * (resamples - 1))]
 
 
 def _row(r: ExecutionResult) -> ExecutionRow:
@@ -374,9 +392,10 @@ def markdown(s: EvalSummary) -> str:
     lines = [
         f"# gyre eval: {s.suite} ({s.agent}, model {s.model})",
         "",
-        "| tasks | executions | mean score | pass rate | mean calls | mean tokens | wall time |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {s.tasks} | {s.executions} | {s.mean_score:.3f} | {s.pass_rate:.1%} | {s.mean_calls:.1f} | "
+        "| tasks | executions | mean score | 95% CI | pass rate | mean calls | mean tokens | wall time |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {s.tasks} | {s.executions} | {s.mean_score:.3f} | {s.mean_ci[0]:.3f}-{s.mean_ci[1]:.3f} | "
+        f"{s.pass_rate:.1%} | {s.mean_calls:.1f} | "
         f"{s.mean_tokens:,.0f} | {s.wall_s:.1f} s |",
         "",
         "Outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(s.outcomes.items())),
@@ -435,11 +454,12 @@ def print_summary(s: EvalSummary, run_dir: str) -> None:
     from rich.table import Table
 
     table = Table(title=f"gyre eval: {s.suite} ({s.agent})")
-    for column in ("tasks", "executions", "mean score", "pass rate", "dropped", "placeholders", "mean calls",
-                   "mean tokens", "wall time"):  # fmt: skip
+    for column in ("tasks", "executions", "mean score", "95% CI", "pass rate", "dropped", "placeholders",
+                   "mean calls", "mean tokens", "wall time"):  # fmt: skip
         table.add_column(column, justify="right")
     table.add_row(
-        str(s.tasks), str(s.executions), f"{s.mean_score:.3f}", f"{s.pass_rate:.1%}",
+        str(s.tasks), str(s.executions), f"{s.mean_score:.3f}", f"{s.mean_ci[0]:.3f}-{s.mean_ci[1]:.3f}",
+        f"{s.pass_rate:.1%}",
         str(s.outcomes.get("dropped", 0)), str(s.outcomes.get("placeholder", 0)), f"{s.mean_calls:.1f}",
         f"{s.mean_tokens:,.0f}", f"{s.wall_s:.1f} s",
     )  # fmt: skip

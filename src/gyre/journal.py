@@ -42,6 +42,29 @@ class Journal:
             self._fd = -1
 
 
+def repair_journal(path: str | Path) -> int:
+    """Cut a torn last line (a crash mid-write) off a journal before appending to it again, so the next record
+    starts a line of its own; returns the bytes cut (0: the file ended with a whole line, or does not exist)."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        end = size
+        while end > 0:  # back to just after the last newline
+            chunk = min(end, 1 << 16)
+            f.seek(end - chunk)
+            block = f.read(chunk)
+            at = block.rfind(b"\n")
+            if at >= 0:
+                end = end - chunk + at + 1
+                break
+            end -= chunk
+        if end < size:
+            f.truncate(end)
+        return size - end
+
+
 def read_journal(path: str | Path, type_: type[T]) -> Iterator[T]:
     """Decode every line of a journal file; a torn last line (crash mid-write) is skipped."""
     decoder = msgspec.json.Decoder(type_)

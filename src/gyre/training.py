@@ -1,20 +1,23 @@
 """`gyre train`: the online-RL loop. Task suite -> runtime -> router -> cells -> verifier -> trajectory processor ->
 elastic trainer -> new weights -> serving, for ``run.steps`` steps, in the mode ``[controller]`` names.
 
-The whole loop is `train` below; every piece it composes lives in its own module. The run directory holds
-``config.toml`` (resolved), ``journal/`` (``calls.jsonl``, ``executions.jsonl``: every call token-exact, every
-execution with its verdict), ``switches.jsonl``, ``metrics.jsonl`` (a line per applied step), ``checkpoints/step-N``
-(Hugging Face weights + optimizer state), ``logs/`` (one per cell) and ``train.json`` (the summary).
+The whole loop is `train` below; every piece it composes lives in its own module. Everything lands in one run
+directory (layout: `gyre.rundir`). A driver killed at any moment is continued by ``train(cfg, resume=True)``
+(`gyre train --resume RUN_DIR`, see `pick_up`): each finished execution trains exactly once, in the step its index
+names, and the step in progress trains again from the last checkpoint with the same data plus the executions that
+had not finished.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import random
+import re
 import statistics
 import time
-from collections import defaultdict
-from pathlib import Path
+from collections import Counter, defaultdict
 from typing import Any
 
 import msgspec
@@ -24,20 +27,25 @@ from gyre.agents.builtin import BuiltinAgentConfig
 from gyre.config import GyreConfig
 from gyre.control.books import Books
 from gyre.control.cluster import Cluster
-from gyre.control.loop import ElasticLoop, group_micro_steps
-from gyre.journal import Journal
+from gyre.control.loop import ElasticLoop, LoopResult, group_micro_steps
+from gyre.errors import ConfigError
+from gyre.evaluation import agent_spec, bootstrap_ci
+from gyre.journal import Journal, read_journal
 from gyre.protocol import StepMetrics
 from gyre.report import write_report
-from gyre.runtime import BuiltinAgentSpec, ExecutionSpec, Runtime
+from gyre.rundir import RunDir, default_run_dir
+from gyre.runtime import AgentSpec, BuiltinAgentSpec, ExecutionResult, ExecutionSpec, OracleAgentSpec, Runtime
 from gyre.tasks import Task, Verifier, resolve_suite
 from gyre.train.step import Rollout
+
+log = logging.getLogger(__name__)
 
 
 class StepRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One line of ``metrics.jsonl``: an applied step, what was sampled for it and what training did."""
 
     step: int
-    wall_s: float  # since the run started
+    wall_s: float  # since the run (or its last resume) started
     reward_mean: float
     reward_std: float
     pass_rate: float  # executions scoring 1.0
@@ -45,6 +53,32 @@ class StepRecord(msgspec.Struct, frozen=True, kw_only=True):
     dropped: int  # executions not trained (verifier failed, crashed)
     trainer: StepMetrics
     at_s: float = 0.0  # wall clock (time.time()) when it was applied
+    execution_ids: list[str] = msgspec.field(default_factory=list)  # the executions whose data trained in it
+    sampled_tokens: int = 0  # output tokens its executions sampled
+
+
+class EvalPoint(msgspec.Struct, frozen=True, kw_only=True):
+    """One line of ``eval.jsonl``: the held-out suite after ``step`` applied steps."""
+
+    step: int
+    version: int  # the weight version most of its tokens were sampled with
+    mean: float  # mean partial score over scored executions
+    ci_low: float  # 95% bootstrap interval of the mean
+    ci_high: float
+    pass_rate: float
+    executions: int
+    at_s: float
+
+
+class Resume(msgspec.Struct, frozen=True, kw_only=True):
+    """One line of ``journal/resumes.jsonl``: where a `gyre train --resume` picked the run up."""
+
+    at_s: float
+    attempt: int  # 1 for the first resume
+    from_step: int  # steps in the checkpoint it continued from
+    reused: int  # finished executions of later steps taken from the journal, not run again
+    cut: dict[str, int]  # journal -> bytes of a torn last line cut off
+    dropped_steps: int  # metrics lines of steps past the checkpoint, trained again
 
 
 class TrainSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -59,12 +93,18 @@ class TrainSummary(msgspec.Struct, frozen=True, kw_only=True):
     failed_executions: int
     reward_first: float  # mean reward of the first step's executions
     reward_last: float
+    eval_first: float | None = None  # held-out mean score before the first step and after the last
+    eval_last: float | None = None
+    resumes: int = 0
 
 
-def default_run_dir(cfg: GyreConfig) -> Path:
-    """``runs/train-<suite>-<time>``."""
-    suite = cfg.run.suite.replace("/", "_").replace(":", "-")
-    return Path("runs") / f"train-{suite}-{time.strftime('%Y%m%d-%H%M%S')}"
+class _PickUp(msgspec.Struct, kw_only=True):
+    """What a run directory holds for the driver: applied steps, their records, finished executions to reuse."""
+
+    start: int = 0  # steps applied (the checkpoint training continues from)
+    attempt: int = 0  # resumes before this one
+    records: list[StepRecord] = msgspec.field(default_factory=list)
+    reused: dict[int, ExecutionResult] = msgspec.field(default_factory=dict)  # execution index -> result
 
 
 def step_tasks(cfg: GyreConfig) -> list[Task]:
@@ -76,80 +116,236 @@ def step_tasks(cfg: GyreConfig) -> list[Task]:
     return order[: cfg.run.steps * cfg.run.tasks_per_step]
 
 
-async def train(cfg: GyreConfig, live: bool = False) -> TrainSummary:
-    """Run ``cfg.run.steps`` online-RL steps; everything lands in the run directory (``live``: the terminal view)."""
-    run, run_dir = cfg.run, Path(cfg.run.run_dir or default_run_dir(cfg))
-    journal = run_dir / "journal"
+def execution_id(index: int, attempt: int, task: Task, group_index: int) -> str:
+    """``e<index>.<attempt>/<task>/<member>``: execution ``index`` of the run (step ``index // batch``), started by
+    the driver's ``attempt``-th resume (0: the first run)."""
+    return f"e{index:06d}.{attempt}/{task.id}/{group_index}"
+
+
+def execution_index(execution_id: str) -> int | None:
+    """The run's execution index in an id `execution_id` made; None for any other id."""
+    match = re.match(r"^e(\d+)\.\d+/", execution_id)
+    return int(match.group(1)) if match else None
+
+
+async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> TrainSummary:
+    """Run ``cfg.run.steps`` online-RL steps; everything lands in the run directory (``live``: the terminal view).
+    ``resume``: continue the run in ``cfg.run.run_dir`` from its last checkpoint (see `pick_up`)."""
+    run = cfg.run
+    rd = RunDir(run.run_dir or default_run_dir("train", run.suite))
+    if cfg.trainer.resume_from and not resume:
+        raise ConfigError("gyre train sets trainer.resume_from itself (--resume RUN_DIR); to start from a "
+                          "checkpoint, name it as run.model_path")  # fmt: skip
+    picked = pick_up(rd, run.batch_executions) if resume else _PickUp()
     cfg = msgspec.structs.replace(
         cfg,
-        run=msgspec.structs.replace(run, run_dir=str(run_dir)),
-        router=msgspec.structs.replace(cfg.router, model_path=run.model_path, journal_dir=str(journal)),
-        trainer=msgspec.structs.replace(cfg.trainer, checkpoint_dir=str(run_dir / "checkpoints"),
-                                        checkpoint_every_steps=cfg.trainer.checkpoint_every_steps or 1),
+        run=msgspec.structs.replace(run, run_dir=str(rd.root)),
+        router=msgspec.structs.replace(cfg.router, model_path=run.model_path, journal_dir=str(rd.journal)),
+        trainer=msgspec.structs.replace(cfg.trainer, checkpoint_dir=str(rd.checkpoints),
+                                        checkpoint_every_steps=cfg.trainer.checkpoint_every_steps or 1,
+                                        resume_from=str(rd.checkpoint(picked.start)) if picked.start else ""),
     )  # fmt: skip
     tasks, batch, started = step_tasks(cfg), run.batch_executions, time.monotonic()
-    agent = BuiltinAgentSpec(config=BuiltinAgentConfig(max_steps=run.agent_max_calls, delegation=False,
-                                                       max_tokens_per_call=run.agent_max_tokens,
-                                                       temperature=run.agent_temperature))  # fmt: skip
+    agent = _agent(cfg, tasks)
     rollouts: dict[int, list[Rollout]] = defaultdict(list)
-    records: list[StepRecord] = []
-    metrics = Journal(run_dir, "metrics.jsonl")
-    board = _board(run_dir)
+    records = list(picked.records)
+    evals = list(read_journal(rd.eval, EvalPoint)) if resume and rd.eval.exists() else []
+    metrics, eval_log, timeline = Journal(rd.root, "metrics.jsonl"), Journal(rd.root, "eval.jsonl"), \
+        Journal(rd.root, "timeline.jsonl")  # fmt: skip
+    board = _board(rd, purge_step=picked.start)
 
-    async def execute(index: int) -> Rollout:  # one execution of the task its index names
+    async def execute(index: int) -> Rollout:  # the loop's execution ``index`` (of the steps still to apply)
+        index += picked.start * batch
         step, within = divmod(index, batch)
         task = tasks[step * run.tasks_per_step + within // run.group_size]
-        result = await runtime.run_one(
-            ExecutionSpec(task=task, group_index=within % run.group_size, agent=agent)
-        )
+        result = picked.reused.pop(index, None) or await runtime.run_one(ExecutionSpec(
+            task=task, group_index=within % run.group_size, agent=agent,
+            execution_id=execution_id(index, picked.attempt, task, within % run.group_size)))  # fmt: skip
         rollout = Rollout(execution_id=result.execution_id, group=f"{step}/{task.id}", reward=result.reward,
                           records=result.records, dropped=not result.trainable)  # fmt: skip
         rollouts[step].append(rollout)
         return rollout
 
     def on_step(step: int, trained: StepMetrics) -> None:  # journaled before the loop goes on
-        kept = [r.reward for r in rollouts[step] if not r.dropped]
-        record = StepRecord(
-            step=step, wall_s=time.monotonic() - started, reward_mean=statistics.fmean(kept) if kept else 0.0,
-            reward_std=statistics.pstdev(kept) if kept else 0.0,
-            pass_rate=sum(r >= 1.0 for r in kept) / max(len(kept), 1), executions=len(rollouts[step]),
-            dropped=len(rollouts[step]) - len(kept), trainer=trained, at_s=time.time(),
-        )  # fmt: skip
+        step += picked.start
+        record = step_record(step, rollouts.pop(step, []), trained, time.monotonic() - started)
         metrics.append(record)
         records.append(record)
         for tag, value in scalars(record).items():
             board.add_scalar(tag, value, step)
         board.flush()
+        if run.eval_every and (step + 1) % run.eval_every == 0 and step + 1 < run.steps:
+            group.create_task(evaluate(step + 1))
 
-    async with Cluster(cfg, run.model_path, run_dir) as cluster:
-        runtime = Runtime(cluster.router, cfg.sandbox, str(journal), verifier=Verifier(cfg.sandbox))
+    async def evaluate(step: int) -> None:  # the held-out suite on whatever the serving cells serve now
+        if not run.eval_suite or any(e.step == step for e in evals):
+            return
+        point = await evaluate_held_out(cfg, eval_runtime, agent, step)
+        eval_log.append(point)
+        evals.append(point)
+        board.add_scalar("eval/mean", point.mean, step)
+
+    async with Cluster(cfg, run.model_path, rd.root) as cluster:
+        runtime = Runtime(cluster.router, cfg.sandbox, str(rd.journal), verifier=Verifier(cfg.sandbox))
+        eval_runtime = Runtime(
+            cluster.router, cfg.sandbox, str(rd.eval_journal), verifier=Verifier(cfg.sandbox)
+        )
         try:
-            books = Books(batch, run.burst_steps, run.steps)
+            books = Books(batch, run.burst_steps, run.steps - picked.start)
             loop = ElasticLoop(cluster.controller, cfg.controller, books, run.group_size, execute,
                                group_micro_steps(cfg.trajectory, batch), on_step=on_step)  # fmt: skip
+            await evaluate(picked.start)  # before training (or where a resumed run picks up)
             async with asyncio.TaskGroup() as group:
-                shown = (
-                    group.create_task(view.show(cluster.controller, books, records, started))
-                    if live
-                    else None
-                )
+                watchers = [group.create_task(_record_timeline(loop, timeline))]
+                if live:
+                    watchers.append(group.create_task(view.show(cluster.controller, books, records, started)))
                 result = await loop.run()
-                if shown is not None:
-                    shown.cancel()
+                for watcher in watchers:
+                    watcher.cancel()
+            await evaluate(run.steps)
         finally:
             await runtime.aclose()
-            metrics.close()
+            await eval_runtime.aclose()
+            for journal in (metrics, eval_log, timeline):
+                journal.close()
             board.close()
-    means = [
-        statistics.fmean(r.reward for r in rollouts[s]) if rollouts[s] else 0.0 for s in range(run.steps)
-    ]
-    summary = TrainSummary(run_dir=str(run_dir), mode=cfg.controller.mode, steps=len(result.steps),
+    return summarize(rd, cfg, result, records, evals, picked.attempt)
+
+
+def pick_up(rd: RunDir, batch: int) -> _PickUp:
+    """Where a killed run stands, made consistent for `train` to continue it.
+
+    Torn last lines are cut off every journal. Training continues from the latest complete checkpoint (N steps):
+    metrics lines of later steps are dropped (those steps train again) and a missing line of a checkpointed step is
+    rebuilt from the checkpoint (its metrics and the executions it trained). Every finished execution of a step
+    past N is reused as journaled, never run again; executions that had not finished run from the start.
+    """
+    if not rd.config.is_file():
+        raise ConfigError(f"{rd.root} is not a gyre train run directory (no config.toml)")
+    cut = rd.repair()
+    start = rd.latest_checkpoint()
+    kept = (
+        {r.step: r for r in read_journal(rd.metrics, StepRecord) if r.step < start}
+        if rd.metrics.exists()
+        else {}
+    )
+    for step in range(start):
+        if step not in kept and (rebuilt := _from_checkpoint(rd, step)) is not None:
+            kept[step] = rebuilt
+    records = [kept[s] for s in sorted(kept)]
+    lines = {r.step: msgspec.json.encode(r) + b"\n" for r in records}
+    dropped = len(list(read_journal(rd.metrics, StepRecord))) - len(records) if rd.metrics.exists() else 0
+    rd.metrics.write_bytes(b"".join(lines[s] for s in sorted(lines)))
+    reused: dict[int, ExecutionResult] = {}
+    if rd.executions.exists():
+        for result in read_journal(rd.executions, ExecutionResult):
+            index = execution_index(result.execution_id)
+            if index is not None and index >= start * batch:
+                reused.setdefault(index, result)
+    attempt = 1 + (sum(1 for _ in read_journal(rd.resumes, Resume)) if rd.resumes.exists() else 0)
+    resumes = Journal(rd.journal, rd.resumes.name)
+    resumes.append(Resume(at_s=time.time(), attempt=attempt, from_step=start, reused=len(reused), cut=cut,
+                          dropped_steps=max(dropped, 0)))  # fmt: skip
+    resumes.close()
+    log.info("resuming %s from step %d: %d finished executions reused, torn lines cut: %s", rd.root, start,
+             len(reused), cut or "none")  # fmt: skip
+    return _PickUp(start=start, attempt=attempt, records=records, reused=reused)
+
+
+def _from_checkpoint(rd: RunDir, step: int) -> StepRecord | None:
+    """Step ``step``'s metrics line from the checkpoint written when it was applied (the driver died before it
+    journaled the line); rewards from the executions it trained."""
+    try:
+        state = json.loads((rd.checkpoint(step + 1) / "trainer_state.json").read_text())
+        trainer = msgspec.convert(state["metrics"], StepMetrics)
+    except (OSError, KeyError, ValueError, msgspec.ValidationError):
+        log.warning("no metrics for step %d in %s: its line stays missing", step, rd.checkpoint(step + 1))
+        return None
+    ids = set(state.get("data_cursor", {}).get("execution_ids", []))
+    results = [r for r in read_journal(rd.executions, ExecutionResult) if r.execution_id in ids]
+    rollouts = [Rollout(execution_id=r.execution_id, group="", reward=r.reward, records=r.records,
+                        dropped=not r.trainable) for r in results]  # fmt: skip
+    return step_record(step, rollouts, trainer, 0.0)
+
+
+def step_record(step: int, rollouts: list[Rollout], trained: StepMetrics, wall_s: float) -> StepRecord:
+    """The metrics line of an applied step."""
+    kept = [r for r in rollouts if not r.dropped]
+    rewards = [r.reward for r in kept]
+    return StepRecord(
+        step=step, wall_s=wall_s, reward_mean=statistics.fmean(rewards) if rewards else 0.0,
+        reward_std=statistics.pstdev(rewards) if rewards else 0.0,
+        pass_rate=sum(r >= 1.0 for r in rewards) / max(len(rewards), 1), executions=len(rollouts),
+        dropped=len(rollouts) - len(kept), trainer=trained, at_s=time.time(),
+        execution_ids=[r.execution_id for r in kept],
+        sampled_tokens=sum(len(c.output_ids) for r in rollouts for c in r.records),
+    )  # fmt: skip
+
+
+async def evaluate_held_out(cfg: GyreConfig, runtime: Runtime, agent: AgentSpec, step: int) -> EvalPoint:
+    """``run.eval_suite`` (its first ``eval_tasks``), ``eval_samples`` executions a task, scored as `gyre eval`
+    scores: the mean partial score of scored executions with a 95% bootstrap interval over executions."""
+    run = cfg.run
+    tasks = resolve_suite(run.eval_suite)[: run.eval_tasks or None]
+    if isinstance(agent, BuiltinAgentSpec) and run.eval_temperature is not None:
+        agent = BuiltinAgentSpec(
+            config=msgspec.structs.replace(agent.config, temperature=run.eval_temperature)
+        )
+    results = await asyncio.gather(*(
+        runtime.run_one(ExecutionSpec(task=t, group_index=k, agent=agent, execution_id=f"eval-{step}/{t.id}/{k}"))
+        for t in tasks for k in range(run.eval_samples)
+    ))  # fmt: skip
+    scores = [r.reward for r in results if r.trainable]
+    versions = Counter(c.weight_version for r in results for c in r.records)
+    low, high = bootstrap_ci(scores, seed=step)
+    return EvalPoint(step=step, version=versions.most_common(1)[0][0] if versions else step,
+                     mean=statistics.fmean(scores) if scores else 0.0, ci_low=low, ci_high=high,
+                     pass_rate=sum(s >= 1.0 for s in scores) / max(len(scores), 1), executions=len(results),
+                     at_s=time.time())  # fmt: skip
+
+
+def summarize(
+    rd: RunDir,
+    cfg: GyreConfig,
+    result: LoopResult,
+    records: list[StepRecord],
+    evals: list[EvalPoint],
+    resumes: int,
+) -> TrainSummary:
+    """``train.json`` and ``report.html``, from the whole run (earlier attempts' steps included)."""
+    evals = sorted(evals, key=lambda e: e.step)
+    summary = TrainSummary(run_dir=str(rd.root), mode=cfg.controller.mode, steps=len(records),
                            total_s=result.total_s, idle_fraction=result.idle_fraction,
                            switches=len(result.switches), failed_executions=result.failed_executions,
-                           reward_first=means[0], reward_last=means[-1])  # fmt: skip
-    (run_dir / "train.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
-    write_report(run_dir)
+                           reward_first=records[0].reward_mean if records else 0.0,
+                           reward_last=records[-1].reward_mean if records else 0.0,
+                           eval_first=evals[0].mean if evals else None,
+                           eval_last=evals[-1].mean if evals else None, resumes=resumes)  # fmt: skip
+    rd.summary.write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
+    write_report(rd.root)
     return summary
+
+
+def _agent(cfg: GyreConfig, tasks: list[Task]) -> AgentSpec:
+    """``run.agent``: the built-in agent with the run's limits, or a command scaffold (both train)."""
+    run = cfg.run
+    spec = agent_spec(run.agent, tasks)
+    if isinstance(spec, OracleAgentSpec):
+        raise ConfigError(
+            "run.agent = 'oracle' samples nothing from the policy; use gyre sft on its demonstrations"
+        )
+    if isinstance(spec, BuiltinAgentSpec):
+        return BuiltinAgentSpec(config=BuiltinAgentConfig(max_steps=run.agent_max_calls, delegation=False,
+                                                          max_tokens_per_call=run.agent_max_tokens,
+                                                          temperature=run.agent_temperature))  # fmt: skip
+    return spec
+
+
+async def _record_timeline(loop: ElasticLoop, journal: Journal, every_s: float = 1.0) -> None:
+    """A `LoopSample` a second into ``timeline.jsonl``, until cancelled."""
+    while True:
+        journal.append(loop.sample())
+        await asyncio.sleep(every_s)
 
 
 def scalars(record: StepRecord) -> dict[str, float]:
@@ -165,8 +361,9 @@ def scalars(record: StepRecord) -> dict[str, float]:
     }  # fmt: skip
 
 
-def _board(run_dir: Path) -> Any:
-    """A TensorBoard event writer in ``run_dir/tensorboard`` (``tensorboard --logdir`` opens it)."""
+def _board(rd: RunDir, purge_step: int = 0) -> Any:
+    """A TensorBoard event writer in ``RUN_DIR/tensorboard`` (``tensorboard --logdir`` opens it); a resumed run
+    purges the events of steps it trains again."""
     from tensorboardX import SummaryWriter
 
-    return SummaryWriter(str(run_dir / "tensorboard"))
+    return SummaryWriter(str(rd.tensorboard), purge_step=purge_step or None)

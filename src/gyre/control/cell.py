@@ -37,7 +37,7 @@ import zmq.asyncio
 
 from gyre.config import GyreConfig
 from gyre.engine.client import EngineClient
-from gyre.engine.launch import ServerProcess, launch_embedded, launch_sglang
+from gyre.engine.launch import ServerProcess, exit_with_parent, launch_embedded, launch_sglang
 from gyre.errors import GyreError
 from gyre.protocol import (
     CellBeat,
@@ -290,14 +290,19 @@ def _any_port(address: str) -> str:
     return address.rsplit(":", 1)[0] + ":0"
 
 
-def launch_cell(spec: CellSpec, config_path: str | Path, log: Path | None = None) -> subprocess.Popen[bytes]:
-    """Start ``gyre cell`` for ``spec`` with the run's resolved config at ``config_path``; it connects by itself."""
+def launch_cell(
+    spec: CellSpec, config_path: str | Path, log: Path | None = None, die_with_parent: bool = True
+) -> subprocess.Popen[bytes]:
+    """Start ``gyre cell`` for ``spec`` with the run's resolved config at ``config_path``; it connects by itself.
+    ``die_with_parent`` (Linux): a driver killed outright takes its local cells (and their engines) with it, so
+    ``gyre train --resume`` starts from a clean machine; call it from a thread that lives as long as the driver."""
     out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
     command = [sys.executable, "-m", "gyre", "-v", "cell", "--controller", spec.controller, "--name", spec.name,
                "--kind", spec.kind, "--order", str(spec.order), "--model", spec.model_path,
                "--config", str(config_path), *(["--log-dir", spec.log_dir] if spec.log_dir else [])]  # fmt: skip
     try:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=exit_with_parent if die_with_parent else None)  # fmt: skip
     finally:
         if log is not None:
             out.close()  # type: ignore[union-attr]

@@ -58,6 +58,20 @@ class LoopResult(msgspec.Struct, frozen=True, kw_only=True):
     events: list[tuple[str, int, int]]
 
 
+class LoopSample(msgspec.Struct, frozen=True, kw_only=True):
+    """The loop at one moment (a line of ``timeline.jsonl``)."""
+
+    at_s: float  # wall clock, time.time()
+    in_flight: int  # executions running: the water level
+    ready: int  # finished executions of the step trained now whose data no trainer took yet
+    serving: int  # cells per role
+    training: int
+    switching: int
+    idle_cells: float  # cells' worth of idle capacity (see ``ElasticLoop``)
+    cells: int
+    version: int  # steps applied
+
+
 def group_micro_steps(cfg: TrajectoryConfig, batch_executions: int) -> Build:
     """Micro-steps of one group, weighted as one ``batch_executions``-execution step would weigh them (so groups can
     stream into the trainer before the step's last execution finished)."""
@@ -102,6 +116,9 @@ class ElasticLoop:
         self._lags: list[int] = []
         self._idle = 0.0
         self._claims: dict[str, list[int]] = {}  # trainer member -> micro-steps it holds (last asked)
+        self._trained: dict[int, list[str]] = defaultdict(
+            list
+        )  # step -> executions whose data went to training
         self.decisions: list[DecisionTrace] = []
 
     async def run(self) -> LoopResult:
@@ -188,9 +205,13 @@ class ElasticLoop:
         self.books.make_ready(step, count)  # taken once a trainer has begun its step (``_pending``)
         async with self._lock:
             self._submitted_in_step[step] += count
+            self._trained[step] += [r.execution_id for r in group if not r.dropped]
             seal = self._submitted_in_step[step] == self.books.batch
-            if micro or seal:
-                await asyncio.to_thread(self.trainer.submit, self._base + step, micro, seal)
+            cursor = {"step": self._base + step, "execution_ids": self._trained.pop(step)} if seal else None
+            if (
+                micro or seal
+            ):  # the cursor lands in the step's checkpoint: what a resumed driver finds trained
+                await asyncio.to_thread(self.trainer.submit, self._base + step, micro, seal, cursor)
 
     async def _wait_steps(self) -> None:
         with TrainerClient(self.controller.core_address, timeout_s=120) as waiter:
@@ -217,6 +238,16 @@ class ElasticLoop:
         if begun and (ready := self.books.ready.get(self.books.train_step, 0)) > 0:
             self.books.take(ready)
         return current and stats.pending > 0
+
+    def sample(self) -> LoopSample:
+        """Where the loop stands now (for the timeline; cheap, no I/O)."""
+        roles = [v.role for v in self._views()]
+        return LoopSample(
+            at_s=time.time(), in_flight=self.books.dispatched - self.books.finished,
+            ready=self.books.ready.get(self.books.train_step, 0), serving=roles.count("serving"),
+            training=roles.count("training"), switching=roles.count("draining") + roles.count("resuming"),
+            idle_cells=self._idle_cells(), cells=len(roles), version=self.books.version,
+        )  # fmt: skip
 
     def _idle_cells(self) -> float:
         """Cells' worth of idle capacity now: free serving slots, training cells holding no micro-step, switching."""

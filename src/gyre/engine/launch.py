@@ -49,7 +49,7 @@ class ServerProcess:
                 stdout=out or subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(env or {})},
-                preexec_fn=_die_with_parent if die_with_parent else None,
+                preexec_fn=exit_with_parent if die_with_parent else None,
             )
         finally:
             if out is not None:
@@ -99,7 +99,7 @@ class ServerProcess:
         self.stop()
 
 
-def _die_with_parent() -> None:
+def exit_with_parent() -> None:
     """(in the child, before exec) Be killed when the thread that started us ends, e.g. a cell process killed."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

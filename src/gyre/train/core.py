@@ -505,6 +505,9 @@ class CoreTrainer:
         self.state.data_cursor = self.sealed_at.pop(step, {})
         metrics = _metrics(step, self.state.version, merge_stats(q.stats), len(q.items), norm, lr, q)
         self.metrics[step] = metrics
+        self.state.last_metrics = msgspec.to_builtins(
+            metrics
+        )  # in the checkpoint: a resumed driver reads them
         log.info("step %d applied: version %d, loss %.4f, %d tokens, %d micro-steps by %s", step,
                  self.state.version, metrics.loss, metrics.tokens, metrics.micro_steps, dict(q.by_member))  # fmt: skip
         if self.cfg.checkpoint_every_steps and self.state.step % self.cfg.checkpoint_every_steps == 0:
@@ -584,8 +587,12 @@ class CoreTrainer:
             try:
                 named = [(n, p.detach()) for n, p in self.state.named]
                 started = time.perf_counter()
+                log.info("pushing version %d to %s", self.state.version, url)
+                if self.cfg.modelled_push_s:  # the weights arrive at the end of the modelled transfer
+                    await asyncio.sleep(self.cfg.modelled_push_s)
                 await weight_sync.push_weights(client, group, named, self.state.version, name, flattened=True)
                 took = time.perf_counter() - started
+                log.info("pushed version %d to %s in %.2f s", self.state.version, url, took)
                 self.push_s[url] = min(self.push_s.get(url, took), took)
             finally:
                 self.weights_lock.release()

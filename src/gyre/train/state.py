@@ -8,7 +8,7 @@ batch. ``apply`` turns the sum into one AdamW update and bumps the weight versio
 A checkpoint is a directory that loads as a Hugging Face model (``config.json``, ``model.safetensors`` and the
 tokenizer files of the source model, so ``gyre serve-engine`` and transformers read it) plus
 ``optimizer.safetensors`` (AdamW's moments and step counts, exact) and ``trainer_state.json`` (step, version, the
-driver's data cursor). Resuming from it gives the same next update, bit for bit, as not stopping.
+driver's data cursor, the step's metrics). Resuming from it gives the same next update, bit for bit, as not stopping.
 """
 
 from __future__ import annotations
@@ -119,6 +119,7 @@ class TrainState:
         self.step = 0  # optimizer updates applied
         self.version = 0  # weight version of the current weights
         self.data_cursor: dict[str, Any] = {}
+        self.last_metrics: dict[str, Any] = {}  # the last applied step's StepMetrics (as builtins)
         self.reference: Any | None = None
         self.reference_flat: torch.Tensor | None = None
         if cfg.resume_from:
@@ -203,7 +204,7 @@ class TrainState:
                 moments[f"{i}.{key}"] = value.detach().contiguous()
         save_file(moments, str(tmp / OPTIMIZER_FILE))
         state = {"step": self.step, "version": self.version, "data_cursor": self.data_cursor,
-                 "parameters": [n for n, _ in self.named]}  # fmt: skip
+                 "metrics": self.last_metrics, "parameters": [n for n, _ in self.named]}  # fmt: skip
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
         shutil.rmtree(path, ignore_errors=True)
         tmp.rename(path)
