@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -9,21 +10,35 @@ import pytest
 
 from gyre.cli import main
 from gyre.journal import Journal
-from gyre.protocol import StepMetrics, SwitchRecord
+from gyre.protocol import SwitchRecord
+from gyre.report import scores_by_step, write_report
 from gyre.training import StepRecord
+from unit.report.runs import EVAL_AFTER, PLOTS, metrics, write_run
 
 
-def metrics(step: int) -> StepMetrics:
-    return StepMetrics(step=step, version=step + 1, loss=0.1, tokens=100, computed_tokens=400, micro_steps=2,
-                       clip_fraction=0.0, truncated_fraction=0.0, ratio_mean=1.0, ratio_std=0.0, ratio_min=1.0,
-                       ratio_max=1.0, entropy=2.0, kl=0.0, grad_norm=0.5, lr=1e-4, staleness_mean=0.5,
-                       staleness_max=1, seconds=1.5, by_member={"core": 2}, discarded=0, reclaimed=0)  # fmt: skip
+def plots(page: str) -> list[str]:
+    """The headings of the plots the page shows, each with its inlined PNG."""
+    return re.findall(r"<h2>([^<]*)</h2><img alt='[^']*' src='data:image/png;base64,[A-Za-z0-9+/=]+'>", page)
+
+
+def rows(page: str, table: str) -> int:
+    body = re.search(rf'<table id="{table}">.*?<tbody>(.*?)</tbody>', page, re.S)
+    return body[1].count("<tr>") if body else 0
+
+
+def test_a_whole_runs_journals_draw_every_plot(tmp_path: Path) -> None:
+    page = write_report(write_run(tmp_path, steps=6)).read_text()
+    assert plots(page) == PLOTS
+    assert "Not drawn" not in page and "<script" not in page
+    assert rows(page, "steps") == 6 and rows(page, "evals") == len(EVAL_AFTER)
+    assert "cells idle 20% of the time" in page  # one cell of three idle 12 s of every 20 (timeline.jsonl)
+    assert "<td>960</td>" in page  # a step's sampled tokens: 8 executions x 120 completion tokens
 
 
 def test_a_killed_runs_journals_make_a_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     now = time.time()
     steps = Journal(tmp_path, "metrics.jsonl")
-    for k in range(3):
+    for k in range(3):  # lines from before execution_ids and sampled_tokens; no executions, evals or timeline
         steps.append(StepRecord(step=k, wall_s=10.0 * k, reward_mean=0.1 * k, reward_std=0.05, pass_rate=0.0,
                                 executions=4, dropped=0, trainer=metrics(k), at_s=now + 10 * k))  # fmt: skip
     steps.close()
@@ -38,8 +53,23 @@ def test_a_killed_runs_journals_make_a_report(tmp_path: Path, capsys: pytest.Cap
     assert main(["report", str(tmp_path)]) == 0
     page = (tmp_path / "report.html").read_text()
     assert str(tmp_path / "report.html") in capsys.readouterr().out
-    assert page.count("<tr>") == 1 + 3  # the header and the three whole steps; the torn line is skipped
-    assert page.count("data:image/png;base64,") == 4 and "<script" not in page
+    assert rows(page, "steps") == 3  # the torn line is skipped
+    assert plots(page) == [PLOTS[0], PLOTS[3], PLOTS[6], PLOTS[7], PLOTS[8]]
+    for absent in (PLOTS[1], PLOTS[2], PLOTS[4], PLOTS[5]):  # named as not drawn, not silently gone
+        assert absent in page.split("Not drawn")[1]
+    assert "<script" not in page and "Held-out evaluations" not in page
+
+
+def test_partial_scores_are_the_rewards_of_the_executions_a_step_trained_on() -> None:
+    trained = {0: ["a", "b"], 1: ["c", "not-journaled"], 2: []}  # step 2: a line from before execution_ids
+    rewards = {"a": 0.25, "b": 1.0, "c": 0.5, "crashed": 0.0}
+    assert scores_by_step(trained, rewards) == {0: [0.25, 1.0], 1: [0.5]}
+
+
+def test_the_finished_runs_idle_fraction_is_the_one_shown(tmp_path: Path) -> None:
+    write_run(tmp_path, steps=2)
+    (tmp_path / "train.json").write_text('{"run_dir": "x", "steps": 2, "idle_fraction": 0.4}')
+    assert "cells idle 40% of the time" in write_report(tmp_path).read_text()
 
 
 def test_a_directory_that_is_not_a_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
