@@ -16,13 +16,26 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     fi
 fi
 .venv/bin/pip install --quiet -e ".[dev]"
-# bubblewrap, the default sandbox backend (gyre.sandbox): installed when missing and we are root. Never fatal:
-# without it Gyre refuses to start sandboxes and says what to do (install it, or choose sandbox.backend = "local").
-if ! command -v bwrap >/dev/null 2>&1; then
+# System packages, each installed with apt-get when missing and we are root (one apt-get update for all). Never fatal:
+# - bubblewrap, the default sandbox backend (gyre.sandbox): without it Gyre refuses to start sandboxes and says what
+#   to do (install it, or choose sandbox.backend = "local").
+# - chromium-headless-shell, the real browser tests/integration/report opens report.html in (playwright drives it
+#   through executable_path; playwright's own browser download is not used); without it that test is skipped.
+declare -A why=([bubblewrap]='sandboxes need it (or sandbox.backend = "local")'
+                [chromium-headless-shell]="the report's browser test is skipped without it")
+missing=()
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+[ -x /usr/lib/chromium/chromium-headless-shell ] || missing+=(chromium-headless-shell)
+if [ ${#missing[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-        { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap; } >/dev/null 2>&1 ||
-            echo "setup: could not install bubblewrap with apt-get; sandboxes need it (or sandbox.backend = \"local\")" >&2
+        apt-get update -qq >/dev/null 2>&1 || echo "setup: apt-get update failed; installing from the old lists" >&2
+        for package in "${missing[@]}"; do
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$package" >/dev/null 2>&1 ||
+                echo "setup: could not install $package with apt-get; ${why[$package]}" >&2
+        done
     else
-        echo "setup: bwrap not found; install bubblewrap (apt-get install bubblewrap) for sandboxes" >&2
+        for package in "${missing[@]}"; do
+            echo "setup: $package not installed (apt-get install $package); ${why[$package]}" >&2
+        done
     fi
 fi
