@@ -23,6 +23,7 @@ import msgspec
 
 from gyre.journal import read_journal
 from gyre.protocol import StepMetrics, SwitchRecord
+from gyre.rundir import RunDir
 
 ROLE_COLOURS = {"serving": "#4c78a8", "training": "#f58518", "switching": "#bab0ac"}
 
@@ -48,7 +49,7 @@ class _Execution(msgspec.Struct, frozen=True, kw_only=True):  # of runtime.Execu
     finished_s: float = 0.0
 
 
-class _Eval(msgspec.Struct, frozen=True, kw_only=True):  # a line of eval.jsonl: one held-out evaluation
+class _Eval(msgspec.Struct, frozen=True, kw_only=True):  # of training.EvalPoint (eval.jsonl)
     step: int  # steps applied when evaluated
     mean: float
     ci_low: float  # 95% interval of the mean
@@ -59,7 +60,7 @@ class _Eval(msgspec.Struct, frozen=True, kw_only=True):  # a line of eval.jsonl:
     at_s: float = 0.0
 
 
-class _Sample(msgspec.Struct, frozen=True, kw_only=True):  # a line of timeline.jsonl
+class _Sample(msgspec.Struct, frozen=True, kw_only=True):  # of control.loop.LoopSample (timeline.jsonl)
     at_s: float  # wall clock
     in_flight: int = 0  # executions running: the water level
     ready: int = 0
@@ -79,14 +80,15 @@ class _Summary(
 
 def write_report(run_dir: str | Path) -> Path:
     """Write ``run_dir/report.html`` from the run's journals; returns its path."""
-    run = Path(run_dir)
-    steps = _read(run / "metrics.jsonl", _Step)
-    executions = _read(run / "journal" / "executions.jsonl", _Execution)
-    switches = _read(run / "switches.jsonl", SwitchRecord)
-    evals = _read(run / "eval.jsonl", _Eval)
-    timeline = _read(run / "timeline.jsonl", _Sample)
-    finished = run / "train.json"
-    summary = msgspec.json.decode(finished.read_bytes(), type=_Summary) if finished.exists() else _Summary()
+    run = RunDir(run_dir)
+    steps = _read(run.metrics, _Step)
+    executions = _read(run.executions, _Execution)
+    switches = _read(run.switches, SwitchRecord)
+    evals = _read(run.eval, _Eval)
+    timeline = _read(run.timeline, _Sample)
+    summary = (
+        msgspec.json.decode(run.summary.read_bytes(), type=_Summary) if run.summary.exists() else _Summary()
+    )
     idle = summary.idle_fraction if summary.idle_fraction is not None else _idle_fraction(timeline)
     start = _run_start(steps, executions, switches, timeline)
     end = max(
@@ -112,16 +114,15 @@ def write_report(run_dir: str | Path) -> Path:
     missing = [title for title, png in figures if not png]
     if missing:
         body += f"<p>Not drawn, nothing journaled for them yet: {html.escape(', '.join(missing))}.</p>"
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Gyre run {html.escape(run.name)}</title>
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>Gyre run {html.escape(run.root.name)}</title>
 <style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}img{{max-width:100%}}
 table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;text-align:right}}</style></head>
-<body><h1>Gyre run {html.escape(run.name)}</h1>
+<body><h1>Gyre run {html.escape(run.root.name)}</h1>
 <p>{len(steps)} steps applied, {len(executions)} executions, {len(switches)} role switches, {len(evals)} held-out
 evaluations{f"; cells idle {idle:.0%} of the time" if idle is not None else ""}.</p>
 {body}{_eval_table(evals)}{_step_table(steps)}</body></html>"""
-    out = run / "report.html"
-    out.write_text(page, encoding="utf-8")
-    return out
+    run.report.write_text(page, encoding="utf-8")
+    return run.report
 
 
 def _read(path: Path, type_: Any) -> list[Any]:

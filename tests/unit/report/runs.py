@@ -1,8 +1,7 @@
 """A run directory as `gyre train` journals it: steps, executions, switches, evals and the driver's timeline.
 
 Three cells; each step samples 16 s with every cell serving, then cell ``step % 2`` switches to training for the
-update and back. Metrics, eval and timeline lines carry the driver's newest fields as plain JSON (the schema the
-report reads); executions and switches are the runtime's and controller's own types.
+update and back. Every line is of the type its writer journals (the driver's, the runtime's, the controller's).
 """
 
 from __future__ import annotations
@@ -11,13 +10,12 @@ import random
 from pathlib import Path
 from typing import Literal
 
-import msgspec
-
+from gyre.control.loop import LoopSample
 from gyre.journal import Journal
 from gyre.protocol import StepMetrics, SwitchRecord
 from gyre.runtime.runtime import ExecutionResult, ExecutionStatus
 from gyre.tasks.verify import Verdict
-from gyre.training import StepRecord
+from gyre.training import EvalPoint, StepRecord
 
 START_S = 1_760_000_000.0  # wall clock of the run's start
 STEP_S = 20.0
@@ -82,11 +80,9 @@ def write_run(run_dir: Path, steps: int = 6) -> Path:
                             pass_rate=sum(r >= 1.0 for r in rewards) / len(rewards),
                             executions=len(trained) + (k == steps - 1), dropped=int(k == steps - 1),
                             trainer=metrics(k, staleness=0.25 * (k % 3)),
-                            at_s=START_S + (k + 1) * STEP_S)  # fmt: skip
-        metrics_file.append(msgspec.to_builtins(record) | {
-            "execution_ids": [r.execution_id for r in trained],
-            "sampled_tokens": sum(r.completion_tokens for r in trained),
-        })  # fmt: skip
+                            at_s=START_S + (k + 1) * STEP_S, execution_ids=[r.execution_id for r in trained],
+                            sampled_tokens=sum(r.completion_tokens for r in trained))  # fmt: skip
+        metrics_file.append(record)
         turns: list[tuple[Literal["serve_to_train", "train_to_serve"], float]] = [
             ("serve_to_train", SAMPLE_S), ("train_to_serve", SAMPLE_S + 2)]  # fmt: skip
         for n, (direction, at) in enumerate(turns):
@@ -96,21 +92,19 @@ def write_run(run_dir: Path, steps: int = 6) -> Path:
     evals = Journal(run_dir, "eval.jsonl")
     for after in (a for a in EVAL_AFTER if a <= steps):
         mean = 0.3 + 0.05 * after
-        evals.append({"step": after, "version": after, "mean": mean, "ci_low": mean - 0.08,
-                      "ci_high": mean + 0.08, "pass_rate": mean / 3, "executions": 32,
-                      "at_s": START_S + after * STEP_S + 0.5})  # fmt: skip
+        evals.append(EvalPoint(step=after, version=after, mean=mean, ci_low=mean - 0.08, ci_high=mean + 0.08,
+                               pass_rate=mean / 3, executions=32, at_s=START_S + after * STEP_S + 0.5))  # fmt: skip
     timeline = Journal(run_dir, "timeline.jsonl")
     for second in range(int(steps * STEP_S)):
         within = second % STEP_S  # 0-15 sampling (the water level falls), 16 and 18 switching, 17 training
         role = {SAMPLE_S: "switching", SAMPLE_S + 1: "training", SAMPLE_S + 2: "switching"}.get(within)
         sampling = within < SAMPLE_S
-        timeline.append({
-            "at_s": START_S + second + 0.2, "in_flight": 8 - int(within // 2) if sampling else 0,
-            "ready": int(within // 2) if sampling else 0, "serving": CELLS - (role is not None),
-            "training": int(role == "training"), "switching": int(role == "switching"),
-            "idle_cells": 0.0 if within < SAMPLE_S / 2 else 1.0, "cells": CELLS,
-            "version": second // int(STEP_S),
-        })  # fmt: skip
+        timeline.append(LoopSample(
+            at_s=START_S + second + 0.2, in_flight=8 - int(within // 2) if sampling else 0,
+            ready=int(within // 2) if sampling else 0, serving=CELLS - (role is not None),
+            training=int(role == "training"), switching=int(role == "switching"),
+            idle_cells=0.0 if within < SAMPLE_S / 2 else 1.0, cells=CELLS, version=second // int(STEP_S),
+        ))  # fmt: skip
     for journal in (executions, metrics_file, switches, evals, timeline):
         journal.close()
     return run_dir

@@ -6,6 +6,7 @@ import re
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gyre.cli import main
@@ -39,8 +40,10 @@ def test_a_killed_runs_journals_make_a_report(tmp_path: Path, capsys: pytest.Cap
     now = time.time()
     steps = Journal(tmp_path, "metrics.jsonl")
     for k in range(3):  # lines from before execution_ids and sampled_tokens; no executions, evals or timeline
-        steps.append(StepRecord(step=k, wall_s=10.0 * k, reward_mean=0.1 * k, reward_std=0.05, pass_rate=0.0,
-                                executions=4, dropped=0, trainer=metrics(k), at_s=now + 10 * k))  # fmt: skip
+        line = msgspec.to_builtins(StepRecord(step=k, wall_s=10.0 * k, reward_mean=0.1 * k, reward_std=0.05,
+                                              pass_rate=0.0, executions=4, dropped=0, trainer=metrics(k),
+                                              at_s=now + 10 * k))  # fmt: skip
+        steps.append({key: v for key, v in line.items() if key not in ("execution_ids", "sampled_tokens")})
     steps.close()
     switches = Journal(tmp_path, "switches.jsonl")
     for n, (cell, direction) in enumerate([("cell-0", "serve_to_train"), ("cell-1", "serve_to_train"),
