@@ -1,0 +1,289 @@
+"""`gyre sft`: a supervised warm start from demonstration call records, written as a Gyre checkpoint.
+
+Demonstrations are `CallRecord`s from run journals (``calls.jsonl``) whose ``source`` is one of
+``sft.sources`` (by default ``scripted``: a scripted expert's, e.g. ``gyre eval --agent oracle`` on the toy
+suite). A record stores its input as a delta on its parent; a record whose parent was left out (another
+source, too long, missing) is left out with it, so every kept call's full input is known. Each optimizer step
+takes ``batch_sessions`` sessions and folds them into prefix trees (`gyre.train.tree`) of at most
+``micro_step_tokens`` tokens, so the prompt the sessions share, and each session's history, are computed once.
+Only output tokens are trained (inputs are context), each weighing ``1 / (trained tokens of the step)``: a
+step's loss is the mean negative log-likelihood per demonstrated token, in nats. An output token that several
+sessions share under the same context is trained once.
+
+Weights, optimizer and checkpoints are `gyre.train.state.TrainState`'s, so ``OUTPUT_DIR/checkpoints/step-N``
+is what ``gyre train`` (``run.model_path``, ``trainer.resume_from``) and ``gyre eval --model-path`` load. The
+output directory also holds ``config.toml`` (resolved), ``metrics.jsonl`` (a line per step) and ``sft.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import msgspec
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from gyre.config import GyreConfig, LossConfig, SftConfig, TrainerConfig, dump_config
+from gyre.errors import ConfigError
+from gyre.journal import Journal, read_journal
+from gyre.protocol import MicroStep
+from gyre.records import ApiCallRecord, CallRecord, decode_record
+from gyre.train.step import Rollout, build_step
+from gyre.train.tree import TrajectoryTree
+
+
+class Demonstrations(msgspec.Struct, frozen=True, kw_only=True):
+    """Demonstration sessions read from journals, and what was left out and why."""
+
+    journals: list[str]  # the calls.jsonl files read
+    sessions: list[list[CallRecord]]  # each session's kept calls in call order (parents first)
+    calls: int  # call records kept
+    skipped: dict[str, int]  # why -> call records left out
+
+
+class SftStep(msgspec.Struct, frozen=True, kw_only=True):
+    """One line of ``metrics.jsonl``: an applied step."""
+
+    step: int  # 0-based
+    epoch: int
+    loss: float  # mean negative log-likelihood per trained token at the step's weights, nats
+    entropy: float  # mean entropy of the model's distribution at the trained tokens, nats
+    tokens: int  # trained (demonstrated output) tokens
+    computed_tokens: int  # tokens through the forward passes (shared prefixes once)
+    sessions: int
+    micro_steps: int
+    grad_norm: float  # before clipping
+    lr: float
+    seconds: float  # folding, forward, backward and update
+    wall_s: float  # since training started
+
+
+class SftSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """``sft.json``: the run in a few numbers."""
+
+    output_dir: str
+    checkpoint: str  # the last checkpoint: load it as a model directory or resume from it
+    model_path: str  # what training started from
+    journals: list[str]  # the calls.jsonl files read
+    sessions: int  # demonstration sessions
+    calls: int  # demonstration calls
+    skipped: dict[str, int]  # why -> call records left out
+    steps: int
+    epochs: int
+    tokens: int  # trained tokens, summed over steps
+    computed_tokens: int
+    loss_first: float  # the first step's loss (the starting model's, on its batch)
+    loss_last: float
+    epoch_losses: list[float]  # mean loss per trained token of each epoch
+    total_s: float
+    tokens_per_s: float  # computed tokens per second of training
+
+
+def journal_file(path: str | Path) -> Path:
+    """The ``calls.jsonl`` that ``path`` names: the file itself, a journal directory or a run directory."""
+    path = Path(path)
+    for candidate in (path, path / "calls.jsonl", path / "journal" / "calls.jsonl"):
+        if candidate.is_file():
+            return candidate
+    if path.is_dir():
+        raise ConfigError(f"{path} holds no calls.jsonl (give a calls.jsonl, a journal or a run directory)")
+    raise ConfigError(f"demonstration journal {path} does not exist")
+
+
+def read_calls(path: Path) -> list[CallRecord]:
+    """The call records of one journal file; a torn last line (a crash mid-write) is skipped, any other bad
+    line is a `ConfigError` naming it."""
+    records: list[CallRecord] = []
+    number = 0
+    try:
+        for number, raw in enumerate(read_journal(path, msgspec.Raw), 1):
+            try:
+                records.append(decode_record(raw))
+            except msgspec.ValidationError as exc:
+                raise ConfigError(f"{path}, line {number}: {_not_a_call(raw, exc)}") from None
+    except msgspec.DecodeError as exc:  # not JSON, and not the last line
+        raise ConfigError(
+            f"{path}, line {number + 1} is not a JSON record ({exc}): the journal is damaged"
+        ) from None
+    except OSError as exc:
+        raise ConfigError(f"{path} cannot be read: {exc.strerror}") from None
+    return records
+
+
+def _not_a_call(raw: msgspec.Raw, exc: Exception) -> str:
+    try:
+        msgspec.json.decode(raw, type=ApiCallRecord)
+    except msgspec.ValidationError:
+        return f"not a call record ({exc})"
+    return "an outside model's text-only call (gyre eval --base-url): it has no tokens to train on"
+
+
+def load_demonstrations(
+    journals: Sequence[str | Path], sources: Sequence[str], max_seq_len: int
+) -> Demonstrations:
+    """The sessions of demonstration calls in ``journals`` (see the module); none is a `ConfigError`."""
+    if not journals:
+        raise ConfigError("no demonstration journals: set sft.journals (or give --journal PATH)")
+    sessions: dict[tuple[int, str], list[CallRecord]] = {}
+    skipped: Counter[str] = Counter()
+    seen: Counter[str] = Counter()
+    files = [journal_file(j) for j in journals]
+    for index, path in enumerate(files):
+        kept: set[str] = set()
+        for record in read_calls(path):
+            seen[record.source] += 1
+            length = record.prefix_len + len(record.new_input_ids) + len(record.output_ids)
+            if record.source not in sources:
+                skipped[f"source {record.source}"] += 1
+            elif record.parent_call_id is not None and record.parent_call_id not in kept:
+                skipped["extends a call left out"] += 1
+            elif max_seq_len and length > max_seq_len:
+                skipped[f"longer than {max_seq_len} tokens"] += 1
+            else:  # call ids are unique per run, not across journals: keep each journal's apart
+                kept.add(record.call_id)
+                parent = None if record.parent_call_id is None else f"{index}/{record.parent_call_id}"
+                renamed = msgspec.structs.replace(
+                    record, call_id=f"{index}/{record.call_id}", parent_call_id=parent
+                )
+                sessions.setdefault((index, record.session), []).append(renamed)
+    for key, records in list(sessions.items()):
+        if not any(r.output_ids for r in records):
+            skipped["a session without output tokens"] += len(sessions.pop(key))
+    calls = sum(len(s) for s in sessions.values())
+    if not calls:
+        found = ", ".join(f"{n} {source}" for source, n in sorted(seen.items())) or "none"
+        raise ConfigError(
+            f"no demonstrations in {', '.join(map(str, files))}: call records found: {found}; "
+            f"accepted sources: {', '.join(sources)} (sft.sources, or --all-sources to train on every record)"
+            + (f"; {dict(skipped)} left out" if skipped else "")
+        )
+    return Demonstrations(journals=[str(f) for f in files], sessions=list(sessions.values()), calls=calls,
+                          skipped=dict(skipped))  # fmt: skip
+
+
+def batches(sessions: int, batch_sessions: int, epochs: int, seed: int) -> Iterator[tuple[int, list[int]]]:
+    """``(epoch, session indices)`` of each step: every epoch shuffles the sessions (seeded), then batches."""
+    for epoch in range(epochs):
+        order = list(range(sessions))
+        random.Random(f"{seed}/{epoch}").shuffle(order)
+        for start in range(0, sessions, batch_sessions):
+            yield epoch, order[start : start + batch_sessions]
+
+
+def fold(sessions: Sequence[list[CallRecord]], token_budget: int) -> list[MicroStep]:
+    """One step's micro-steps: the sessions folded into prefix trees of at most ``token_budget`` tokens (a
+    longer session gets its own), every output token weighing ``1 / (trained tokens of the step)``."""
+    groups: list[list[CallRecord]] = []
+    current: list[CallRecord] = []
+    for records in sessions:
+        if current and TrajectoryTree([*current, *records]).size > token_budget:
+            groups.append(current)
+            current = []
+        current = [*current, *records]
+    if current:
+        groups.append(current)
+    rollouts = [
+        Rollout(execution_id=str(i), group=str(i), reward=0.0, records=g) for i, g in enumerate(groups)
+    ]
+    data = build_step(rollouts, jmax=None, packing="tree", token_budget=token_budget, objective="supervised")
+    trained = sum(w > 0 for m in data.micro_steps for w in m.weights)
+    return [
+        msgspec.structs.replace(m, weights=[1.0 / trained if w > 0 else 0.0 for w in m.weights])
+        for m in data.micro_steps
+    ]
+
+
+def context_limit(model_path: str) -> int:
+    """The model's ``max_position_embeddings`` (0 when its config does not say)."""
+    path = Path(model_path) / "config.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"sft.model_path {model_path} is not a Hugging Face model directory (no config.json)"
+        )
+    return int(json.loads(path.read_text()).get("max_position_embeddings") or 0)
+
+
+def run_sft(cfg: GyreConfig, progress: bool = False) -> SftSummary:
+    """Train ``cfg.sft`` (see the module) and fill the output directory; ``progress``: a rich progress bar."""
+    import torch
+
+    from gyre.train.objective import compute_gradients, merge_stats
+    from gyre.train.state import TrainState
+
+    sft = cfg.sft
+    out = Path(sft.output_dir or Path("runs") / f"sft-{time.strftime('%Y%m%d-%H%M%S')}")
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(
+            f"output directory {out} is not empty; choose another (sft.output_dir, --output-dir)"
+        )
+    demos = load_demonstrations(sft.journals, sft.sources, sft.max_seq_len or context_limit(sft.model_path))
+    plan = list(batches(len(demos.sessions), sft.batch_sessions, sft.epochs, sft.seed))
+    if cfg.trainer.num_threads:
+        torch.set_num_threads(cfg.trainer.num_threads)
+    torch.manual_seed(sft.seed)
+    state = TrainState(_trainer_config(cfg, len(plan)))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.toml").write_text(dump_config(cfg))
+    metrics, started = Journal(out, "metrics.jsonl"), time.monotonic()
+    steps: list[SftStep] = []
+    loss = LossConfig()  # plain NLL: no KL, coefficient 1
+    with _progress(progress) as bar:
+        task = bar.add_task("sft", total=len(plan), status="")
+        for epoch, chosen in plan:
+            t0 = time.monotonic()
+            micro_steps = fold([demos.sessions[i] for i in chosen], sft.micro_step_tokens)
+            s = merge_stats([compute_gradients(state.model, m, loss, state.version) for m in micro_steps])
+            state.add_model_gradients()
+            grad_norm, lr = state.apply()
+            now = time.monotonic()
+            step = SftStep(step=state.step - 1, epoch=epoch, loss=s.loss, tokens=s.tokens,
+                           entropy=s.entropy_sum / max(s.tokens, 1), computed_tokens=s.computed_tokens,
+                           sessions=len(chosen), micro_steps=len(micro_steps), grad_norm=grad_norm, lr=lr,
+                           seconds=now - t0, wall_s=now - started)  # fmt: skip
+            metrics.append(step)
+            steps.append(step)
+            if sft.checkpoint_every_steps and state.step % sft.checkpoint_every_steps == 0:
+                state.save(out / "checkpoints" / f"step-{state.step}")
+            bar.update(task, advance=1, status=f"epoch {epoch + 1}/{sft.epochs}  loss {step.loss:.3f}  "
+                       f"{step.computed_tokens / max(step.seconds, 1e-9):,.0f} tokens/s")  # fmt: skip
+    metrics.close()
+    checkpoint = state.save(out / "checkpoints" / f"step-{state.step}")
+    summary = _summary(sft, out, checkpoint, demos, steps, time.monotonic() - started)
+    (out / "sft.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
+    return summary
+
+
+def _trainer_config(cfg: GyreConfig, total_steps: int) -> TrainerConfig:
+    """``[trainer]`` with ``[sft]``'s model, learning rate and schedule (decaying after warm-up)."""
+    sft = cfg.sft
+    return msgspec.structs.replace(
+        cfg.trainer, model_path=sft.model_path, resume_from="", learning_rate=sft.learning_rate,
+        lr_schedule=sft.lr_schedule, lr_warmup_steps=sft.lr_warmup_steps,
+        lr_decay_steps=max(total_steps - sft.lr_warmup_steps, 0), seed=sft.seed, loss=LossConfig(),
+    )  # fmt: skip
+
+
+def _summary(
+    sft: SftConfig, out: Path, checkpoint: Path, demos: Demonstrations, steps: list[SftStep], total_s: float
+) -> SftSummary:
+    epoch_losses = []
+    for epoch in range(sft.epochs):
+        these = [s for s in steps if s.epoch == epoch]
+        epoch_losses.append(sum(s.loss * s.tokens for s in these) / max(sum(s.tokens for s in these), 1))
+    computed = sum(s.computed_tokens for s in steps)
+    return SftSummary(
+        output_dir=str(out), checkpoint=str(checkpoint), model_path=sft.model_path, journals=demos.journals,
+        sessions=len(demos.sessions), calls=demos.calls, skipped=demos.skipped, steps=len(steps),
+        epochs=sft.epochs, tokens=sum(s.tokens for s in steps), computed_tokens=computed,
+        loss_first=steps[0].loss, loss_last=steps[-1].loss, epoch_losses=epoch_losses, total_s=total_s,
+        tokens_per_s=computed / max(sum(s.seconds for s in steps), 1e-9),
+    )  # fmt: skip
+
+
+def _progress(show: bool) -> Progress:
+    return Progress(TextColumn("[bold]sft"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[status]}"), disable=not show)  # fmt: skip

@@ -1,0 +1,103 @@
+"""`gyre sft` on the scripted expert's real calls: the expert's outputs become likelier, and what it writes is
+a Gyre checkpoint (a model directory, and a training state to resume from); bad input is one clear line."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import torch
+
+from gyre.cli import main
+from gyre.config import TrainerConfig
+from gyre.journal import Journal, read_journal
+from gyre.records import CallRecord, CallTiming, expand_inputs
+from gyre.sft import SftStep, SftSummary
+from gyre.train.state import TrainState, load_model
+
+
+def demonstration_nll(model: Any, sessions: list[list[CallRecord]]) -> float:
+    """Mean NLL of the expert's output tokens, each session one plain causal sequence (a chain of calls)."""
+    nll: list[float] = []
+    with torch.no_grad():
+        for records in sessions:
+            assert all(r.parent_call_id == p.call_id for p, r in itertools.pairwise(records))
+            full = expand_inputs(records)
+            ids = torch.tensor([full[records[-1].call_id] + records[-1].output_ids])
+            logprobs = model(input_ids=ids).logits[0].log_softmax(-1)
+            for r in records:
+                nll += [-float(logprobs[p - 1, t]) for p, t in enumerate(r.output_ids, len(full[r.call_id]))]
+    return sum(nll) / len(nll)
+
+
+@pytest.mark.slow
+def test_gyre_sft_makes_the_experts_outputs_likelier_and_writes_a_checkpoint(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    demos = tmp_path / "demos"
+    eval_args = ["--suite", "toy:2", "--agent", "oracle", "--model-path", str(tiny_model), "--no-progress"]
+    assert main(["eval", *eval_args, "--run-dir", str(demos)]) == 0
+    calls = demos / "journal" / "calls.jsonl"
+    records = list(read_journal(calls, CallRecord))
+    with open(calls, "ab") as f:  # a crash mid-write leaves a torn last line
+        f.write(calls.read_bytes()[:100])
+    out = tmp_path / "sft"
+    config = tmp_path / "sft.toml"
+    config.write_text(
+        f"[sft]\nmodel_path = {json.dumps(str(tiny_model))}\njournals = [{json.dumps(str(demos))}]\n"
+        f"output_dir = {json.dumps(str(out))}\nepochs = 5\nbatch_sessions = 2\nlearning_rate = 1e-2\n"
+    )
+    capsys.readouterr()
+    assert main(["sft", str(config), "--no-progress"]) == 0
+    assert "gyre sft: 2 demonstration sessions" in capsys.readouterr().out
+
+    summary = msgspec.json.decode((out / "sft.json").read_bytes(), type=SftSummary)
+    steps = list(read_journal(out / "metrics.jsonl", SftStep))
+    assert (summary.sessions, summary.calls, summary.steps, len(steps)) == (2, len(records), 5, 5)
+    assert summary.journals == [str(calls)] and summary.skipped == {}
+    assert steps[-1].loss < steps[0].loss and summary.loss_first == steps[0].loss
+    checkpoint = Path(summary.checkpoint)
+    assert checkpoint == out / "checkpoints" / "step-5" and (out / "config.toml").is_file()
+
+    sessions: dict[str, list[CallRecord]] = defaultdict(list)
+    for r in records:
+        sessions[r.session].append(r)
+    base, trained = load_model(tiny_model), load_model(checkpoint)
+    before, after = (
+        demonstration_nll(base, [*sessions.values()]),
+        demonstration_nll(trained, [*sessions.values()]),
+    )
+    print(f"NLL of the expert's output tokens: {before:.3f} -> {after:.3f} nats")
+    assert after < before - 1.0, (before, after)
+
+    state = TrainState(TrainerConfig(model_path=str(tiny_model), resume_from=str(checkpoint)))
+    assert (state.step, state.version) == (5, 5) and state.optimizer.state  # AdamW's moments came back
+    for (name, p), (_, q) in zip(state.named, trained.named_parameters(), strict=True):
+        assert torch.equal(p, q), name
+
+
+def test_gyre_sft_on_bad_input_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+
+    def sft(*args: str) -> str:
+        assert main(["sft", "--model", str(model), "--output-dir", str(tmp_path / "out"), *args]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("gyre sft: error: ") and err.count("\n") == 1 and "Traceback" not in err
+        return err
+
+    assert "nowhere does not exist" in sft("--journal", str(tmp_path / "nowhere"))
+    journal = Journal(tmp_path / "run" / "journal")
+    timing = CallTiming(submitted_s=0.0, first_token_s=None, finished_s=0.0)
+    journal.append(CallRecord(call_id="c", session="s", role="main", new_input_ids=[1], output_ids=[2],
+                              output_logprobs=[-0.5], finish_reason="stop", weight_version=0, cell="cell-0",
+                              timing=timing))  # fmt: skip
+    journal.close()
+    assert "found: 1 policy" in sft("--journal", str(tmp_path / "run"))
+    assert not (tmp_path / "out").exists()
