@@ -466,6 +466,7 @@ class TrainerStatistics(msgspec.Struct, tag="statistics", kw_only=True, frozen=T
     engines: list[str]
     weight_bytes: int = 0  # size of one copy of the weights
     push_s: dict[str, float] = {}  # engine url -> seconds its fastest weight push took
+    push_total_s: float = 0.0  # seconds of every push so far, summed over engines
 
 
 TrainerReply = (

@@ -11,8 +11,8 @@ step's loss is the mean negative log-likelihood per demonstrated token, in nats.
 sessions share under the same context is trained once.
 
 Weights, optimizer and checkpoints are `gyre.train.state.TrainState`'s, so ``OUTPUT_DIR/checkpoints/step-N``
-is what ``gyre train`` (``run.model_path``, ``trainer.resume_from``) and ``gyre eval --model-path`` load. The
-output directory also holds ``config.toml`` (resolved), ``metrics.jsonl`` (a line per step) and ``sft.json``.
+is what ``gyre train`` (``run.model_path``), the trainer (``trainer.resume_from``) and ``gyre eval --model-path``
+load. The output directory also holds ``config.toml`` (resolved), ``metrics.jsonl`` (a line per step) and ``sft.json``.
 """
 
 from __future__ import annotations

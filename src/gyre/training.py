@@ -11,6 +11,7 @@ had not finished.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -28,6 +29,7 @@ from gyre.config import GyreConfig
 from gyre.control.books import Books
 from gyre.control.cluster import Cluster
 from gyre.control.loop import ElasticLoop, LoopResult, group_micro_steps
+from gyre.control.policy import ToServe
 from gyre.errors import ConfigError
 from gyre.evaluation import agent_spec, bootstrap_ci
 from gyre.journal import Journal, read_journal
@@ -68,6 +70,7 @@ class EvalPoint(msgspec.Struct, frozen=True, kw_only=True):
     pass_rate: float
     executions: int
     at_s: float
+    failed: int = 0  # executions that crashed or made no model call (counted in the mean as scored)
 
 
 class Resume(msgspec.Struct, frozen=True, kw_only=True):
@@ -146,6 +149,11 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
                                         resume_from=str(rd.checkpoint(picked.start)) if picked.start else ""),
     )  # fmt: skip
     tasks, batch, started = step_tasks(cfg), run.batch_executions, time.monotonic()
+    eval_size = (
+        len(resolve_suite(run.eval_suite)[: run.eval_tasks or None]) * run.eval_samples
+        if run.eval_suite
+        else 0
+    )
     agent = _agent(cfg, tasks)
     rollouts: dict[int, list[Rollout]] = defaultdict(list)
     records = list(picked.records)
@@ -175,12 +183,15 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
             board.add_scalar(tag, value, step)
         board.flush()
         if run.eval_every and (step + 1) % run.eval_every == 0 and step + 1 < run.steps:
-            group.create_task(evaluate(step + 1))
+            group.create_task(evaluate(step + 1, loop))
 
-    async def evaluate(step: int) -> None:  # the held-out suite on whatever the serving cells serve now
+    async def evaluate(
+        step: int, sharing: ElasticLoop | None = None
+    ) -> None:  # on what the serving cells serve
         if not run.eval_suite or any(e.step == step for e in evals):
             return
-        point = await evaluate_held_out(cfg, eval_runtime, agent, step)
+        with sharing.outside(eval_size) if sharing is not None else contextlib.nullcontext():
+            point = await evaluate_held_out(cfg, eval_runtime, agent, step)
         eval_log.append(point)
         evals.append(point)
         board.add_scalar("eval/mean", point.mean, step)
@@ -202,6 +213,9 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
                 result = await loop.run()
                 for watcher in watchers:
                     watcher.cancel()
+            if run.eval_suite:  # the last weights, served by every cell
+                await cluster.controller.apply([ToServe(v.name) for v in cluster.controller.cell_views()
+                                                if v.role == "training"])  # fmt: skip
             await evaluate(run.steps)
         finally:
             await runtime.aclose()
@@ -296,12 +310,15 @@ async def evaluate_held_out(cfg: GyreConfig, runtime: Runtime, agent: AgentSpec,
         for t in tasks for k in range(run.eval_samples)
     ))  # fmt: skip
     scores = [r.reward for r in results if r.trainable]
+    if failed := [r.execution_id for r in results if r.status == "crashed" or not r.calls]:
+        log.warning("held-out evaluation at step %d: %d executions crashed or made no model call (%s ...)", step,
+                    len(failed), failed[0])  # fmt: skip
     versions = Counter(c.weight_version for r in results for c in r.records)
     low, high = bootstrap_ci(scores, seed=step)
     return EvalPoint(step=step, version=versions.most_common(1)[0][0] if versions else step,
                      mean=statistics.fmean(scores) if scores else 0.0, ci_low=low, ci_high=high,
                      pass_rate=sum(s >= 1.0 for s in scores) / max(len(scores), 1), executions=len(results),
-                     at_s=time.time())  # fmt: skip
+                     at_s=time.time(), failed=len(failed))  # fmt: skip
 
 
 def summarize(

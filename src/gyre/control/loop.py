@@ -15,7 +15,7 @@ import contextlib
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 import msgspec
 
@@ -70,6 +70,9 @@ class LoopSample(msgspec.Struct, frozen=True, kw_only=True):
     idle_cells: float  # cells' worth of idle capacity (see ``ElasticLoop``)
     cells: int
     version: int  # steps applied
+    sampling: float = 0.0  # cells' worth of serving slots holding an execution
+    computing: int = 0  # training cells holding micro-steps
+    push_total_s: float = 0.0  # seconds the core has spent pushing weights to engines, since it started
 
 
 def group_micro_steps(cfg: TrajectoryConfig, batch_executions: int) -> Build:
@@ -116,9 +119,9 @@ class ElasticLoop:
         self._lags: list[int] = []
         self._idle = 0.0
         self._claims: dict[str, list[int]] = {}  # trainer member -> micro-steps it holds (last asked)
-        self._trained: dict[int, list[str]] = defaultdict(
-            list
-        )  # step -> executions whose data went to training
+        self._trained: dict[int, list[str]] = defaultdict(list)  # step -> executions trained (so far)
+        self._outside = 0  # executions on the serving cells that are not the run's (see ``outside``)
+        self._push_total_s = 0.0  # the core's seconds spent pushing weights (last asked)
         self.decisions: list[DecisionTrace] = []
 
     async def run(self) -> LoopResult:
@@ -160,9 +163,24 @@ class ElasticLoop:
         return tuple(msgspec.structs.replace(v, role=self._moving[v.name]) if v.name in self._moving else v
                      for v in self.controller.cell_views())  # fmt: skip
 
+    @contextlib.contextmanager
+    def outside(self, count: int) -> Iterator[None]:
+        """While the body runs, ``count`` executions that are not the run's (a held-out evaluation) share the serving
+        cells: they count in the water level, so the policy keeps cells serving for them and dispatches around them."""
+        self._outside += count
+        self._wake.set()
+        try:
+            yield
+        finally:
+            self._outside -= count
+            self._wake.set()
+
     def _decide(self, pending: bool) -> None:
         cells = self._views()
-        actions = decide(self.policy, self.books.observation(cells, pending, self.policy.max_staleness))
+        observed = self.books.observation(cells, pending, self.policy.max_staleness)
+        if self._outside:
+            observed = msgspec.structs.replace(observed, in_flight=observed.in_flight + self._outside)
+        actions = decide(self.policy, observed)
         self.decisions.append(DecisionTrace(len(self.books.events), cells, pending, list(actions)))
         for action in actions:
             match action:
@@ -232,7 +250,7 @@ class ElasticLoop:
         begun that step, the executions submitted to it count as taken (the step is running)."""
         async with self._lock:
             stats = await asyncio.to_thread(self.trainer.statistics)
-        self._claims = stats.claims
+        self._claims, self._push_total_s = stats.claims, stats.push_total_s
         current = stats.step == self._base + self.books.train_step
         begun = current and (stats.done > 0 or any(stats.claims.values()))
         if begun and (ready := self.books.ready.get(self.books.train_step, 0)) > 0:
@@ -243,17 +261,32 @@ class ElasticLoop:
         """Where the loop stands now (for the timeline; cheap, no I/O)."""
         roles = [v.role for v in self._views()]
         return LoopSample(
-            at_s=time.time(), in_flight=self.books.dispatched - self.books.finished,
+            at_s=time.time(), in_flight=self.books.dispatched - self.books.finished + self._outside,
             ready=self.books.ready.get(self.books.train_step, 0), serving=roles.count("serving"),
             training=roles.count("training"), switching=roles.count("draining") + roles.count("resuming"),
             idle_cells=self._idle_cells(), cells=len(roles), version=self.books.version,
+            sampling=self._busy_serving(), computing=self._computing(), push_total_s=self._push_total_s,
         )  # fmt: skip
+
+    def _busy_serving(self) -> float:
+        """Cells' worth of serving slots holding an execution."""
+        capacities = [c.capacity for c in self.controller.ordered() if c.role == "serving"]
+        if not capacities:
+            return 0.0
+        running = self.books.dispatched - self.books.finished + self._outside
+        return min(running, sum(capacities)) / (sum(capacities) / len(capacities))
+
+    def _computing(self) -> int:
+        """Training cells holding micro-steps."""
+        return sum(1 for c in self.controller.ordered() if c.role == "training"
+                   and self._claims.get("core" if c.kind == "core" else c.name))  # fmt: skip
 
     def _idle_cells(self) -> float:
         """Cells' worth of idle capacity now: free serving slots, training cells holding no micro-step, switching."""
         idle = 0.0
         serving = [c for c in self.controller.ordered() if c.role == "serving"]
-        free = max(sum(c.capacity for c in serving) - (self.books.dispatched - self.books.finished), 0)
+        running = self.books.dispatched - self.books.finished + self._outside
+        free = max(sum(c.capacity for c in serving) - running, 0)
         if serving:
             idle += free / (sum(c.capacity for c in serving) / len(serving))
         for cell in self.controller.ordered():

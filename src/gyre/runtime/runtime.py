@@ -147,6 +147,7 @@ class Runtime:
         self._bursts: dict[int, _Burst] = {0: _Burst()}
         self._burst = 0  # the burst new executions join
         self._socket_dir: str | None = None
+        self._socket_lock = asyncio.Lock()
         self._socket_server: Any = None
         self._socket_task: asyncio.Future[None] | None = None
 
@@ -271,31 +272,35 @@ class Runtime:
             return await agent.run(ctx)
 
     async def _router_socket(self) -> str:
-        """The directory holding a Unix socket that serves the router's agent API (started on first use)."""
-        if self._socket_dir is None:
-            import uvicorn
+        """The directory holding a Unix socket that serves the router's agent API (started on first use: once,
+        however many executions ask at the same moment)."""
+        async with self._socket_lock:
+            return self._socket_dir or await self._start_router_socket()
 
-            from gyre.router.server import KEEP_ALIVE_S, build_agent_app
+    async def _start_router_socket(self) -> str:
+        import uvicorn
 
-            directory = tempfile.mkdtemp(prefix="gyre-router-")
-            os.chmod(directory, 0o755)
-            path = os.path.join(directory, "router.sock")
-            server = uvicorn.Server(
-                uvicorn.Config(
-                    build_agent_app(self.router),
-                    uds=path,
-                    log_level="warning",
-                    timeout_keep_alive=KEEP_ALIVE_S,
-                )
+        from gyre.router.server import KEEP_ALIVE_S, build_agent_app
+
+        directory = tempfile.mkdtemp(prefix="gyre-router-")
+        os.chmod(directory, 0o755)
+        path = os.path.join(directory, "router.sock")
+        server = uvicorn.Server(
+            uvicorn.Config(
+                build_agent_app(self.router),
+                uds=path,
+                log_level="warning",
+                timeout_keep_alive=KEEP_ALIVE_S,
             )
-            self._socket_server = server
-            self._socket_task = asyncio.ensure_future(server.serve())  # supervised here; stopped by aclose()
-            while not server.started:
-                if self._socket_task.done():
-                    self._socket_task.result()
-                await asyncio.sleep(0.01)
-            os.chmod(path, 0o777)  # sandboxes may run as their own uid
-            self._socket_dir = directory
+        )
+        self._socket_server = server
+        self._socket_task = asyncio.ensure_future(server.serve())  # supervised here; stopped by aclose()
+        while not server.started:
+            if self._socket_task.done():
+                self._socket_task.result()
+            await asyncio.sleep(0.01)
+        os.chmod(path, 0o777)  # sandboxes may run as their own uid
+        self._socket_dir = directory
         return self._socket_dir
 
     async def aclose(self) -> None:

@@ -147,6 +147,7 @@ class CoreTrainer:
         threading.Thread(target=self._engine_loop.run_forever, name="engine-push", daemon=True).start()
         self._pushes: list[tuple[str, Any]] = []  # (engine url, future) of the pushes of the last update
         self.push_s: dict[str, float] = {}  # engine url -> seconds of its fastest push
+        self.push_total_s = 0.0  # seconds of all pushes, summed over engines
         self._group_names = itertools.count()
         self.stopping = False
         self._worker: threading.Thread | None = None
@@ -594,6 +595,7 @@ class CoreTrainer:
                 took = time.perf_counter() - started
                 log.info("pushed version %d to %s in %.2f s", self.state.version, url, took)
                 self.push_s[url] = min(self.push_s.get(url, took), took)
+                self.push_total_s += took
             finally:
                 self.weights_lock.release()
 
@@ -606,7 +608,7 @@ class CoreTrainer:
                 claims=q.claims(), pending=sum(1 for i in q.pending if not q.done[i]), done=q.done_count,
                 sealed=q.sealed, engines=sorted(self.engines),
                 weight_bytes=sum(p.numel() * p.element_size() for _, p in self.state.named),
-                push_s=dict(self.push_s),
+                push_s=dict(self.push_s), push_total_s=self.push_total_s,
             )  # fmt: skip
 
 

@@ -5,8 +5,8 @@ torn last lines a kill leaves in the journals are cut, never a crash.
 The driver runs as its own process (``python -m gyre train``) and is killed at a moment read from what it writes:
 the executions journal (mid-burst: some of step 0's executions finished, not all), the checkpoints (mid-step: all of
 step 0's executions finished, its checkpoint not written) and the core cell's log (mid-push: version 1 is being
-pushed to a serving cell). Modelled devices (slow engine steps, a slow trainer, a slow weight transfer) make those
-moments seconds long on this machine.
+pushed to a serving cell). A modelled device for each (slow engine steps, a slow trainer, a slow weight transfer)
+makes its moment seconds long on this machine; the resumed run keeps it (it is in the run's config.toml).
 """
 
 from __future__ import annotations
@@ -42,14 +42,12 @@ agent_max_tokens = 12
 [cells]
 count = 2
 capacity_executions = 1
-engine_overrides = ["engine.kv_cache_mem_gib=0.2", "engine.modelled_step_s=0.05"]
+engine_overrides = ["engine.kv_cache_mem_gib=0.2"]
 num_threads = 1
 
 [trainer]
 learning_rate = 1e-4
 heartbeat_s = 0.25
-modelled_tokens_per_s = 400
-modelled_push_s = 6
 
 [controller]
 heartbeat_s = 0.25
@@ -77,19 +75,33 @@ def mid_push(rd: RunDir) -> bool:
 
 
 @pytest.mark.parametrize(
-    ("moment", "mode", "from_step"),
-    [(mid_burst, "elastic", 0), (mid_step, "elastic", 0), (mid_push, "async", 1)],
+    ("moment", "mode", "modelled", "from_step"),
+    [
+        (
+            mid_burst,
+            "elastic",
+            'cells.engine_overrides=["engine.kv_cache_mem_gib=0.2","engine.modelled_step_s=0.05"]',
+            0,
+        ),
+        (mid_step, "elastic", "trainer.modelled_tokens_per_s=400", 0),
+        (mid_push, "async", "trainer.modelled_push_s=4", 1),
+    ],
     ids=["mid-burst", "mid-step", "mid-push"],
 )
 def test_a_killed_driver_resumes_and_trains_every_execution_once(
-    moment: Callable[[RunDir], bool], mode: str, from_step: int, tiny_model: Path, tmp_path: Path
+    moment: Callable[[RunDir], bool],
+    mode: str,
+    modelled: str,
+    from_step: int,
+    tiny_model: Path,
+    tmp_path: Path,
 ) -> None:
     config = tmp_path / "run.toml"
     config.write_text(CONFIG)
     rd = RunDir(tmp_path / "run")
     driver = subprocess.Popen(
         [sys.executable, "-m", "gyre", "train", str(config), "--mode", mode, "--model", str(tiny_model),
-         "--run-dir", str(rd.root), "--no-live"],
+         "--run-dir", str(rd.root), "--no-live", "--set", modelled],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:

@@ -98,3 +98,53 @@ def scalar_tags(directory: Path) -> set[str]:
             tags |= {v.tag for v in event.summary.value}
             at += 12 + length + 4
     return tags
+
+
+# A scaffold of its own: the official openai client, two turns through its router session, an answer file.
+SCAFFOLD = """
+import os, openai
+client, messages = openai.OpenAI(), [{"role": "user", "content": os.environ["GYRE_TASK"]}]
+for _ in range(2):
+    reply = client.chat.completions.create(model=os.environ["OPENAI_MODEL"], messages=messages, max_tokens=12)
+    text = reply.choices[0].message.content or ""
+    messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Go on."}]
+    open("answer.txt", "w").write(text)
+"""
+
+
+def test_a_command_scaffold_trains_and_a_held_out_suite_is_evaluated_with_intervals(
+    tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shlex
+    import sys
+
+    from gyre.training import EvalPoint
+
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG)
+    run_dir = tmp_path / "run"
+    agent = f"command:{shlex.join([sys.executable, '-c', SCAFFOLD])}"
+    argv = ["train", str(config), "--model", str(tiny_model), "--run-dir", str(run_dir),
+            "--set", f"run.agent={json.dumps(agent)}", "--set", 'run.eval_suite="toy:4:9"',
+            "--set", "run.eval_every=1", "--set", "run.eval_tasks=2", "--set", "run.eval_samples=2"]  # fmt: skip
+    assert main(argv) == 0
+    assert "held-out" in capsys.readouterr().out
+
+    executions = list(read_journal(run_dir / "journal" / "executions.jsonl", ExecutionResult))
+    assert len(executions) == 8 and all(e.status == "done" and len(e.records) == 2 for e in executions)
+    assert all(e.records[1].parent_call_id == e.records[0].call_id for e in executions)  # one growing session
+    steps = list(read_journal(run_dir / "metrics.jsonl", StepRecord))
+    assert [s.step for s in steps] == [0, 1]
+    assert all(
+        s.trainer.micro_steps > 0 and s.trainer.tokens > 0 and len(s.execution_ids) == 4 for s in steps
+    )
+
+    evals = list(read_journal(run_dir / "eval.jsonl", EvalPoint))
+    assert [e.step for e in evals] == [0, 1, 2]  # before training, after each step
+    assert all(e.executions == 4 and e.ci_low <= e.mean <= e.ci_high for e in evals)
+    held_out = list(read_journal(run_dir / "eval" / "executions.jsonl", ExecutionResult))
+    assert len(held_out) == 12 and all(e.execution_id.startswith("eval-") for e in held_out)
+    assert all(len(e.records) == 2 for e in held_out) and not any(e.failed for e in evals)  # served every time
+    summary = msgspec.json.decode((run_dir / "train.json").read_bytes(), type=TrainSummary)
+    assert summary.eval_first == evals[0].mean and summary.eval_last == evals[-1].mean
+    assert "Held-out eval (95% interval)" in (run_dir / "report.html").read_text()
