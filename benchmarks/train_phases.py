@@ -112,7 +112,7 @@ def main() -> None:
     parser.add_argument("--bare", action="store_true", help="no modelled devices: cells share the CPU")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    console = Console()
+    console = Console(width=140)
     results: dict[str, Any] = {"args": vars(args), "modes": {}}
     with tempfile.TemporaryDirectory(prefix="gyre-bench-phases-") as tmp:
         model = Path(tmp) / "tiny"

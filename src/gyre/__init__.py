@@ -51,6 +51,10 @@ _LAZY = {
     "launch_satellite": "gyre.train.client",
     "Rollout": "gyre.train",
     "build_step": "gyre.train",
+    "Trainer": "gyre.training",
+    "TrainSummary": "gyre.training",
+    "RunDir": "gyre.rundir",
+    "run_sft": "gyre.sft",
 }
 
 __all__ = sorted(_LAZY)

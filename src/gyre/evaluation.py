@@ -25,6 +25,7 @@ from gyre.agents.builtin import BuiltinAgentConfig
 from gyre.config import RouterConfig, SandboxConfig
 from gyre.errors import ConfigError
 from gyre.router.core import Router
+from gyre.rundir import RunDir
 from gyre.runtime import (
     AgentSpec,
     BuiltinAgentSpec,
@@ -129,8 +130,8 @@ async def evaluate(options: EvalOptions) -> EvalSummary:
     unsupported = {k: v for k, v in unsupported.items() if v}  # never run, reported
     runnable = [t for t in tasks if t.id not in unsupported]
     agent = agent_spec(options.agent, runnable)
-    run_dir = Path(options.run_dir)
-    journal = run_dir / "journal"
+    rd = RunDir(options.run_dir)  # the layout gyre train uses too
+    run_dir, journal = rd.root, rd.journal
     journal.mkdir(parents=True, exist_ok=True)
     (run_dir / "options.json").write_bytes(msgspec.json.format(msgspec.json.encode(options)))
     start = time.monotonic()

@@ -19,13 +19,14 @@ import re
 import statistics
 import time
 from collections import Counter, defaultdict
+from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from gyre import view
 from gyre.agents.builtin import BuiltinAgentConfig
-from gyre.config import GyreConfig
+from gyre.config import GyreConfig, load_config
 from gyre.control.books import Books
 from gyre.control.cluster import Cluster
 from gyre.control.loop import ElasticLoop, LoopResult, group_micro_steps
@@ -224,6 +225,26 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
                 journal.close()
             board.close()
     return summarize(rd, cfg, result, records, evals, picked.attempt)
+
+
+class Trainer:
+    """`gyre train` from Python: ``Trainer(load_config("run.toml")).run()``; ``Trainer.resume(RUN_DIR)`` continues a
+    killed run. Blocking (each call runs its own event loop); inside a running loop, await `train` instead."""
+
+    def __init__(self, cfg: GyreConfig) -> None:
+        self.cfg = cfg
+
+    def run(self, live: bool = False) -> TrainSummary:
+        """Train ``cfg.run.steps`` steps; the run directory holds everything (see `gyre.rundir`)."""
+        return asyncio.run(train(self.cfg, live=live))
+
+    @classmethod
+    def resume(cls, run_dir: str | Path, steps: int | None = None, live: bool = False) -> TrainSummary:
+        """Continue the run in ``run_dir`` from its last checkpoint (``steps``: a new total)."""
+        rd = RunDir(run_dir)
+        overrides = [f"run.run_dir={json.dumps(str(rd.root))}", "trainer.resume_from="]
+        cfg = load_config(rd.config, overrides + ([f"run.steps={steps}"] if steps is not None else []))
+        return asyncio.run(train(cfg, live=live, resume=True))
 
 
 def pick_up(rd: RunDir, batch: int) -> _PickUp:

@@ -144,7 +144,9 @@ def test_a_command_scaffold_trains_and_a_held_out_suite_is_evaluated_with_interv
     assert all(e.executions == 4 and e.ci_low <= e.mean <= e.ci_high for e in evals)
     held_out = list(read_journal(run_dir / "eval" / "executions.jsonl", ExecutionResult))
     assert len(held_out) == 12 and all(e.execution_id.startswith("eval-") for e in held_out)
-    assert all(len(e.records) == 2 for e in held_out) and not any(e.failed for e in evals)  # served every time
+    assert all(len(e.records) == 2 for e in held_out) and not any(
+        e.failed for e in evals
+    )  # served every time
     summary = msgspec.json.decode((run_dir / "train.json").read_bytes(), type=TrainSummary)
     assert summary.eval_first == evals[0].mean and summary.eval_last == evals[-1].mean
     assert "Held-out eval (95% interval)" in (run_dir / "report.html").read_text()

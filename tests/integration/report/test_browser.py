@@ -6,6 +6,7 @@ The browser is Debian's ``chromium-headless-shell`` (scripts/setup.sh installs i
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -27,8 +28,9 @@ def chromium() -> str | None:
     return None
 
 
-@pytest.mark.skipif(
-    chromium() is None, reason="no Chromium: apt-get install chromium-headless-shell (setup.sh)"
+@pytest.mark.skipif(  # CI (GYRE_REQUIRE_BROWSER=1 in .ci/run) fails instead: a skip there hides a broken set-up
+    chromium() is None and not os.environ.get("GYRE_REQUIRE_BROWSER"),
+    reason="no Chromium: apt-get install chromium-headless-shell (setup.sh)",
 )
 def test_the_report_opens_in_a_browser_with_its_plots(tmp_path: Path) -> None:
     report = write_report(write_run(tmp_path / "run", steps=STEPS))
