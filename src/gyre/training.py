@@ -150,11 +150,7 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
                                         resume_from=str(rd.checkpoint(picked.start)) if picked.start else ""),
     )  # fmt: skip
     tasks, batch, started = step_tasks(cfg), run.batch_executions, time.monotonic()
-    eval_size = (
-        len(resolve_suite(run.eval_suite)[: run.eval_tasks or None]) * run.eval_samples
-        if run.eval_suite
-        else 0
-    )
+    held_out = resolve_suite(run.eval_suite)[: run.eval_tasks or None] if run.eval_suite else []
     agent = _agent(cfg, tasks)
     rollouts: dict[int, list[Rollout]] = defaultdict(list)
     records = list(picked.records)
@@ -186,13 +182,12 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
         if run.eval_every and (step + 1) % run.eval_every == 0 and step + 1 < run.steps:
             group.create_task(evaluate(step + 1, loop))
 
-    async def evaluate(
-        step: int, sharing: ElasticLoop | None = None
-    ) -> None:  # on what the serving cells serve
-        if not run.eval_suite or any(e.step == step for e in evals):
+    async def evaluate(step: int, sharing: ElasticLoop | None = None) -> None:  # on what serving cells serve
+        if not held_out or any(e.step == step for e in evals):
             return
-        with sharing.outside(eval_size) if sharing is not None else contextlib.nullcontext():
-            point = await evaluate_held_out(cfg, eval_runtime, agent, step)
+        size = len(held_out) * run.eval_samples
+        with sharing.outside(size) if sharing is not None else contextlib.nullcontext():
+            point = await evaluate_held_out(cfg, eval_runtime, agent, held_out, step)
         eval_log.append(point)
         evals.append(point)
         board.add_scalar("eval/mean", point.mean, step)
@@ -214,7 +209,7 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
                 result = await loop.run()
                 for watcher in watchers:
                     watcher.cancel()
-            if run.eval_suite:  # the last weights, served by every cell
+            if held_out:  # the last weights, served by every cell
                 await cluster.controller.apply([ToServe(v.name) for v in cluster.controller.cell_views()
                                                 if v.role == "training"])  # fmt: skip
             await evaluate(run.steps)
@@ -317,11 +312,12 @@ def step_record(step: int, rollouts: list[Rollout], trained: StepMetrics, wall_s
     )  # fmt: skip
 
 
-async def evaluate_held_out(cfg: GyreConfig, runtime: Runtime, agent: AgentSpec, step: int) -> EvalPoint:
-    """``run.eval_suite`` (its first ``eval_tasks``), ``eval_samples`` executions a task, scored as `gyre eval`
-    scores: the mean partial score of scored executions with a 95% bootstrap interval over executions."""
+async def evaluate_held_out(
+    cfg: GyreConfig, runtime: Runtime, agent: AgentSpec, tasks: list[Task], step: int
+) -> EvalPoint:
+    """The held-out ``tasks``, ``run.eval_samples`` executions each, scored as `gyre eval` scores: the mean partial
+    score of scored executions with a 95% bootstrap interval over executions."""
     run = cfg.run
-    tasks = resolve_suite(run.eval_suite)[: run.eval_tasks or None]
     if isinstance(agent, BuiltinAgentSpec) and run.eval_temperature is not None:
         agent = BuiltinAgentSpec(
             config=msgspec.structs.replace(agent.config, temperature=run.eval_temperature)
