@@ -187,7 +187,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             model_name=args.model, engine_url=args.engine_url, base_url=args.base_url, api_key_env=args.api_key_env,
             concurrency=args.concurrency,
             group_size=args.group_size, limit=args.limit, max_steps=args.max_steps, temperature=args.temperature,
-            sandbox=sandbox, progress=not args.no_progress,
+            sandbox=sandbox, progress=not args.no_progress, agent_profile=args.agent_profile,
+            max_tokens_per_call=args.max_tokens_per_call,
         )  # fmt: skip
         options = msgspec.convert(msgspec.to_builtins(options), EvalOptions)  # checks the bounds
     except msgspec.ValidationError as exc:
@@ -487,6 +488,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-steps", type=int, default=50, help="most agent steps per execution (a task may allow fewer)"
     )
     s.add_argument("--temperature", type=float, default=1.0)
+    s.add_argument(
+        "--max-tokens-per-call", type=int, default=1024, help="the built-in agent's limit per call"
+    )
+    s.add_argument(
+        "--agent-profile", choices=["default", "lean"], default="default",
+        help="the built-in agent's prompt (and the oracle's): lean = bash and submit, a one-line system prompt",
+    )  # fmt: skip
     s.add_argument("--run-dir", help="default: runs/eval-SUITE-TIME")
     s.add_argument("--config", type=Path, help="TOML config file ([sandbox] section)")
     s.add_argument(

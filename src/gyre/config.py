@@ -187,6 +187,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     agent_max_tokens: Positive = 512  # per call
     agent_temperature: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
     agent: str = "builtin"  # builtin | command:ARGV (a scaffold talking to its router session; both train)
+    agent_profile: Literal["default", "lean"] = "default"  # the built-in agent's prompt (lean: bash + submit)
     eval_suite: str = ""  # a held-out suite evaluated while training (`gyre eval` semantics); empty: none
     eval_every: NonNegative = (
         0  # evaluate after every N applied steps (and before the first and after the last)
@@ -205,7 +206,9 @@ class SftConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """`gyre sft`: a supervised warm start on demonstration call records (``gyre.sft``).
 
     AdamW's other settings (betas, eps, weight decay, gradient clipping, ``lr_min_ratio``) and the torch threads
-    come from ``[trainer]``; the loss is the plain negative log-likelihood of the demonstrated output tokens.
+    come from ``[trainer]``; the loss is the plain negative log-likelihood of the demonstrated output tokens. With
+    ``window_tokens`` and ``window_steps`` set, a window stage (short windows, constant learning rate after
+    warm-up) runs first; ``lr_schedule`` then decays over the epochs' steps.
     """
 
     model_path: str = "models/tiny"  # the Hugging Face model directory (or Gyre checkpoint) to start from
@@ -227,6 +230,9 @@ class SftConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     )
     seed: int = 0  # the session order of every epoch, and torch's seed
     checkpoint_every_steps: NonNegative = 0  # also write checkpoints/step-N every N steps; 0: only the last
+    window_tokens: NonNegative = 0  # window stage: the last N tokens up to each output; 0: no window stage
+    window_steps: NonNegative = 0  # optimizer steps of the window stage, run before the epochs
+    window_batch: Positive = 32  # windows per window-stage step, computed in one forward
 
 
 class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

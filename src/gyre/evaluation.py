@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -67,6 +67,7 @@ class EvalOptions(msgspec.Struct, kw_only=True):
         50  # the built-in agent's main-context calls, unless a task says
     )
     temperature: float = 1.0
+    agent_profile: Literal["default", "lean"] = "default"  # the built-in agent's (and the oracle's) prompt
     max_tokens_per_call: Annotated[int, msgspec.Meta(ge=1)] = 1024
     verifier_retries: Annotated[int, msgspec.Meta(ge=0)] = 2
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
@@ -218,6 +219,7 @@ def _for_task(agent: AgentSpec, task: Task, options: EvalOptions) -> AgentSpec:
             max_steps=min(task.limits.max_turns or options.max_steps, options.max_steps),
             temperature=options.temperature,
             max_tokens_per_call=options.max_tokens_per_call,
+            profile=options.agent_profile,
         )
         return BuiltinAgentSpec(config=config)
     return agent

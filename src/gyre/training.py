@@ -371,7 +371,8 @@ def _agent(cfg: GyreConfig, tasks: list[Task]) -> AgentSpec:
     if isinstance(spec, BuiltinAgentSpec):
         return BuiltinAgentSpec(config=BuiltinAgentConfig(max_steps=run.agent_max_calls, delegation=False,
                                                           max_tokens_per_call=run.agent_max_tokens,
-                                                          temperature=run.agent_temperature))  # fmt: skip
+                                                          temperature=run.agent_temperature,
+                                                          profile=run.agent_profile))  # fmt: skip
     return spec
 
 

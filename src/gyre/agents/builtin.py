@@ -23,6 +23,10 @@ SYSTEM_PROMPT = """You are an autonomous software engineer working in a sandboxe
 directory). Use the tools to inspect and change files and run commands. When the task is complete, call `submit` \
 with a short answer. Call exactly the tools you need; every call costs time."""
 
+# A short prompt for small models (the tiny preset attends over every prompt token it trains on): two tools, one line.
+LEAN_SYSTEM_PROMPT = "Use the tools. Call `submit` when done."
+LEAN_TOOLS = ("bash", "submit")
+
 SUMMARY_REQUEST = """Your context is full. Summarize for yourself everything needed to finish the task: what is \
 done, what you learned (file names, commands, results), and what remains. Reply with the summary only."""
 
@@ -61,6 +65,7 @@ class BuiltinAgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     modelled_tool_latency_s: float = (
         0.0  # extra seconds after each model call, as if tools ran that long (benchmarks)
     )
+    profile: Literal["default", "lean"] = "default"  # lean: only bash and submit, a one-line system prompt
 
 
 @dataclass
@@ -96,6 +101,8 @@ class BuiltinAgent:
         cfg = self.config
         summary_role: Role = "main-summary" if role == "main" else "sub-agent-summary"
         tools = TOOLS + ([DELEGATE] if cfg.delegation and role == "main" else [])
+        if cfg.profile == "lean":
+            tools = [t for t in tools if t["function"]["name"] in LEAN_TOOLS]
         messages = self._fresh(instruction)
         for step in range(1, max_steps + 1):
             body = await ctx.client.chat(messages, tools=tools, role=role, temperature=cfg.temperature,
@@ -126,7 +133,8 @@ class BuiltinAgent:
             if summary is None
             else f"{instruction}\n\nYour progress so far (your own summary):\n{summary}"
         )
-        return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": text}]
+        system = LEAN_SYSTEM_PROMPT if self.config.profile == "lean" else SYSTEM_PROMPT
+        return [{"role": "system", "content": system}, {"role": "user", "content": text}]
 
     async def _compact(
         self,

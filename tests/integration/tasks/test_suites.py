@@ -145,6 +145,23 @@ def test_eval_oracle_runs_the_toy_expert_through_the_real_pipeline(tmp_path: Pat
 
 
 @pytest.mark.slow
+def test_the_lean_profile_prompts_with_two_tools_and_the_expert_still_solves_the_chain(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    from gyre.models import load_tokenizer
+    from gyre.records import expand_inputs
+
+    lean = run_eval(eval_options(tmp_path, tiny_model, "toy:4", agent="oracle", agent_profile="lean"))
+    assert lean.mean_score == 1.0 and lean.pass_rate == 1.0
+    calls = list(read_journal(tmp_path / "run" / "journal" / "calls.jsonl", CallRecord))
+    first = load_tokenizer(tiny_model).decode(expand_inputs(calls)[calls[0].call_id])
+    assert '"name": "bash"' in first and '"name": "submit"' in first and '"name": "read_file"' not in first
+    assert "Use the tools. Call `submit` when done." in first and "software engineer" not in first
+    default = run_eval(eval_options(tmp_path / "default", tiny_model, "toy:4", agent="oracle"))
+    assert lean.mean_tokens < 0.6 * default.mean_tokens  # the prompt the tiny model attends over is shorter
+
+
+@pytest.mark.slow
 def test_eval_oracle_validates_nl2repo_mini(tmp_path: Path, tiny_model: Path) -> None:
     summary = run_eval(eval_options(tmp_path, tiny_model, "nl2repo-mini", agent="oracle", concurrency=4))
     assert summary.executions >= 10
