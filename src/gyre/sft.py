@@ -10,9 +10,19 @@ Only output tokens are trained (inputs are context), each weighing ``1 / (traine
 step's loss is the mean negative log-likelihood per demonstrated token, in nats. An output token that several
 sessions share under the same context is trained once.
 
+With ``window_tokens`` and ``window_steps`` set, ``window_steps`` steps of a window stage run first. A window is
+the last ``window_tokens`` tokens of a session's conversation up to the end of one demonstrated output (a window
+per output of every call), trained on that output's tokens only, its position ids the tokens' true positions in
+the whole conversation, so what it learns carries over to the long context. A step takes ``window_batch``
+windows (reshuffled at each pass over them), left-padded into one batch. In a probe the tiny model learnt to copy
+a name it was shown into its next command on short windows long before it did on whole ~1.5k-token sessions, and
+the epochs over whole sessions then carried that to full context. The window stage holds ``learning_rate`` (after warm-up);
+``lr_schedule`` decays over the epochs' steps.
+
 Weights, optimizer and checkpoints are `gyre.train.state.TrainState`'s, so ``OUTPUT_DIR/checkpoints/step-N``
 is what ``gyre train`` (``run.model_path``), the trainer (``trainer.resume_from``) and ``gyre eval --model-path``
-load. The output directory also holds ``config.toml`` (resolved), ``metrics.jsonl`` (a line per step) and ``sft.json``.
+load. The output directory also holds ``config.toml`` (resolved), ``metrics.jsonl`` (a line per step, either stage)
+and ``sft.json``.
 """
 
 from __future__ import annotations
@@ -23,17 +33,23 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from gyre.config import GyreConfig, LossConfig, SftConfig, TrainerConfig, dump_config
+from gyre.config import GyreConfig, LossConfig, SftConfig, dump_config
 from gyre.errors import ConfigError
 from gyre.journal import Journal, read_journal
-from gyre.protocol import MicroStep
-from gyre.records import ApiCallRecord, CallRecord, decode_record
+from gyre.protocol import MicroStats, MicroStep
+from gyre.records import ApiCallRecord, CallRecord, decode_record, expand_inputs
 from gyre.train.step import Rollout, build_step
 from gyre.train.tree import TrajectoryTree
+
+if TYPE_CHECKING:
+    import torch
+
+    from gyre.train.state import TrainState
 
 
 class Demonstrations(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,8 +64,8 @@ class Demonstrations(msgspec.Struct, frozen=True, kw_only=True):
 class SftStep(msgspec.Struct, frozen=True, kw_only=True):
     """One line of ``metrics.jsonl``: an applied step."""
 
-    step: int  # 0-based
-    epoch: int
+    step: int  # 0-based, over both stages
+    epoch: int  # the window stage: the pass over the windows
     loss: float  # mean negative log-likelihood per trained token at the step's weights, nats
     entropy: float  # mean entropy of the model's distribution at the trained tokens, nats
     tokens: int  # trained (demonstrated output) tokens
@@ -60,6 +76,8 @@ class SftStep(msgspec.Struct, frozen=True, kw_only=True):
     lr: float
     seconds: float  # folding, forward, backward and update
     wall_s: float  # since training started
+    stage: Literal["window", "full"] = "full"  # window: short windows (see the module); full: whole sessions
+    windows: int = 0  # the window stage's windows in the step
 
 
 class SftSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,15 +90,19 @@ class SftSummary(msgspec.Struct, frozen=True, kw_only=True):
     sessions: int  # demonstration sessions
     calls: int  # demonstration calls
     skipped: dict[str, int]  # why -> call records left out
-    steps: int
+    steps: int  # of the epochs over whole sessions; the checkpoint's step adds window_steps
     epochs: int
-    tokens: int  # trained tokens, summed over steps
+    tokens: int  # trained tokens, summed over the epochs' steps
     computed_tokens: int
-    loss_first: float  # the first step's loss (the starting model's, on its batch)
+    loss_first: float  # the epochs' first step's loss (on its batch)
     loss_last: float
     epoch_losses: list[float]  # mean loss per trained token of each epoch
-    total_s: float
-    tokens_per_s: float  # computed tokens per second of training
+    total_s: float  # both stages
+    tokens_per_s: float  # computed tokens per second of the epochs' training
+    window_steps: int = 0  # steps of the window stage, before the epochs
+    window_windows: int = 0  # windows to draw from: a demonstrated output each
+    window_loss_first: float | None = None  # the window stage's first step's loss (the starting model's)
+    window_loss_last: float | None = None
 
 
 def journal_file(path: str | Path) -> Path:
@@ -197,6 +219,88 @@ def fold(sessions: Sequence[list[CallRecord]], token_budget: int) -> list[MicroS
     ]
 
 
+class Window(msgspec.Struct, frozen=True, kw_only=True):
+    """The last tokens of a conversation up to the end of one demonstrated output: a window-stage example."""
+
+    session: int  # index of its session
+    input_ids: list[int]
+    start: int  # the position of input_ids[0] in the whole conversation
+    trained: int  # the last ``trained`` tokens are the output's (not the first: it has no context)
+
+
+def cut_windows(sessions: Sequence[list[CallRecord]], window_tokens: int) -> list[Window]:
+    """A window of at most ``window_tokens`` tokens ending at each demonstrated output, in session and call order
+    (an output with no token to train in its window is left out)."""
+    windows: list[Window] = []
+    for index, records in enumerate(sessions):
+        full = expand_inputs(records)
+        for r in records:
+            tokens = full[r.call_id] + r.output_ids
+            start = max(len(tokens) - window_tokens, 0)
+            trained = min(len(r.output_ids), len(tokens) - start - 1)
+            if trained > 0:
+                windows.append(Window(session=index, input_ids=tokens[start:], start=start, trained=trained))
+    return windows
+
+
+def window_batches(windows: int, batch: int, steps: int, seed: int) -> Iterator[tuple[int, list[int]]]:
+    """``(pass, window indices)`` of each window-stage step: every pass over the windows reshuffles them (seeded),
+    and steps take ``batch`` at a time (a step may run into the next pass; its pass is its first window's)."""
+    order: list[int] = []
+    drawn = passes = 0
+    for _ in range(steps):
+        while len(order) < batch:
+            more = list(range(windows))
+            random.Random(f"{seed}/window/{passes}").shuffle(more)
+            order += more
+            passes += 1
+        yield drawn // windows, order[:batch]
+        order, drawn = order[batch:], drawn + batch
+
+
+def pad_windows(
+    windows: Sequence[Window], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask, position_ids, trained)``, each ``[windows, longest]``: the windows left-padded
+    with ``pad_id`` (mask 0, position 0), positions their true ones, ``trained`` True at the output's tokens."""
+    import torch
+
+    width = max(len(w.input_ids) for w in windows)
+    ids = torch.full((len(windows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(windows), width), dtype=torch.long)
+    positions = torch.zeros((len(windows), width), dtype=torch.long)
+    trained = torch.zeros((len(windows), width), dtype=torch.bool)
+    for row, w in enumerate(windows):
+        pad = width - len(w.input_ids)
+        ids[row, pad:] = torch.tensor(w.input_ids)
+        mask[row, pad:] = 1
+        positions[row, pad:] = torch.arange(w.start, w.start + len(w.input_ids))
+        trained[row, width - w.trained :] = True
+    return ids, mask, positions, trained
+
+
+def window_gradients(model: Any, windows: Sequence[Window], pad_id: int) -> MicroStats:
+    """Forward and backward of one window step (one batch) into ``model``'s ``.grad``: the mean NLL per trained
+    token; returns its figures."""
+    import torch
+
+    started = time.perf_counter()
+    ids, mask, positions, trained = pad_windows(windows, pad_id)
+    device = next(model.parameters()).device
+    ids, mask, positions, trained = (t.to(device) for t in (ids, mask, positions, trained))
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+    logprobs = logits[:, :-1].float().log_softmax(-1)  # position i predicts token i + 1
+    picked = logprobs.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    target = trained[:, 1:]
+    tokens = int(target.sum())
+    loss = -picked[target].sum() / tokens
+    loss.backward()
+    with torch.no_grad():
+        entropy = -(logprobs.exp() * logprobs).sum(-1)[target].double().sum()
+    return MicroStats(loss=float(loss.detach()), tokens=tokens, computed_tokens=int(mask.sum()),
+                      entropy_sum=float(entropy), seconds=time.perf_counter() - started)  # fmt: skip
+
+
 def context_limit(model_path: str) -> int:
     """The model's ``max_position_embeddings`` (0 when its config does not say)."""
     path = Path(model_path) / "config.json"
@@ -212,7 +316,6 @@ def run_sft(cfg: GyreConfig, progress: bool = False) -> SftSummary:
     import torch
 
     from gyre.train.objective import compute_gradients, merge_stats
-    from gyre.train.state import TrainState
 
     sft = cfg.sft
     out = Path(sft.output_dir or Path("runs") / f"sft-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -220,56 +323,98 @@ def run_sft(cfg: GyreConfig, progress: bool = False) -> SftSummary:
         raise ConfigError(
             f"output directory {out} is not empty; choose another (sft.output_dir, --output-dir)"
         )
+    if (sft.window_tokens > 0) != (sft.window_steps > 0) or sft.window_tokens == 1:
+        raise ConfigError(
+            f"sft.window_tokens = {sft.window_tokens}, sft.window_steps = {sft.window_steps}: "
+            "set both (window_tokens at least 2) for a window stage, or neither"
+        )
     demos = load_demonstrations(sft.journals, sft.sources, sft.max_seq_len or context_limit(sft.model_path))
+    windows = cut_windows(demos.sessions, sft.window_tokens) if sft.window_steps else []
+    if sft.window_steps and not windows:
+        raise ConfigError("no demonstrated output has a token to train in a window: raise sft.window_tokens")
+    window_plan = list(window_batches(len(windows), sft.window_batch, sft.window_steps, sft.seed))
     plan = list(batches(len(demos.sessions), sft.batch_sessions, sft.epochs, sft.seed))
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     torch.manual_seed(sft.seed)
-    state = TrainState(_trainer_config(cfg, len(plan)))
+    state = _staged_state(cfg, len(window_plan), len(plan))
+    pad_id = state.model.config.pad_token_id or 0  # masked out: any id will do
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(dump_config(cfg))
     metrics, started = Journal(out, "metrics.jsonl"), time.monotonic()
     steps: list[SftStep] = []
     loss = LossConfig()  # plain NLL: no KL, coefficient 1
     with _progress(progress) as bar:
-        task = bar.add_task("sft", total=len(plan), status="")
-        for epoch, chosen in plan:
+        task = bar.add_task("sft", total=len(window_plan) + len(plan), status="")
+        stages: list[tuple[Literal["window", "full"], int, list[int]]] = [
+            *(("window", e, c) for e, c in window_plan),
+            *(("full", e, c) for e, c in plan),
+        ]
+        for stage, epoch, chosen in stages:
             t0 = time.monotonic()
-            micro_steps = fold([demos.sessions[i] for i in chosen], sft.micro_step_tokens)
-            s = merge_stats([compute_gradients(state.model, m, loss, state.version) for m in micro_steps])
+            if stage == "window":
+                batch = [windows[i] for i in chosen]
+                s = window_gradients(state.model, batch, pad_id)
+                sessions, micro, drawn = len({w.session for w in batch}), 1, len(batch)
+                where = f"windows, pass {epoch + 1}"
+            else:
+                micro_steps = fold([demos.sessions[i] for i in chosen], sft.micro_step_tokens)
+                s = merge_stats([compute_gradients(state.model, m, loss, state.version) for m in micro_steps])
+                sessions, micro, drawn = len(chosen), len(micro_steps), 0
+                where = f"epoch {epoch + 1}/{sft.epochs}"
             state.add_model_gradients()
             grad_norm, lr = state.apply()
             now = time.monotonic()
             step = SftStep(step=state.step - 1, epoch=epoch, loss=s.loss, tokens=s.tokens,
                            entropy=s.entropy_sum / max(s.tokens, 1), computed_tokens=s.computed_tokens,
-                           sessions=len(chosen), micro_steps=len(micro_steps), grad_norm=grad_norm, lr=lr,
-                           seconds=now - t0, wall_s=now - started)  # fmt: skip
+                           sessions=sessions, micro_steps=micro, grad_norm=grad_norm, lr=lr, seconds=now - t0,
+                           wall_s=now - started, stage=stage, windows=drawn)  # fmt: skip
             metrics.append(step)
             steps.append(step)
             if sft.checkpoint_every_steps and state.step % sft.checkpoint_every_steps == 0:
                 state.save(out / "checkpoints" / f"step-{state.step}")
-            bar.update(task, advance=1, status=f"epoch {epoch + 1}/{sft.epochs}  loss {step.loss:.3f}  "
+            bar.update(task, advance=1, status=f"{where}  loss {step.loss:.3f}  "
                        f"{step.computed_tokens / max(step.seconds, 1e-9):,.0f} tokens/s")  # fmt: skip
     metrics.close()
     checkpoint = state.save(out / "checkpoints" / f"step-{state.step}")
-    summary = _summary(sft, out, checkpoint, demos, steps, time.monotonic() - started)
+    summary = _summary(sft, out, checkpoint, demos, len(windows), steps, time.monotonic() - started)
     (out / "sft.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
     return summary
 
 
-def _trainer_config(cfg: GyreConfig, total_steps: int) -> TrainerConfig:
-    """``[trainer]`` with ``[sft]``'s model, learning rate and schedule (decaying after warm-up)."""
+def _staged_state(cfg: GyreConfig, window_steps: int, full_steps: int) -> TrainState:
+    """A `TrainState` of ``[trainer]`` with ``[sft]``'s model and learning rate: warm-up from the first step,
+    ``learning_rate`` held through the window stage, then ``lr_schedule`` decaying over the epochs' steps."""
+    from gyre.train.state import TrainState
+
     sft = cfg.sft
-    return msgspec.structs.replace(
+    shift = max(window_steps - sft.lr_warmup_steps, 0)  # window steps after warm-up: the schedule waits
+
+    class StagedState(TrainState):
+        def lr_at(self, step: int) -> float:
+            if sft.lr_warmup_steps <= step < window_steps:
+                return sft.learning_rate
+            return super().lr_at(step if step < sft.lr_warmup_steps else step - shift)
+
+    return StagedState(msgspec.structs.replace(
         cfg.trainer, model_path=sft.model_path, resume_from="", learning_rate=sft.learning_rate,
         lr_schedule=sft.lr_schedule, lr_warmup_steps=sft.lr_warmup_steps,
-        lr_decay_steps=max(total_steps - sft.lr_warmup_steps, 0), seed=sft.seed, loss=LossConfig(),
-    )  # fmt: skip
+        lr_decay_steps=max(window_steps + full_steps - shift - sft.lr_warmup_steps, 0), seed=sft.seed,
+        loss=LossConfig(),
+    ))  # fmt: skip
 
 
 def _summary(
-    sft: SftConfig, out: Path, checkpoint: Path, demos: Demonstrations, steps: list[SftStep], total_s: float
+    sft: SftConfig,
+    out: Path,
+    checkpoint: Path,
+    demos: Demonstrations,
+    windows: int,
+    every: list[SftStep],
+    total_s: float,
 ) -> SftSummary:
+    window = [s for s in every if s.stage == "window"]
+    steps = [s for s in every if s.stage == "full"]
     epoch_losses = []
     for epoch in range(sft.epochs):
         these = [s for s in steps if s.epoch == epoch]
@@ -280,7 +425,9 @@ def _summary(
         sessions=len(demos.sessions), calls=demos.calls, skipped=demos.skipped, steps=len(steps),
         epochs=sft.epochs, tokens=sum(s.tokens for s in steps), computed_tokens=computed,
         loss_first=steps[0].loss, loss_last=steps[-1].loss, epoch_losses=epoch_losses, total_s=total_s,
-        tokens_per_s=computed / max(sum(s.seconds for s in steps), 1e-9),
+        tokens_per_s=computed / max(sum(s.seconds for s in steps), 1e-9), window_steps=len(window),
+        window_windows=windows, window_loss_first=window[0].loss if window else None,
+        window_loss_last=window[-1].loss if window else None,
     )  # fmt: skip
 
 

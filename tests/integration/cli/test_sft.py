@@ -20,6 +20,8 @@ from gyre.records import CallRecord, CallTiming, expand_inputs
 from gyre.sft import SftStep, SftSummary
 from gyre.train.state import TrainState, load_model
 
+TIMING = CallTiming(submitted_s=0.0, first_token_s=None, finished_s=0.0)
+
 
 def demonstration_nll(model: Any, sessions: list[list[CallRecord]]) -> float:
     """Mean NLL of the expert's output tokens, each session one plain causal sequence (a chain of calls)."""
@@ -81,6 +83,49 @@ def test_gyre_sft_makes_the_experts_outputs_likelier_and_writes_a_checkpoint(
         assert torch.equal(p, q), name
 
 
+@pytest.mark.slow
+def test_a_window_stage_runs_first_at_its_own_learning_rate_and_the_checkpoint_counts_both_stages(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    journal = Journal(tmp_path / "demos" / "journal")
+    prompt = list(range(40, 100))  # shared by the sessions, longer than a window
+    for session in ("s0", "s1"):
+        length, parent = 0, None
+        for turn in range(3):
+            new_input, output = [*prompt, 7] if turn == 0 else [110 + turn, 111], [120 + turn, 121, 122, 123]
+            call = f"{session}-{turn}"
+            journal.append(CallRecord(call_id=call, session=session, role="main", parent_call_id=parent,
+                                      prefix_len=length, new_input_ids=new_input, output_ids=output,
+                                      output_logprobs=[0.0] * len(output), finish_reason="stop", weight_version=0,
+                                      cell="scripted", timing=TIMING, source="scripted"))  # fmt: skip
+            length, parent = length + len(new_input) + len(output), call
+    journal.close()
+    out = tmp_path / "sft"
+    settings = ["window_tokens=16", "window_steps=8", "window_batch=4", "batch_sessions=1", "learning_rate=1e-2",
+                "lr_warmup_steps=2"]  # fmt: skip
+    args = ["--model", str(tiny_model), "--journal", str(tmp_path / "demos"), "--output-dir", str(out)]
+    assert main(["sft", *args, "--epochs", "2", "--no-progress", *(f"--set=sft.{s}" for s in settings)]) == 0
+
+    steps = list(read_journal(out / "metrics.jsonl", SftStep))
+    assert [s.stage for s in steps] == ["window"] * 8 + ["full"] * 4
+    assert [s.step for s in steps] == list(range(12))
+    window, full = steps[:8], steps[8:]
+    assert all(s.windows == 4 and s.tokens > 0 and s.computed_tokens <= 4 * 16 for s in window)
+    assert [s.epoch for s in window] == [0, 0, 1, 2, 2, 3, 4, 4]  # passes over 6 windows, one per output
+    assert [s.lr for s in window] == [5e-3] + [1e-2] * 7  # warm-up, then held
+    assert full[0].lr == 1e-2 and full[0].lr > full[1].lr > full[3].lr  # the schedule decays over the epochs
+    assert all(s.windows == 0 and s.sessions == 1 for s in full)
+    assert window[-1].loss < window[0].loss
+
+    summary = msgspec.json.decode((out / "sft.json").read_bytes(), type=SftSummary)
+    assert (summary.steps, summary.window_steps, summary.window_windows) == (4, 8, 6)
+    assert (summary.window_loss_first, summary.window_loss_last) == (window[0].loss, window[-1].loss)
+    assert summary.loss_first == full[0].loss and summary.checkpoint == str(out / "checkpoints" / "step-12")
+    load_model(summary.checkpoint)
+    state = TrainState(TrainerConfig(model_path=str(tiny_model), resume_from=summary.checkpoint))
+    assert (state.step, state.version) == (12, 12)
+
+
 def test_gyre_sft_on_bad_input_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = tmp_path / "model"
     model.mkdir()
@@ -94,10 +139,10 @@ def test_gyre_sft_on_bad_input_is_one_clear_line(tmp_path: Path, capsys: pytest.
 
     assert "nowhere does not exist" in sft("--journal", str(tmp_path / "nowhere"))
     journal = Journal(tmp_path / "run" / "journal")
-    timing = CallTiming(submitted_s=0.0, first_token_s=None, finished_s=0.0)
     journal.append(CallRecord(call_id="c", session="s", role="main", new_input_ids=[1], output_ids=[2],
                               output_logprobs=[-0.5], finish_reason="stop", weight_version=0, cell="cell-0",
-                              timing=timing))  # fmt: skip
+                              timing=TIMING))  # fmt: skip
     journal.close()
     assert "found: 1 policy" in sft("--journal", str(tmp_path / "run"))
+    assert "set both" in sft("--journal", str(tmp_path / "run"), "--set", "sft.window_steps=3")
     assert not (tmp_path / "out").exists()
