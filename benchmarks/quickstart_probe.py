@@ -1,16 +1,16 @@
 """Can the tiny model learn the ``toy`` suite's one skill (copy the file name a tool just printed into the next
 command) by supervised training on the scripted expert, and how fast? The probe behind issue 13's quickstart recipe.
 
-    python benchmarks/quickstart_probe.py [--profile tiny|lean|full] [--window-minutes 4.5] [--full-minutes 4]
+    python benchmarks/quickstart_probe.py [--profile tiny|lean|full] [--window-steps 420] [--full-steps 170]
                                           [--window-tokens 160] [--tasks 400]
 
 The expert's conversations are rendered offline with the tiny model's chat template, exactly as the built-in agent
 sends them (its tool schemas, Hermes tool calls, ``exit code: 0\\nstdout:\\n...`` tool results): ``full`` is today's
 built-in agent (six tools, its system prompt, the toy instruction; ~2.9k tokens of prompt), ``lean`` keeps only
 ``bash`` and ``submit`` and a one-line system prompt, ``tiny`` also shortens the instruction. Two stages, each
-optional: (1) ``--window-minutes`` on short windows (the last ``--window-tokens`` tokens up to the end of one
+optional: (1) ``--window-steps`` on short windows (the last ``--window-tokens`` tokens up to the end of one
 assistant turn, positions kept at their place in the whole conversation, loss on that turn only), (2)
-``--full-minutes`` on whole conversations (loss on every assistant turn). Measured every few steps, teacher-forced on
+``--full-steps`` on whole conversations (loss on every assistant turn). Measured every few steps, teacher-forced on
 held-out tasks (``toy`` seed 7): **copy-turn exactness**, the share of assistant turns that must copy a name
 (every ``cat NAME`` after the first) whose every token is the model's argmax, on windows and on whole conversations.
 The untrained model, and the fixed turns alone, score 0 on it.
@@ -144,13 +144,13 @@ def copy_exact(model: Any, convs: list[tuple[list[int], list[tuple[int, int, boo
     return hits / max(total, 1)
 
 
-def stage(model: Any, data: list[Example], minutes: float, lr: float, batch: int, evaluate: Any,
-          every: int, name: str, curve: list[dict[str, Any]]) -> None:  # fmt: skip
-    """Train on ``data`` for ``minutes``; measure every ``every`` steps into ``curve``."""
+def stage(model: Any, data: list[Example], steps: int, lr: float, batch: int, evaluate: Any,
+          every: int, name: str, curve: list[dict[str, Any]], started: float) -> None:  # fmt: skip
+    """Train on ``data`` for ``steps`` steps; measure every ``every`` steps into ``curve`` (minutes since
+    ``started``)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    rng, started, step = random.Random(0), time.monotonic(), 0
-    offset = curve[-1]["minutes"] if curve else 0.0
-    while time.monotonic() - started < minutes * 60:
+    rng = random.Random(0)
+    for step in range(1, steps + 1):
         x, mask, logits = forward(model, rng.sample(data, min(batch, len(data))))
         losses = torch.nn.functional.cross_entropy(logits.transpose(1, 2), x[:, 1:], reduction="none")
         loss = (losses * mask[:, 1:]).sum() / mask[:, 1:].sum()
@@ -158,9 +158,8 @@ def stage(model: Any, data: list[Example], minutes: float, lr: float, batch: int
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad()
-        step += 1
-        if step % every == 0:
-            point = {"stage": name, "step": step, "minutes": offset + (time.monotonic() - started) / 60,
+        if step % every == 0 or step == steps:
+            point = {"stage": name, "step": step, "minutes": (time.monotonic() - started) / 60,
                      "loss": loss.item(), **evaluate()}  # fmt: skip
             curve.append(point)
             print(" ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in point.items()),
@@ -173,8 +172,8 @@ def main() -> None:
     )
     parser.add_argument("--profile", choices=["full", "lean", "tiny"], default="tiny")
     parser.add_argument("--window-tokens", type=int, default=160)
-    parser.add_argument("--window-minutes", type=float, default=4.5)
-    parser.add_argument("--full-minutes", type=float, default=4.0)
+    parser.add_argument("--window-steps", type=int, default=420)
+    parser.add_argument("--full-steps", type=int, default=170)
     parser.add_argument("--window-lr", type=float, default=3e-3)
     parser.add_argument("--full-lr", type=float, default=1e-3)
     parser.add_argument("--window-batch", type=int, default=32)
@@ -199,12 +198,13 @@ def main() -> None:
                 "full_copy_exact": copy_exact(model, held_out, 0)}  # fmt: skip
 
     curve: list[dict[str, Any]] = []
-    if args.window_minutes > 0:
-        stage(model, examples(train, args.window_tokens), args.window_minutes, args.window_lr, args.window_batch,
-              evaluate, 50, "window", curve)  # fmt: skip
-    if args.full_minutes > 0:
-        stage(model, examples(train, 0), args.full_minutes, args.full_lr, args.full_batch, evaluate, 10, "full",
-              curve)  # fmt: skip
+    started = time.monotonic()
+    if args.window_steps > 0:
+        stage(model, examples(train, args.window_tokens), args.window_steps, args.window_lr, args.window_batch,
+              evaluate, 50, "window", curve, started)  # fmt: skip
+    if args.full_steps > 0:
+        stage(model, examples(train, 0), args.full_steps, args.full_lr, args.full_batch, evaluate, 10, "full",
+              curve, started)  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "quickstart_probe.json").write_text(json.dumps({"args": vars(args), "curve": curve}, indent=1))
 

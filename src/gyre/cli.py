@@ -155,24 +155,6 @@ def _run_loop(coro: object) -> None:
         asyncio.run(coro)  # type: ignore[arg-type]
 
 
-def cmd_quickstart(args: argparse.Namespace) -> int:
-    """The main job for now: make the tiny model if missing, serve it, send it a generation."""
-    model = Path(args.model)
-    if not (model / "config.json").exists():
-        init = argparse.Namespace(dir=model, preset="tiny", seed=0, overwrite=False)
-        cmd_init_model(init)
-    gen = argparse.Namespace(
-        model=str(model),
-        url=None,
-        prompt=args.prompt,
-        max_new_tokens=64,
-        temperature=1.0,
-        top_p=1.0,
-        threads=0,
-    )
-    return cmd_generate(gen)
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     """Run an evaluation and print its summary."""
     from gyre.config import load_config
@@ -306,6 +288,26 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"idle {summary.idle_fraction:.0%}, {summary.switches} switches, "
         f"reward {summary.reward_first:.3f} -> {summary.reward_last:.3f}{evals}; run directory {summary.run_dir}"
     )
+    return 0
+
+
+def cmd_quickstart(args: argparse.Namespace) -> int:
+    """Demonstrations -> SFT -> elastic RL on the tiny model, with the held-out eval before and after each phase."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from gyre.quickstart import quickstart
+
+    summary = quickstart(args.run_dir, args.model, short=args.short, progress=not args.no_progress)
+    table = Table(title="gyre quickstart: the held-out toy set (mean partial score, 95% interval)")
+    for column in ("after", "mean", "95% interval", "pass rate"):
+        table.add_column(column, justify="right")
+    for p in summary.points:
+        table.add_row(p.phase, f"{p.mean:.3f}", f"{p.ci_low:.3f}-{p.ci_high:.3f}", f"{p.pass_rate:.0%}")
+    console = Console()
+    console.print(table)
+    console.print(", ".join(f"{k} {v:.0f} s" for k, v in summary.seconds.items())
+                  + f"; total {summary.total_s / 60:.1f} min; {summary.run_dir} (train/report.html)")  # fmt: skip
     return 0
 
 
@@ -524,6 +526,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--stay", action="store_true", help="rejoin after being told to leave (until killed)")
     s.set_defaults(fn=cmd_trainer_satellite)
 
+    s = sub.add_parser(
+        "quickstart",
+        help="demonstrations -> SFT -> elastic RL on the tiny model, evaluated before and after each",
+    )
+    s.add_argument("--run-dir", help="default: runs/quickstart-toy-TIME")
+    s.add_argument(
+        "--model", default="models/tiny", help="the model (created when it is the default and missing)"
+    )
+    s.add_argument("--short", action="store_true", help="a CI-sized version (fewer demonstrations and steps)")
+    s.add_argument("--no-progress", action="store_true", help="no progress bars")
+    s.set_defaults(fn=cmd_quickstart)
+
     s = sub.add_parser("report", help="(re)build RUN_DIR/report.html from a gyre train run's journals")
     s.add_argument("run_dir", type=Path)
     s.set_defaults(fn=cmd_report)
@@ -574,11 +588,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", help="write the cells' roles over time to this PNG")
     s.add_argument("--cells", help="also compare the modes at these cell counts, e.g. 4,8,16")
     s.set_defaults(fn=cmd_sim)
-
-    s = sub.add_parser("quickstart", help="init the tiny model if missing, serve it and send it a generation")
-    s.add_argument("--model", default="models/tiny")
-    s.add_argument("--prompt", default="Hello! Which tools do you have?")
-    s.set_defaults(fn=cmd_quickstart)
 
     s = sub.add_parser("sft", help="supervised warm start on demonstrations (a scripted expert's calls)")
     s.add_argument("config", nargs="?", type=Path, help="the run's TOML ([sft], and [trainer] for AdamW)")

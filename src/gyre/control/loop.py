@@ -225,10 +225,9 @@ class ElasticLoop:
             self._submitted_in_step[step] += count
             self._trained[step] += [r.execution_id for r in group if not r.dropped]
             seal = self._submitted_in_step[step] == self.books.batch
+            # the cursor lands in the step's checkpoint: what a resumed driver finds trained
             cursor = {"step": self._base + step, "execution_ids": self._trained.pop(step)} if seal else None
-            if (
-                micro or seal
-            ):  # the cursor lands in the step's checkpoint: what a resumed driver finds trained
+            if micro or seal:
                 await asyncio.to_thread(self.trainer.submit, self._base + step, micro, seal, cursor)
 
     async def _wait_steps(self) -> None:

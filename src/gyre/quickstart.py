@@ -1,0 +1,117 @@
+"""`gyre quickstart`: an agent that gets better because Gyre trained it, on a laptop's CPU (issue 13, in progress).
+
+The recipe, every phase a real Gyre command on the tiny model and the ``toy`` suite, the built-in agent's lean
+profile (bash and submit, a one-line prompt) throughout so demonstrations, evaluations and training see one prompt:
+
+1. demonstrations: the scripted expert solves ``DEMO_SUITE`` through the real stack (`gyre eval --agent oracle`);
+2. the untrained model on the fixed held-out set ``EVAL_SUITE`` (`gyre eval`): the floor;
+3. `gyre sft` on the demonstrations: a short-window stage (the model learns to copy a name it was just shown on
+   windows of ~160 tokens first; on whole ~1.5k-token conversations it does not within minutes:
+   `benchmarks/quickstart_probe.py`), then whole conversations;
+4. `gyre train` (elastic, 2 cells) from the SFT checkpoint, evaluating the same held-out set before its first step
+   and after its last.
+
+Everything lands in one directory: ``demos/``, ``eval-base/``, ``sft/``, ``train/`` (its report has the learning
+curve) and ``quickstart.json`` (the three evaluations with their 95% intervals and each phase's seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import msgspec
+
+from gyre.config import GyreConfig, load_config
+from gyre.evaluation import EvalOptions, run_eval
+from gyre.models import init_model
+from gyre.rundir import default_run_dir
+from gyre.sft import run_sft
+from gyre.training import train
+
+DEMO_SUITE = "toy:400:100"
+EVAL_SUITE = "toy:32:7"
+TRAIN_SUITE = "toy:256:1"
+
+
+class Point(msgspec.Struct, frozen=True, kw_only=True):
+    """One evaluation of the held-out set."""
+
+    phase: str  # base | sft | rl
+    mean: float
+    ci_low: float
+    ci_high: float
+    pass_rate: float
+
+
+class QuickstartSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """``quickstart.json``."""
+
+    run_dir: str
+    points: list[Point]
+    seconds: dict[str, float]  # phase -> wall seconds
+    total_s: float
+
+
+def recipe(run_dir: Path, model_path: str, short: bool = False) -> GyreConfig:
+    """The configuration of the SFT and RL phases (``short``: a CI-sized version that still has to learn)."""
+    overrides = [
+        f'sft.model_path="{model_path}"', f'sft.journals=["{run_dir / "demos"}"]',
+        f'sft.output_dir="{run_dir / "sft"}"', "sft.window_tokens=160", f"sft.window_steps={200 if short else 420}",
+        "sft.window_batch=32", "sft.learning_rate=3e-3", "sft.batch_sessions=4", f"sft.epochs={1 if short else 2}",
+        "trainer.num_threads=2",
+        f'run.suite="{TRAIN_SUITE}"', f'run.run_dir="{run_dir / "train"}"', f"run.steps={2 if short else 6}",
+        "run.tasks_per_step=8", "run.group_size=4", 'run.agent_profile="lean"', "run.agent_max_calls=16",
+        "run.agent_max_tokens=128", f'run.eval_suite="{EVAL_SUITE}"', f"run.eval_tasks={8 if short else 0}",
+        "cells.count=2", "cells.capacity_executions=16", "cells.num_threads=1",
+        'cells.engine_overrides=["engine.kv_cache_mem_gib=0.5"]', "trainer.learning_rate=2e-4",
+    ]  # fmt: skip
+    return load_config(None, overrides)
+
+
+def quickstart(run_dir: str | Path | None = None, model_path: str = "models/tiny", short: bool = False,
+               progress: bool = True) -> QuickstartSummary:  # fmt: skip
+    """Run the recipe (see the module) into ``run_dir``; returns the three evaluations."""
+    root = Path(run_dir or default_run_dir("quickstart", "toy")).absolute()
+    root.mkdir(parents=True, exist_ok=True)
+    if not (Path(model_path) / "config.json").exists():
+        init_model(model_path, preset="tiny")
+    seconds: dict[str, float] = {}
+    started = time.monotonic()
+
+    def timed(phase: str, since: float) -> None:
+        seconds[phase] = time.monotonic() - since
+
+    t = time.monotonic()
+    demos = EvalOptions(suite=DEMO_SUITE if not short else "toy:160:100", run_dir=str(root / "demos"),
+                        agent="oracle", agent_profile="lean", model_path=model_path, concurrency=16,
+                        progress=progress)  # fmt: skip
+    run_eval(demos)
+    timed("demonstrations", t)
+    t = time.monotonic()
+    suite = EVAL_SUITE if not short else "toy:8:7"
+    base = run_eval(EvalOptions(suite=suite, run_dir=str(root / "eval-base"), agent_profile="lean",
+                                model_path=model_path, max_tokens_per_call=128, concurrency=16,
+                                progress=progress))  # fmt: skip
+    timed("base eval", t)
+    cfg = recipe(root, model_path, short)
+    t = time.monotonic()
+    sft = run_sft(cfg, progress=progress)
+    timed("sft", t)
+    cfg = msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, model_path=sft.checkpoint))
+    t = time.monotonic()
+    trained = asyncio.run(train(cfg))
+    timed("rl", t)
+    from gyre.journal import read_journal
+    from gyre.training import EvalPoint
+
+    evals = sorted(read_journal(Path(trained.run_dir) / "eval.jsonl", EvalPoint), key=lambda e: e.step)
+    points = [Point(phase="base", mean=base.mean_score, ci_low=base.mean_ci[0], ci_high=base.mean_ci[1],
+                    pass_rate=base.pass_rate)]  # fmt: skip
+    points += [Point(phase=phase, mean=e.mean, ci_low=e.ci_low, ci_high=e.ci_high, pass_rate=e.pass_rate)
+               for phase, e in (("sft", evals[0]), ("rl", evals[-1]))]  # fmt: skip
+    summary = QuickstartSummary(run_dir=str(root), points=points, seconds=seconds,
+                                total_s=time.monotonic() - started)  # fmt: skip
+    (root / "quickstart.json").write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
+    return summary
