@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from gyre.journal import repair_journal
@@ -83,14 +82,10 @@ class RunDir:
         cut = {str(p.relative_to(self.root)): repair_journal(p) for p in self.journals()}
         return {name: n for name, n in cut.items() if n}
 
-    def rewrite(self, path: Path, keep: Callable[[bytes], bool]) -> int:
-        """Keep only the lines of ``path`` that ``keep`` accepts (atomically: a new file renamed over it); returns
-        the lines dropped."""
-        if not path.exists():
-            return 0
-        lines = path.read_bytes().splitlines(keepends=True)
-        kept = [line for line in lines if keep(line)]
+    @staticmethod
+    def replace(path: Path, data: bytes) -> None:
+        """Make ``data`` the content of ``path`` atomically (a new file renamed over it): a crash leaves the old
+        content or the new, never a mix."""
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(b"".join(kept))
+        tmp.write_bytes(data)
         os.replace(tmp, path)
-        return len(lines) - len(kept)

@@ -265,7 +265,7 @@ def pick_up(rd: RunDir, batch: int) -> _PickUp:
     records = [kept[s] for s in sorted(kept)]
     lines = {r.step: msgspec.json.encode(r) + b"\n" for r in records}
     dropped = len(list(read_journal(rd.metrics, StepRecord))) - len(records) if rd.metrics.exists() else 0
-    rd.metrics.write_bytes(b"".join(lines[s] for s in sorted(lines)))
+    rd.replace(rd.metrics, b"".join(lines[s] for s in sorted(lines)))
     reused: dict[int, ExecutionResult] = {}
     if rd.executions.exists():
         for result in read_journal(rd.executions, ExecutionResult):
