@@ -506,9 +506,8 @@ class CoreTrainer:
         self.state.data_cursor = self.sealed_at.pop(step, {})
         metrics = _metrics(step, self.state.version, merge_stats(q.stats), len(q.items), norm, lr, q)
         self.metrics[step] = metrics
-        self.state.last_metrics = msgspec.to_builtins(
-            metrics
-        )  # in the checkpoint: a resumed driver reads them
+        # in the step's checkpoint: a driver that died before journaling them reads them there on resume
+        self.state.last_metrics = msgspec.to_builtins(metrics)
         log.info("step %d applied: version %d, loss %.4f, %d tokens, %d micro-steps by %s", step,
                  self.state.version, metrics.loss, metrics.tokens, metrics.micro_steps, dict(q.by_member))  # fmt: skip
         if self.cfg.checkpoint_every_steps and self.state.step % self.cfg.checkpoint_every_steps == 0:
