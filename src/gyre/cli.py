@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from gyre.errors import ConfigError, GyreError
-from gyre.rundir import RunDir, default_run_dir
+from gyre.rundir import default_run_dir
 
 if TYPE_CHECKING:
     from gyre.config import EngineConfig
@@ -257,24 +257,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from gyre.config import load_config
-    from gyre.training import train
+    from gyre.training import resume_config, train
 
+    if args.resume is not None and (args.config is not None or args.run_dir is not None):
+        raise ConfigError(
+            "gyre train --resume RUN_DIR reads RUN_DIR/config.toml: give no CONFIG or --run-dir"
+        )
     overrides = list(args.set or [])
-    if args.resume is not None:  # the run's own resolved config, then what the command line changes
-        if args.config is not None or args.run_dir is not None:
-            raise ConfigError(
-                "gyre train --resume RUN_DIR reads RUN_DIR/config.toml: give no CONFIG or --run-dir"
-            )
-        args.config, args.run_dir = RunDir(args.resume).config, str(args.resume)
-        if not args.config.is_file():
-            raise ConfigError(f"{args.resume} is not a gyre train run directory (no config.toml)")
     for key, value in (("run.steps", args.steps), ("run.run_dir", args.run_dir), ("controller.mode", args.mode),
                        ("run.model_path", args.model)):  # fmt: skip
         if value is not None:
             overrides.append(_override(key, value))
-    if args.resume is not None:
-        overrides.append("trainer.resume_from=")  # the run's latest checkpoint, which train finds
-    cfg = load_config(args.config, overrides)
+    cfg = (
+        load_config(args.config, overrides) if args.resume is None else resume_config(args.resume, overrides)
+    )
     summary = asyncio.run(
         train(cfg, live=not args.no_live and sys.stdout.isatty(), resume=args.resume is not None)
     )

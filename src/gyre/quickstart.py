@@ -18,6 +18,7 @@ curve) and ``quickstart.json`` (the three evaluations with their 95% intervals a
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -25,10 +26,11 @@ import msgspec
 
 from gyre.config import GyreConfig, load_config
 from gyre.evaluation import EvalOptions, run_eval
+from gyre.journal import read_journal
 from gyre.models import init_model
 from gyre.rundir import default_run_dir
 from gyre.sft import run_sft
-from gyre.training import train
+from gyre.training import EvalPoint, train
 
 DEMO_SUITE = "toy:400:100"
 EVAL_SUITE = "toy:32:7"
@@ -56,12 +58,16 @@ class QuickstartSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 def recipe(run_dir: Path, model_path: str, short: bool = False) -> GyreConfig:
     """The configuration of the SFT and RL phases (``short``: a CI-sized version that still has to learn)."""
+
+    def quoted(value: object) -> str:  # a TOML string, whatever the path holds
+        return json.dumps(str(value))
+
     overrides = [
-        f'sft.model_path="{model_path}"', f'sft.journals=["{run_dir / "demos"}"]',
-        f'sft.output_dir="{run_dir / "sft"}"', "sft.window_tokens=160", f"sft.window_steps={200 if short else 420}",
+        f"sft.model_path={quoted(model_path)}", f"sft.journals=[{quoted(run_dir / 'demos')}]",
+        f"sft.output_dir={quoted(run_dir / 'sft')}", "sft.window_tokens=160", f"sft.window_steps={200 if short else 420}",
         "sft.window_batch=32", "sft.learning_rate=3e-3", "sft.batch_sessions=4", f"sft.epochs={1 if short else 2}",
         "trainer.num_threads=2",
-        f'run.suite="{TRAIN_SUITE}"', f'run.run_dir="{run_dir / "train"}"', f"run.steps={2 if short else 6}",
+        f'run.suite="{TRAIN_SUITE}"', f"run.run_dir={quoted(run_dir / 'train')}", f"run.steps={2 if short else 6}",
         "run.tasks_per_step=8", "run.group_size=4", 'run.agent_profile="lean"', "run.agent_max_calls=16",
         "run.agent_max_tokens=128", f'run.eval_suite="{EVAL_SUITE}"', f"run.eval_tasks={8 if short else 0}",
         "cells.count=2", "cells.capacity_executions=16", "cells.num_threads=1",
@@ -103,9 +109,6 @@ def quickstart(run_dir: str | Path | None = None, model_path: str = "models/tiny
     t = time.monotonic()
     trained = asyncio.run(train(cfg))
     timed("rl", t)
-    from gyre.journal import read_journal
-    from gyre.training import EvalPoint
-
     evals = sorted(read_journal(Path(trained.run_dir) / "eval.jsonl", EvalPoint), key=lambda e: e.step)
     points = [Point(phase="base", mean=base.mean_score, ci_low=base.mean_ci[0], ci_high=base.mean_ci[1],
                     pass_rate=base.pass_rate)]  # fmt: skip

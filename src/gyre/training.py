@@ -236,10 +236,19 @@ class Trainer:
     @classmethod
     def resume(cls, run_dir: str | Path, steps: int | None = None, live: bool = False) -> TrainSummary:
         """Continue the run in ``run_dir`` from its last checkpoint (``steps``: a new total)."""
-        rd = RunDir(run_dir)
-        overrides = [f"run.run_dir={json.dumps(str(rd.root))}", "trainer.resume_from="]
-        cfg = load_config(rd.config, overrides + ([f"run.steps={steps}"] if steps is not None else []))
+        cfg = resume_config(run_dir, [f"run.steps={steps}"] if steps is not None else [])
         return asyncio.run(train(cfg, live=live, resume=True))
+
+
+def resume_config(run_dir: str | Path, overrides: list[str]) -> GyreConfig:
+    """A killed run's own resolved config (``RUN_DIR/config.toml``) with ``overrides``, for ``train(resume=True)``:
+    the run directory is where it lies now, and the checkpoint to continue from is the one `pick_up` finds."""
+    rd = RunDir(run_dir)
+    if not rd.config.is_file():
+        raise ConfigError(f"{run_dir} is not a gyre train run directory (no config.toml)")
+    return load_config(
+        rd.config, [*overrides, f"run.run_dir={json.dumps(str(rd.root))}", "trainer.resume_from="]
+    )
 
 
 def pick_up(rd: RunDir, batch: int) -> _PickUp:
@@ -254,17 +263,14 @@ def pick_up(rd: RunDir, batch: int) -> _PickUp:
         raise ConfigError(f"{rd.root} is not a gyre train run directory (no config.toml)")
     cut = rd.repair()
     start = rd.latest_checkpoint()
-    kept = (
-        {r.step: r for r in read_journal(rd.metrics, StepRecord) if r.step < start}
-        if rd.metrics.exists()
-        else {}
-    )
+    journaled = list(read_journal(rd.metrics, StepRecord)) if rd.metrics.exists() else []
+    kept = {r.step: r for r in journaled if r.step < start}
     for step in range(start):
         if step not in kept and (rebuilt := _from_checkpoint(rd, step)) is not None:
             kept[step] = rebuilt
     records = [kept[s] for s in sorted(kept)]
     lines = {r.step: msgspec.json.encode(r) + b"\n" for r in records}
-    dropped = len(list(read_journal(rd.metrics, StepRecord))) - len(records) if rd.metrics.exists() else 0
+    dropped = sum(r.step >= start for r in journaled)
     rd.replace(rd.metrics, b"".join(lines[s] for s in sorted(lines)))
     reused: dict[int, ExecutionResult] = {}
     if rd.executions.exists():
@@ -275,7 +281,7 @@ def pick_up(rd: RunDir, batch: int) -> _PickUp:
     attempt = 1 + (sum(1 for _ in read_journal(rd.resumes, Resume)) if rd.resumes.exists() else 0)
     resumes = Journal(rd.journal, rd.resumes.name)
     resumes.append(Resume(at_s=time.time(), attempt=attempt, from_step=start, reused=len(reused), cut=cut,
-                          dropped_steps=max(dropped, 0)))  # fmt: skip
+                          dropped_steps=dropped))  # fmt: skip
     resumes.close()
     log.info("resuming %s from step %d: %d finished executions reused, torn lines cut: %s", rd.root, start,
              len(reused), cut or "none")  # fmt: skip
