@@ -230,9 +230,13 @@ class SftConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     )
     seed: int = 0  # the session order of every epoch, and torch's seed
     checkpoint_every_steps: NonNegative = 0  # also write checkpoints/step-N every N steps; 0: only the last
-    window_tokens: NonNegative = 0  # window stage: the last N tokens up to each output; 0: no window stage
+    window_tokens: NonNegative = 0  # window stage: at most N tokens up to each trained span; 0: none
     window_steps: NonNegative = 0  # optimizer steps of the window stage, run before the epochs
     window_batch: Positive = 32  # windows per window-stage step, computed in one forward
+    window_focus: list[Literal["output", "copied"]] = msgspec.field(
+        default_factory=lambda: ["output"]
+    )  # what windows train: whole outputs, spans an output copies from its latest observation, or both
+    window_copy_min: Positive = 3  # copied spans: pieces of at least N tokens found in the observation
 
 
 class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -11,12 +11,19 @@ step's loss is the mean negative log-likelihood per demonstrated token, in nats.
 sessions share under the same context is trained once.
 
 With ``window_tokens`` and ``window_steps`` set, ``window_steps`` steps of a window stage run first. A window is
-the last ``window_tokens`` tokens of a session's conversation up to the end of one demonstrated output (a window
-per output of every call), trained on that output's tokens only, its position ids the tokens' true positions in
-the whole conversation, so what it learns carries over to the long context. A step takes ``window_batch``
-windows (reshuffled at each pass over them), left-padded into one batch. In a probe the tiny model learnt to copy
-a name it was shown into its next command on short windows long before it did on whole ~1.5k-token sessions, and
-the epochs over whole sessions then carried that to full context. The window stage holds ``learning_rate`` (after warm-up);
+a piece of a session's conversation that ends at the last token of what it trains: a whole demonstrated output
+(``window_focus`` has ``"output"``) or one span of an output copied from the call's latest observation
+(``"copied"``: a name, path or value the tool just printed, found as pieces of at least ``window_copy_min``
+tokens). Its position ids are the tokens' true positions in the whole conversation, so what it learns carries over
+to the long context, and every time it is drawn its start is drawn again, from the start of the latest
+observation (for a copied span: where the observation showed it) back to ``window_tokens`` tokens before its end,
+so where a window starts tells the model nothing.
+A step takes ``window_batch`` windows (reshuffled at each pass over them), left-padded into one batch. Measured on
+the tiny model and the ``toy`` suite (BENCHMARKS.md, "Quickstart"): with windows that always started at the same
+distance before the copied name the model learnt to copy within ~50 steps and none of it carried over to whole
+sessions (it had learnt the offset from the window's start); copying that carries over needed the random starts,
+the loss on the copied span alone (on whole outputs the name's 3 tokens drown in ~70 fixed ones) and names of
+characters the rest of the conversation does not use. The window stage holds ``learning_rate`` (after warm-up);
 ``lr_schedule`` decays over the epochs' steps.
 
 Weights, optimizer and checkpoints are `gyre.train.state.TrainState`'s, so ``OUTPUT_DIR/checkpoints/step-N``
@@ -220,26 +227,81 @@ def fold(sessions: Sequence[list[CallRecord]], token_budget: int) -> list[MicroS
 
 
 class Window(msgspec.Struct, frozen=True, kw_only=True):
-    """The last tokens of a conversation up to the end of one demonstrated output: a window-stage example."""
+    """A window-stage example: the tokens of a conversation up to the end of the trained span, at most
+    ``window_tokens`` of them; `draw` cuts a shorter one from it at random for each use."""
 
     session: int  # index of its session
     input_ids: list[int]
     start: int  # the position of input_ids[0] in the whole conversation
-    trained: int  # the last ``trained`` tokens are the output's (not the first: it has no context)
+    trained: int  # the last ``trained`` tokens are trained (not the first: it has no context)
+    least: int = (
+        0  # the fewest tokens a drawn window keeps: back to the start of the call's latest observation
+    )
+
+    def draw(self, rng: random.Random) -> Window:
+        """This window cut to a random length from ``least`` to all of it: where a window starts tells nothing."""
+        keep = rng.randint(min(max(self.least, self.trained + 1), len(self.input_ids)), len(self.input_ids))
+        cut = len(self.input_ids) - keep
+        return msgspec.structs.replace(self, input_ids=self.input_ids[cut:], start=self.start + cut, least=0)
 
 
-def cut_windows(sessions: Sequence[list[CallRecord]], window_tokens: int) -> list[Window]:
-    """A window of at most ``window_tokens`` tokens ending at each demonstrated output, in session and call order
-    (an output with no token to train in its window is left out)."""
+def copied_spans(output: Sequence[int], observation: Sequence[int], least: int) -> list[tuple[int, int, int]]:
+    """``(start, end, source)`` of each run of ``output`` covered by ``least``-token pieces that also occur in
+    ``observation`` (what the output copies from what the call was just shown: a name, a path, a value), with
+    ``source`` where its first piece last occurs in ``observation``."""
+    last: dict[tuple[int, ...], int] = {}
+    for i in range(len(observation) - least + 1):
+        last[tuple(observation[i : i + least])] = i
+    covered = [False] * len(output)
+    for i in range(len(output) - least + 1):
+        if tuple(output[i : i + least]) in last:
+            covered[i : i + least] = [True] * least
+    spans, i = [], 0
+    while i < len(output):
+        if covered[i]:
+            j = i
+            while j < len(output) and covered[j]:
+                j += 1
+            spans.append((i, j, last[tuple(output[i : i + least])]))
+            i = j
+        else:
+            i += 1
+    return spans
+
+
+def cut_windows(
+    sessions: Sequence[list[CallRecord]],
+    window_tokens: int,
+    focus: Sequence[Literal["output", "copied"]] = ("output",),
+    copy_min: int = 3,
+) -> list[Window]:
+    """The window-stage examples, in session and call order: for each demonstrated output (``focus`` has "output")
+    and each span of it copied from the call's latest observation (``focus`` has "copied", spans of at least
+    ``copy_min`` tokens, see `copied_spans`), the last ``window_tokens`` tokens of the conversation up to its
+    end, training that output or span. The latest observation is what the call's input adds to its parent's
+    input and output (a call with no parent: all its input); a drawn window keeps all of it for an output, from
+    where the copied piece was shown for a span, when ``window_tokens`` allows. An output or span with no token to
+    train in its window, and a span whose source is more than ``window_tokens`` back, are left out."""
     windows: list[Window] = []
     for index, records in enumerate(sessions):
         full = expand_inputs(records)
         for r in records:
             tokens = full[r.call_id] + r.output_ids
-            start = max(len(tokens) - window_tokens, 0)
-            trained = min(len(r.output_ids), len(tokens) - start - 1)
-            if trained > 0:
-                windows.append(Window(session=index, input_ids=tokens[start:], start=start, trained=trained))
+            seen = r.prefix_len if r.parent_call_id is not None else 0
+            offset = len(full[r.call_id])
+            spans = [(0, len(r.output_ids), 0)] if "output" in focus else []
+            if "copied" in focus:
+                spans += copied_spans(r.output_ids, full[r.call_id][seen:], copy_min)
+            for k, (a, b, source) in enumerate(spans):
+                end = offset + b
+                start = max(end - window_tokens, 0)
+                trained = min(b - a, end - start - 1)
+                copy = k > 0 or "output" not in focus
+                if copy and end - seen - source > window_tokens:
+                    continue  # a copy whose source the window cannot hold: nothing to copy it from
+                if trained > 0:
+                    windows.append(Window(session=index, input_ids=tokens[start:end], start=start,
+                                          trained=trained, least=end - seen - source))  # fmt: skip
     return windows
 
 
@@ -280,8 +342,8 @@ def pad_windows(
 
 
 def window_gradients(model: Any, windows: Sequence[Window], pad_id: int) -> MicroStats:
-    """Forward and backward of one window step (one batch) into ``model``'s ``.grad``: the mean NLL per trained
-    token; returns its figures."""
+    """Forward and backward of one window step (one batch) into ``model``'s ``.grad``: the mean over windows of
+    each window's mean NLL per trained token; returns its figures."""
     import torch
 
     started = time.perf_counter()
@@ -293,7 +355,8 @@ def window_gradients(model: Any, windows: Sequence[Window], pad_id: int) -> Micr
     picked = logprobs.gather(-1, ids[:, 1:, None]).squeeze(-1)
     target = trained[:, 1:]
     tokens = int(target.sum())
-    loss = -picked[target].sum() / tokens
+    per_window = (picked * target).sum(-1) / target.sum(-1).clamp(min=1)  # each window's mean NLL
+    loss = -per_window.mean()  # every window weighs the same: a 3-token copied name as much as a whole output
     loss.backward()
     with torch.no_grad():
         entropy = -(logprobs.exp() * logprobs).sum(-1)[target].double().sum()
@@ -329,7 +392,11 @@ def run_sft(cfg: GyreConfig, progress: bool = False) -> SftSummary:
             "set both (window_tokens at least 2) for a window stage, or neither"
         )
     demos = load_demonstrations(sft.journals, sft.sources, sft.max_seq_len or context_limit(sft.model_path))
-    windows = cut_windows(demos.sessions, sft.window_tokens) if sft.window_steps else []
+    windows = (
+        cut_windows(demos.sessions, sft.window_tokens, sft.window_focus, sft.window_copy_min)
+        if sft.window_steps
+        else []
+    )
     if sft.window_steps and not windows:
         raise ConfigError("no demonstrated output has a token to train in a window: raise sft.window_tokens")
     window_plan = list(window_batches(len(windows), sft.window_batch, sft.window_steps, sft.seed))
@@ -342,6 +409,7 @@ def run_sft(cfg: GyreConfig, progress: bool = False) -> SftSummary:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.toml").write_text(dump_config(cfg))
     metrics, started = Journal(out, "metrics.jsonl"), time.monotonic()
+    rng = random.Random(f"{sft.seed}/window-lengths")
     steps: list[SftStep] = []
     loss = LossConfig()  # plain NLL: no KL, coefficient 1
     with _progress(progress) as bar:
@@ -353,7 +421,7 @@ def run_sft(cfg: GyreConfig, progress: bool = False) -> SftSummary:
         for stage, epoch, chosen in stages:
             t0 = time.monotonic()
             if stage == "window":
-                batch = [windows[i] for i in chosen]
+                batch = [windows[i].draw(rng) for i in chosen]
                 s = window_gradients(state.model, batch, pad_id)
                 sessions, micro, drawn = len({w.session for w in batch}), 1, len(batch)
                 where = f"windows, pass {epoch + 1}"

@@ -110,11 +110,11 @@ def test_toy_expert_follows_the_chain() -> None:
     start = toy.expert_reply("<|im_start|>user\nFollow the chain<|im_end|>\n<|im_start|>assistant\n")
     assert '"cat start | tee -a trail"' in start
     shown = (
-        "<|im_start|>user\n<tool_response>\nexit code: 0\nstdout:\nqzx\n\n</tool_response><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nexit code: 0\nstdout:\n417\n\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n"
     )
-    assert '"cat qzx | tee -a trail"' in toy.expert_reply(shown)
-    assert '"submit"' in toy.expert_reply(shown.replace("qzx", "end"))
+    assert '"cat 417 | tee -a trail"' in toy.expert_reply(shown)
+    assert '"submit"' in toy.expert_reply(shown.replace("417", "end"))
 
 
 def eval_options(tmp_path: Path, tiny_model: Path, suite: str, **kw: Any) -> EvalOptions:
