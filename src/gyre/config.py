@@ -105,6 +105,9 @@ class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         0.0  # weight of the k3 KL to the reference (nats); 0: off
     )
     supervised_coef: Annotated[float, msgspec.Meta(gt=0.0)] = 1.0  # weight of demonstrations' NLL (nats)
+    temperature: Annotated[float, msgspec.Meta(gt=0.0)] = (
+        1.0  # policy tokens' log-probabilities are of logits / this; gyre train sets run.agent_temperature
+    )
 
 
 class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -217,7 +220,7 @@ class SftConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         default_factory=lambda: ["scripted"]
     )  # records whose output counts as a demonstration: scripted (an expert's), policy, upstream
     output_dir: str = ""  # where metrics.jsonl, sft.json and checkpoints/step-N go; empty: runs/sft-<time>
-    epochs: Positive = 1  # passes over the demonstrations
+    epochs: NonNegative = 1  # passes over the demonstrations; 0: the window stage only
     batch_sessions: Positive = 8  # demonstration sessions (executions) per optimizer step
     micro_step_tokens: Positive = (
         8192  # a step's sessions are folded into prefix trees of at most this many tokens, one forward each

@@ -97,9 +97,9 @@ class SftSummary(msgspec.Struct, frozen=True, kw_only=True):
     sessions: int  # demonstration sessions
     calls: int  # demonstration calls
     skipped: dict[str, int]  # why -> call records left out
-    steps: int  # of the epochs over whole sessions; the checkpoint's step adds window_steps
+    steps: int  # of the epochs over whole sessions (with no epochs: of the window stage)
     epochs: int
-    tokens: int  # trained tokens, summed over the epochs' steps
+    tokens: int  # trained tokens, summed over the epochs' steps (with no epochs: the window stage's)
     computed_tokens: int
     loss_first: float  # the epochs' first step's loss (on its batch)
     loss_last: float
@@ -386,6 +386,10 @@ def run_sft(cfg: GyreConfig, progress: bool = False) -> SftSummary:
         raise ConfigError(
             f"output directory {out} is not empty; choose another (sft.output_dir, --output-dir)"
         )
+    if sft.epochs == 0 and sft.window_steps == 0:
+        raise ConfigError(
+            "sft.epochs = 0 and no window stage: nothing to train; set sft.epochs or sft.window_steps"
+        )
     if (sft.window_tokens > 0) != (sft.window_steps > 0) or sft.window_tokens == 1:
         raise ConfigError(
             f"sft.window_tokens = {sft.window_tokens}, sft.window_steps = {sft.window_steps}: "
@@ -487,6 +491,8 @@ def _summary(
     for epoch in range(sft.epochs):
         these = [s for s in steps if s.epoch == epoch]
         epoch_losses.append(sum(s.loss * s.tokens for s in these) / max(sum(s.tokens for s in these), 1))
+    if not steps:  # a window stage alone: its figures
+        steps = window
     computed = sum(s.computed_tokens for s in steps)
     return SftSummary(
         output_dir=str(out), checkpoint=str(checkpoint), model_path=sft.model_path, journals=demos.journals,

@@ -147,7 +147,9 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
         router=msgspec.structs.replace(cfg.router, model_path=run.model_path, journal_dir=str(rd.journal)),
         trainer=msgspec.structs.replace(cfg.trainer, checkpoint_dir=str(rd.checkpoints),
                                         checkpoint_every_steps=cfg.trainer.checkpoint_every_steps or 1,
-                                        resume_from=str(rd.checkpoint(picked.start)) if picked.start else ""),
+                                        resume_from=str(rd.checkpoint(picked.start)) if picked.start else "",
+                                        loss=msgspec.structs.replace(cfg.trainer.loss,  # as the policy sampled
+                                                                     temperature=run.agent_temperature or 1.0)),
     )  # fmt: skip
     tasks, batch, started = step_tasks(cfg), run.batch_executions, time.monotonic()
     held_out = resolve_suite(run.eval_suite)[: run.eval_tasks or None] if run.eval_suite else []

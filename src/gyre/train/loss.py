@@ -38,13 +38,16 @@ def token_logprobs(model: Any, micro: MicroStep) -> torch.Tensor:
     return token_logprobs_and_entropy(model, micro)[0]
 
 
-def token_logprobs_and_entropy(model: Any, micro: MicroStep) -> tuple[torch.Tensor, torch.Tensor]:
-    """`token_logprobs`, and the entropy (nats, without gradient) of the distribution each token was drawn from."""
+def token_logprobs_and_entropy(
+    model: Any, micro: MicroStep, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs`, and the entropy (nats, without gradient) of the distribution each token was drawn from;
+    with ``temperature``, of ``logits / temperature`` (the distribution an engine sampled from at it)."""
     pieces, entropies = [], []
     for start, end in sequence_bounds(micro.parents):
         parents = [p - start if p >= 0 else -1 for p in micro.parents[start:end]]
         lp, ent = _sequence_logprobs(
-            model, micro.input_ids[start:end], micro.position_ids[start:end], parents
+            model, micro.input_ids[start:end], micro.position_ids[start:end], parents, temperature
         )
         pieces.append(lp)
         entropies.append(ent)
@@ -88,7 +91,7 @@ def chain_segments(parents: list[int]) -> list[tuple[int, int, list[int]]]:
 
 
 def _sequence_logprobs(
-    model: Any, input_ids: list[int], position_ids: list[int], parents: list[int]
+    model: Any, input_ids: list[int], position_ids: list[int], parents: list[int], temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     device = next(model.parameters()).device
     ids = torch.tensor([input_ids], device=device)
@@ -112,7 +115,7 @@ def _sequence_logprobs(
             _segments.reset(token)
     index = torch.tensor(parents, device=device)
     has_parent = index >= 0
-    source = logits[index.clamp(min=0)].float().log_softmax(-1)
+    source = (logits[index.clamp(min=0)].float() / temperature).log_softmax(-1)
     picked = source.gather(-1, ids[0, :, None]).squeeze(-1)
     with torch.no_grad():
         entropy = -(source.exp() * source).sum(-1)

@@ -80,7 +80,8 @@ def compute_gradients(
     ``reference`` is the frozen reference model for the KL term (required when ``cfg.kl_coef > 0``).
     """
     started = time.perf_counter()
-    logprobs, entropy = token_logprobs_and_entropy(model, micro)
+    temperature = 1.0 if micro.objective == "supervised" else cfg.temperature  # as the engine sampled them
+    logprobs, entropy = token_logprobs_and_entropy(model, micro, temperature)
     trained = torch.tensor([w > 0 for w in micro.weights], device=logprobs.device)
     n = int(trained.sum())
     stats: dict[str, Any] = {"tokens": n, "computed_tokens": len(micro.input_ids)}

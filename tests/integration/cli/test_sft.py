@@ -125,6 +125,13 @@ def test_a_window_stage_runs_first_at_its_own_learning_rate_and_the_checkpoint_c
     state = TrainState(TrainerConfig(model_path=str(tiny_model), resume_from=summary.checkpoint))
     assert (state.step, state.version) == (12, 12)
 
+    alone = tmp_path / "windows-only"  # --epochs 0: the window stage alone, from the checkpoint just written
+    args = ["--model", summary.checkpoint, "--journal", str(tmp_path / "demos"), "--output-dir", str(alone)]
+    assert main(["sft", *args, "--epochs", "0", "--no-progress", *(f"--set=sft.{s}" for s in settings)]) == 0
+    only = msgspec.json.decode((alone / "sft.json").read_bytes(), type=SftSummary)
+    assert (only.steps, only.window_steps, only.epoch_losses) == (8, 8, [])
+    assert only.loss_last == only.window_loss_last and (alone / "checkpoints" / "step-8").is_dir()
+
 
 def test_gyre_sft_on_bad_input_is_one_clear_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = tmp_path / "model"
@@ -145,4 +152,5 @@ def test_gyre_sft_on_bad_input_is_one_clear_line(tmp_path: Path, capsys: pytest.
     journal.close()
     assert "found: 1 policy" in sft("--journal", str(tmp_path / "run"))
     assert "set both" in sft("--journal", str(tmp_path / "run"), "--set", "sft.window_steps=3")
+    assert "nothing to train" in sft("--journal", str(tmp_path / "run"), "--epochs", "0")
     assert not (tmp_path / "out").exists()

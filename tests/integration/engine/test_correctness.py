@@ -180,3 +180,30 @@ def test_chunked_prefill_of_a_long_prompt_matches_hugging_face(tiny_model: Path,
         eng.close()
     assert len(prompt) > 3 * 16
     assert alone.output_ids == hf_greedy(hf_model, prompt, 24) == with_others[1].output_ids
+
+
+def test_the_trainer_takes_policy_logprobs_at_the_temperature_the_engine_sampled_at(
+    engine: EmbeddedEngine, hf_model: Any
+) -> None:
+    """On-policy tokens sampled at temperature 0.7 have ratio 1 under `compute_gradients` only when the trainer
+    divides the logits by the same temperature (``trainer.loss.temperature``; `gyre train` sets the run's)."""
+    from gyre.config import LossConfig
+    from gyre.protocol import MicroStep
+    from gyre.train.objective import compute_gradients
+
+    prompt = _prompts(1, seed=5)[0]
+    params = SamplingParams(max_new_tokens=16, temperature=0.7, ignore_eos=True, sampling_seed=1)
+    (out,) = _run(engine, [GenerateRequest(input_ids=prompt, sampling_params=params, return_logprob=True)])
+    ids, n = prompt + out.output_ids, len(prompt)
+    context = [0.0] * n
+    micro = MicroStep(input_ids=ids, position_ids=list(range(len(ids))), parents=list(range(-1, len(ids) - 1)),
+                      weights=context + [1.0 / 16] * 16, advantages=context + [1.0] * 16,
+                      behaviour_logprobs=context + list(out.output_logprobs), versions=[-1] * n + [0] * 16,
+                      sequences=1)  # fmt: skip
+    try:
+        tempered = compute_gradients(hf_model, micro, LossConfig(temperature=0.7), policy_version=0)
+        plain = compute_gradients(hf_model, micro, LossConfig(), policy_version=0)
+    finally:
+        hf_model.zero_grad(set_to_none=True)
+    assert abs(tempered.ratio_min - 1) < 1e-3 and abs(tempered.ratio_max - 1) < 1e-3
+    assert max(abs(plain.ratio_min - 1), abs(plain.ratio_max - 1)) > 0.05  # the mismatch it fixes

@@ -155,4 +155,7 @@ def test_the_sft_section_checks_its_fields() -> None:
     with pytest.raises(ConfigError, match=r"sft.sources"):
         load_config(None, ['sft.sources=["experts"]'])
     with pytest.raises(ConfigError, match=r"sft.epochs"):
-        load_config(None, ["sft.epochs=0"])
+        load_config(None, ["sft.epochs=-1"])
+    assert (
+        load_config(None, ["sft.epochs=0"]).sft.epochs == 0
+    )  # the window stage alone (run_sft checks there is one)
