@@ -1,5 +1,6 @@
-# The two set-up commands of the README: `make run` (the main job: gyre eval of the toy suite on the tiny model)
-# and `make test` (lint, types, tests).
+# The two set-up commands of the README: `make run` (the main job: gyre quickstart, demonstrations -> SFT ->
+# elastic RL of the tiny model on the toy suite, the held-out set evaluated after each phase) and `make test`
+# (lint, types, tests).
 # Each creates .venv and installs what it needs (scripts/setup.sh).
 .PHONY: setup run test bench
 VENV := .venv/bin
@@ -8,7 +9,7 @@ setup:
 	bash scripts/setup.sh
 
 run: setup
-	$(VENV)/gyre eval --suite toy:16 --concurrency 8 --model-path models/tiny
+	$(VENV)/gyre quickstart --model models/tiny
 
 test: setup
 	$(VENV)/ruff check src tests benchmarks examples

@@ -1,18 +1,20 @@
-"""`gyre quickstart`: an agent that gets better because Gyre trained it, on a laptop's CPU (issue 13, in progress).
+"""`gyre quickstart`: an agent that gets better because Gyre trained it, on a laptop's CPU (issue 13).
 
 The recipe, every phase a real Gyre command on the tiny model and the ``toy`` suite, the built-in agent's lean
 profile (bash and submit, a one-line prompt) throughout so demonstrations, evaluations and training see one prompt:
 
 1. demonstrations: the scripted expert solves ``DEMO_SUITE`` through the real stack (`gyre eval --agent oracle`);
 2. the untrained model on the fixed held-out set ``EVAL_SUITE`` (`gyre eval`): the floor;
-3. `gyre sft` on the demonstrations: a short-window stage (the model learns to copy a name it was just shown on
-   windows of ~160 tokens first; on whole ~1.5k-token conversations it does not within minutes:
-   `benchmarks/quickstart_probe.py`), then whole conversations;
+3. `gyre sft` twice: first windows ending at each name the expert copied from a tool result, the loss on the name
+   (``window_focus = ["copied"]``, no epochs: the model learns to copy), then windows on whole outputs and copies
+   (the call format) and one epoch over whole sessions (it carries both to the long context). Why this and not
+   whole sessions from the start: BENCHMARKS.md, "Quickstart";
 4. `gyre train` (elastic, 2 cells) from the SFT checkpoint, evaluating the same held-out set before its first step
    and after its last.
 
-Everything lands in one directory: ``demos/``, ``eval-base/``, ``sft/``, ``train/`` (its report has the learning
-curve) and ``quickstart.json`` (the three evaluations with their 95% intervals and each phase's seconds).
+Everything lands in one directory: ``demos/``, ``eval-base/``, ``sft-copy/``, ``sft/``, ``train/`` (its report has
+the learning curve) and ``quickstart.json`` (the three evaluations with their 95% intervals and each phase's
+seconds).
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ from gyre.training import EvalPoint, train
 DEMO_SUITE = "toy:400:100"
 EVAL_SUITE = "toy:32:7"
 TRAIN_SUITE = "toy:256:1"
+# Window steps of the first SFT stage (copying emerged at ~170-190 steps in the runs BENCHMARKS.md shows).
+COPY_STEPS = 200
+TRAIN_TEMPERATURE = 0.5  # RL samples at it (the trainer takes log-probabilities at it too)
+# The held-out evaluations sample near the policy's mode, as a user would run the trained agent.
+EVAL_TEMPERATURE = 0.3
 
 
 class Point(msgspec.Struct, frozen=True, kw_only=True):
@@ -57,23 +64,34 @@ class QuickstartSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def recipe(run_dir: Path, model_path: str, short: bool = False) -> GyreConfig:
-    """The configuration of the SFT and RL phases (``short``: a CI-sized version that still has to learn)."""
+    """The configuration of the second SFT stage and the RL phase; `copy_stage` derives the first SFT stage from
+    it. ``short``: a CI-sized version that still has to learn the call format (no copy stage, fewer steps)."""
 
     def quoted(value: object) -> str:  # a TOML string, whatever the path holds
         return json.dumps(str(value))
 
+    start = run_dir / "sft-copy" / "checkpoints" / f"step-{COPY_STEPS}" if not short else model_path
     overrides = [
-        f"sft.model_path={quoted(model_path)}", f"sft.journals=[{quoted(run_dir / 'demos')}]",
-        f"sft.output_dir={quoted(run_dir / 'sft')}", "sft.window_tokens=160", f"sft.window_steps={200 if short else 420}",
-        "sft.window_batch=32", "sft.learning_rate=3e-3", "sft.batch_sessions=4", f"sft.epochs={1 if short else 2}",
-        "trainer.num_threads=2",
-        f'run.suite="{TRAIN_SUITE}"', f"run.run_dir={quoted(run_dir / 'train')}", f"run.steps={2 if short else 6}",
+        f"sft.model_path={quoted(start)}", f"sft.journals=[{quoted(run_dir / 'demos')}]",
+        f"sft.output_dir={quoted(run_dir / 'sft')}", "sft.window_tokens=384", 'sft.window_focus=["output", "copied"]',
+        f"sft.window_steps={80 if short else 100}", "sft.window_batch=32", "sft.learning_rate=3e-3",
+        "sft.lr_warmup_steps=5", "sft.batch_sessions=8", f"sft.epochs={3 if short else 1}", "trainer.num_threads=2",
+        f'run.suite="{TRAIN_SUITE}"', f"run.run_dir={quoted(run_dir / 'train')}", f"run.steps={1 if short else 6}",
         "run.tasks_per_step=8", "run.group_size=4", 'run.agent_profile="lean"', "run.agent_max_calls=16",
-        "run.agent_max_tokens=128", f'run.eval_suite="{EVAL_SUITE}"', f"run.eval_tasks={8 if short else 0}",
+        "run.agent_max_tokens=128", f"run.agent_temperature={TRAIN_TEMPERATURE}", f'run.eval_suite="{EVAL_SUITE}"',
+        f"run.eval_tasks={8 if short else 0}", f"run.eval_temperature={EVAL_TEMPERATURE}",
         "cells.count=2", "cells.capacity_executions=16", "cells.num_threads=1",
-        'cells.engine_overrides=["engine.kv_cache_mem_gib=0.5"]', "trainer.learning_rate=2e-4",
+        'cells.engine_overrides=["engine.kv_cache_mem_gib=0.5"]', "trainer.learning_rate=5e-4",
     ]  # fmt: skip
     return load_config(None, overrides)
+
+
+def copy_stage(cfg: GyreConfig, model_path: str, run_dir: Path) -> GyreConfig:
+    """The first SFT stage: windows on the names the expert copied, no epochs, from the untrained model."""
+    sft = msgspec.structs.replace(cfg.sft, model_path=model_path, output_dir=str(run_dir / "sft-copy"),
+                                  window_focus=["copied"], window_steps=COPY_STEPS, lr_warmup_steps=10,
+                                  epochs=0)  # fmt: skip
+    return msgspec.structs.replace(cfg, sft=sft)
 
 
 def quickstart(run_dir: str | Path | None = None, model_path: str = "models/tiny", short: bool = False,
@@ -99,10 +117,12 @@ def quickstart(run_dir: str | Path | None = None, model_path: str = "models/tiny
     suite = EVAL_SUITE if not short else "toy:8:7"
     base = run_eval(EvalOptions(suite=suite, run_dir=str(root / "eval-base"), agent_profile="lean",
                                 model_path=model_path, max_tokens_per_call=128, concurrency=16,
-                                progress=progress))  # fmt: skip
+                                temperature=EVAL_TEMPERATURE, progress=progress))  # fmt: skip
     timed("base eval", t)
     cfg = recipe(root, model_path, short)
     t = time.monotonic()
+    if not short:
+        run_sft(copy_stage(cfg, model_path, root), progress=progress)
     sft = run_sft(cfg, progress=progress)
     timed("sft", t)
     cfg = msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, model_path=sft.checkpoint))
