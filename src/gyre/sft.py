@@ -107,7 +107,7 @@ class SftSummary(msgspec.Struct, frozen=True, kw_only=True):
     total_s: float  # both stages
     tokens_per_s: float  # computed tokens per second of the epochs' training
     window_steps: int = 0  # steps of the window stage, before the epochs
-    window_windows: int = 0  # windows to draw from: a demonstrated output each
+    window_windows: int = 0  # windows to draw from: one per trained output or copied span
     window_loss_first: float | None = None  # the window stage's first step's loss (the starting model's)
     window_loss_last: float | None = None
 
