@@ -234,9 +234,8 @@ class Window(msgspec.Struct, frozen=True, kw_only=True):
     input_ids: list[int]
     start: int  # the position of input_ids[0] in the whole conversation
     trained: int  # the last ``trained`` tokens are trained (not the first: it has no context)
-    least: int = (
-        0  # the fewest tokens a drawn window keeps: back to the start of the call's latest observation
-    )
+    # the fewest tokens a drawn window keeps: back to the latest observation's start (a copy: where it was shown)
+    least: int = 0
 
     def draw(self, rng: random.Random) -> Window:
         """This window cut to a random length from ``least`` to all of it: where a window starts tells nothing."""
@@ -402,7 +401,10 @@ def run_sft(cfg: GyreConfig, progress: bool = False) -> SftSummary:
         else []
     )
     if sft.window_steps and not windows:
-        raise ConfigError("no demonstrated output has a token to train in a window: raise sft.window_tokens")
+        raise ConfigError(
+            f"no demonstrated output (window_focus {sft.window_focus}) has a token to train in a window: "
+            "raise sft.window_tokens"
+        )
     window_plan = list(window_batches(len(windows), sft.window_batch, sft.window_steps, sft.seed))
     plan = list(batches(len(demos.sessions), sft.batch_sessions, sft.epochs, sft.seed))
     if cfg.trainer.num_threads:
