@@ -33,9 +33,9 @@ _segments: contextvars.ContextVar[list[tuple[int, int, torch.Tensor, torch.Tenso
 )
 
 
-def token_logprobs(model: Any, micro: MicroStep) -> torch.Tensor:
-    """``out[i]``: log p(token i | its ancestors) under ``model`` (0 where a sequence starts)."""
-    return token_logprobs_and_entropy(model, micro)[0]
+def token_logprobs(model: Any, micro: MicroStep, temperature: float = 1.0) -> torch.Tensor:
+    """``out[i]``: log p(token i | its ancestors) under ``model`` at ``temperature`` (0 where a sequence starts)."""
+    return token_logprobs_and_entropy(model, micro, temperature)[0]
 
 
 def token_logprobs_and_entropy(

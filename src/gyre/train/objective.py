@@ -108,7 +108,7 @@ def compute_gradients(
         if reference is None:
             raise ValueError("loss.kl_coef > 0 needs the reference model")
         with torch.no_grad():
-            ref = token_logprobs(reference, micro)
+            ref = token_logprobs(reference, micro, temperature)  # at the policy's temperature too
         delta = ref - logprobs
         k3 = torch.exp(delta) - delta - 1
         weights = torch.tensor(micro.weights, device=logprobs.device, dtype=logprobs.dtype)

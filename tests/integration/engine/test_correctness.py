@@ -201,9 +201,11 @@ def test_the_trainer_takes_policy_logprobs_at_the_temperature_the_engine_sampled
                       behaviour_logprobs=context + list(out.output_logprobs), versions=[-1] * n + [0] * 16,
                       sequences=1)  # fmt: skip
     try:
-        tempered = compute_gradients(hf_model, micro, LossConfig(temperature=0.7), policy_version=0)
+        tempered = compute_gradients(hf_model, micro, LossConfig(temperature=0.7, kl_coef=0.1), policy_version=0,
+                                     reference=hf_model)  # fmt: skip
         plain = compute_gradients(hf_model, micro, LossConfig(), policy_version=0)
     finally:
         hf_model.zero_grad(set_to_none=True)
     assert abs(tempered.ratio_min - 1) < 1e-3 and abs(tempered.ratio_max - 1) < 1e-3
+    assert abs(tempered.kl_sum) < 1e-6  # the reference, the same weights, is taken at the same temperature
     assert max(abs(plain.ratio_min - 1), abs(plain.ratio_max - 1)) > 0.05  # the mismatch it fixes
