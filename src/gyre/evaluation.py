@@ -211,12 +211,13 @@ def agent_spec(agent: str, tasks: list[Task]) -> AgentSpec:
 
 
 def _for_task(agent: AgentSpec, task: Task, options: EvalOptions) -> AgentSpec:
-    """The agent for one task: a scripted expert plays through the built-in agent; step limits from the task."""
+    """The agent for one task: a scripted expert plays through the built-in agent (the runtime caps its calls at the
+    task's ``max_turns``)."""
     if isinstance(agent, OracleAgentSpec) and task.solution_files:
         return agent
     if isinstance(agent, OracleAgentSpec | BuiltinAgentSpec):
         config = BuiltinAgentConfig(
-            max_steps=min(task.limits.max_turns or options.max_steps, options.max_steps),
+            max_steps=options.max_steps,
             temperature=options.temperature,
             max_tokens_per_call=options.max_tokens_per_call,
             profile=options.agent_profile,

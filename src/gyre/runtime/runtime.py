@@ -326,6 +326,9 @@ class Runtime:
     def _agent(self, spec: ExecutionSpec) -> Agent:
         match spec.agent:
             case BuiltinAgentSpec(config=config):
+                turns = spec.task.limits.max_turns  # the task's own limit binds every caller (eval, training)
+                if turns is not None and turns < config.max_steps:
+                    config = msgspec.structs.replace(config, max_steps=turns)
                 return BuiltinAgent(config)
             case CommandAgentSpec():
                 from gyre.agents.command import CommandAgent

@@ -17,7 +17,7 @@ from gyre.journal import read_journal
 from gyre.models import load_tokenizer
 from gyre.router.core import Router
 from gyre.runtime import BuiltinAgentSpec, CommandAgentSpec, ExecutionResult, ExecutionSpec, Runtime
-from gyre.tasks import Task
+from gyre.tasks import Task, TaskLimits
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -99,6 +99,19 @@ def test_builtin_agent_solves_a_scripted_task(tiny_model: Path, tokenizer: Any, 
     assert "hello from the agent" in bash_output and "README.md" in bash_output
     (journaled,) = read_journal(journal / "executions.jsonl", ExecutionResult)
     assert journaled == result
+
+
+def test_a_tasks_turn_limit_binds_whatever_the_caller_allows(
+    tiny_model: Path, tokenizer: Any, journal: Path
+) -> None:
+    """`gyre train` gives the agent ``run.agent_max_calls``; a task that allows fewer turns stops it there (as in
+    `gyre eval`), so training and evaluation score the same task alike."""
+    task = Task(id="short", instruction="never done", limits=TaskLimits(max_turns=3))
+    generous = BuiltinAgentSpec(config=BuiltinAgentConfig(max_steps=16))
+    with ScriptedEngine(tokenizer, stepwise(tokenizer, [call("bash", command="echo again")])) as fake:
+        (result,), _ = run(tiny_model, fake.url, [ExecutionSpec(task=task, agent=generous)], journal)
+    assert result.agent is not None and result.agent.status == "step_limit"
+    assert len(result.records) == 3
 
 
 def test_one_crash_one_timeout_and_the_others_finish(tiny_model: Path, tokenizer: Any, journal: Path) -> None:
