@@ -36,6 +36,7 @@ import torch
 
 from gyre.agents.builtin import LEAN_SYSTEM_PROMPT, LEAN_TOOLS, SYSTEM_PROMPT, TOOLS
 from gyre.models import init_model, load_tokenizer
+from gyre.sft import Window
 from gyre.tasks import toy
 from gyre.tasks.toy import END, START, TRAIL, make_task
 from gyre.train.state import load_model
@@ -126,10 +127,9 @@ def examples(convs: list[tuple[list[int], list[Span]]], window: int, focus: str 
 def draw(example: Example, rng: random.Random) -> Example:
     """``example`` cut to a random length from its tool result's start (a name: where it was shown) back to all
     of it."""
-    ids, mask, least, lo = example
-    keep = rng.randint(min(max(least, sum(mask) + 1), len(ids)), len(ids))
-    cut = len(ids) - keep
-    return ids[cut:], mask[cut:], least, lo + cut
+    ids, mask, least, lo = example  # the mask is a suffix of ones: what `Window.trained` counts
+    drawn = Window(session=0, input_ids=ids, start=lo, trained=sum(mask), least=least).draw(rng)
+    return drawn.input_ids, mask[len(ids) - len(drawn.input_ids) :], least, drawn.start
 
 
 def forward(model: Any, batch: list[Example]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

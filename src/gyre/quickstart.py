@@ -114,12 +114,15 @@ def quickstart(run_dir: str | Path | None = None, model_path: str = "models/tiny
     run_eval(demos)
     timed("demonstrations", t)
     t = time.monotonic()
-    suite = EVAL_SUITE if not short else "toy:8:7"
-    base = run_eval(EvalOptions(suite=suite, run_dir=str(root / "eval-base"), agent_profile="lean",
-                                model_path=model_path, max_tokens_per_call=128, concurrency=16,
-                                temperature=EVAL_TEMPERATURE, progress=progress))  # fmt: skip
-    timed("base eval", t)
     cfg = recipe(root, model_path, short)
+    # the base point is scored as `gyre train` scores the other two: same set, call limits and temperature
+    run = cfg.run
+    temperature = run.agent_temperature if run.eval_temperature is None else run.eval_temperature
+    base = run_eval(EvalOptions(suite=run.eval_suite, limit=run.eval_tasks, run_dir=str(root / "eval-base"),
+                                agent_profile=run.agent_profile, model_path=model_path, max_steps=run.agent_max_calls,
+                                max_tokens_per_call=run.agent_max_tokens, concurrency=16, temperature=temperature,
+                                progress=progress))  # fmt: skip
+    timed("base eval", t)
     t = time.monotonic()
     if not short:
         run_sft(copy_stage(cfg, model_path, root), progress=progress)
