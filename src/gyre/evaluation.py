@@ -80,7 +80,7 @@ class ExecutionRow(msgspec.Struct, frozen=True, kw_only=True):
     task_id: str
     group_index: int
     status: str  # done, budget_exceeded, crashed, cancelled
-    outcome: str  # scored, placeholder, dropped, unscored
+    outcome: str  # scored, placeholder, tampered, dropped, unscored
     score: float
     passed: int | None
     declared: int | None
@@ -99,7 +99,7 @@ class EvalSummary(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     tasks: int
     executions: int
-    mean_score: float  # over scored executions and placeholders (dropped ones are left out)
+    mean_score: float  # over scored, placeholder and tampered (0) executions (dropped ones are left out)
     mean_ci: tuple[float, float] = (0.0, 0.0)  # its 95% bootstrap interval (executions resampled)
     pass_rate: float  # share of those with score 1
     score_distribution: dict[str, int]  # bin label -> executions
@@ -110,6 +110,7 @@ class EvalSummary(msgspec.Struct, frozen=True, kw_only=True):
     wall_s: float
     unsupported: dict[str, str]  # task id -> why it was not run
     rows: list[ExecutionRow]
+    tampered: int = 0  # executions the verifier caught tampering with the grader (scored 0; also in outcomes)
 
 
 def run_eval(options: EvalOptions) -> EvalSummary:
@@ -298,11 +299,13 @@ async def _run_with_progress(
                 scores.append(result.reward)
             stats = runtime.verifier.statistics() if runtime.verifier else None
             dropped = stats.by_outcome.get("dropped", 0) if stats else 0
+            tampered = stats.by_outcome.get("tampered", 0) if stats else 0
             mean = sum(scores) / len(scores) if scores else 0.0
+            running = runtime.statistics().running
             progress.update(
                 bar,
                 advance=1,
-                status=f"mean score {mean:.3f}  running {runtime.statistics().running}  dropped {dropped}",
+                status=f"mean score {mean:.3f}  running {running}  dropped {dropped}  tampered {tampered}",
             )
 
         async with asyncio.TaskGroup() as group:
@@ -338,6 +341,7 @@ def summarize(
         mean_calls=statistics.fmean(r.calls for r in rows) if rows else 0.0,
         mean_tokens=statistics.fmean(r.prompt_tokens + r.completion_tokens for r in rows) if rows else 0.0,
         wall_s=wall_s,
+        tampered=sum(r.outcome == "tampered" for r in rows),
         unsupported=unsupported,
         rows=rows,
     )
@@ -371,7 +375,7 @@ def _row(r: ExecutionResult) -> ExecutionRow:
         prompt_tokens=r.prompt_tokens,
         completion_tokens=r.completion_tokens,
         wall_s=r.finished_s - r.started_s,
-        error=r.error or (v.detail[:500] if v is not None and v.outcome == "dropped" else None),
+        error=r.error or (v.detail[:500] if v is not None and v.outcome in ("dropped", "tampered") else None),
     )
 
 
@@ -396,10 +400,10 @@ def markdown(s: EvalSummary) -> str:
     lines = [
         f"# gyre eval: {s.suite} ({s.agent}, model {s.model})",
         "",
-        "| tasks | executions | mean score | 95% CI | pass rate | mean calls | mean tokens | wall time |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| tasks | executions | mean score | 95% CI | pass rate | tampered | mean calls | mean tokens | wall time |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         f"| {s.tasks} | {s.executions} | {s.mean_score:.3f} | {s.mean_ci[0]:.3f}-{s.mean_ci[1]:.3f} | "
-        f"{s.pass_rate:.1%} | {s.mean_calls:.1f} | "
+        f"{s.pass_rate:.1%} | {s.tampered} | {s.mean_calls:.1f} | "
         f"{s.mean_tokens:,.0f} | {s.wall_s:.1f} s |",
         "",
         "Outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(s.outcomes.items())),
@@ -458,13 +462,14 @@ def print_summary(s: EvalSummary, run_dir: str) -> None:
     from rich.table import Table
 
     table = Table(title=f"gyre eval: {s.suite} ({s.agent})")
-    for column in ("tasks", "executions", "mean score", "95% CI", "pass rate", "dropped", "placeholders",
+    for column in ("tasks", "executions", "mean score", "95% CI", "pass rate", "dropped", "placeholders", "tampered",
                    "mean calls", "mean tokens", "wall time"):  # fmt: skip
         table.add_column(column, justify="right")
     table.add_row(
         str(s.tasks), str(s.executions), f"{s.mean_score:.3f}", f"{s.mean_ci[0]:.3f}-{s.mean_ci[1]:.3f}",
         f"{s.pass_rate:.1%}",
-        str(s.outcomes.get("dropped", 0)), str(s.outcomes.get("placeholder", 0)), f"{s.mean_calls:.1f}",
+        str(s.outcomes.get("dropped", 0)), str(s.outcomes.get("placeholder", 0)), str(s.tampered),
+        f"{s.mean_calls:.1f}",
         f"{s.mean_tokens:,.0f}", f"{s.wall_s:.1f} s",
     )  # fmt: skip
     console = Console()

@@ -58,6 +58,7 @@ class StepRecord(msgspec.Struct, frozen=True, kw_only=True):
     at_s: float = 0.0  # wall clock (time.time()) when it was applied
     execution_ids: list[str] = msgspec.field(default_factory=list)  # the executions whose data trained in it
     sampled_tokens: int = 0  # output tokens its executions sampled
+    tampered: int = 0  # executions the verifier caught tampering with the grader (trained, reward 0)
 
 
 class EvalPoint(msgspec.Struct, frozen=True, kw_only=True):
@@ -72,6 +73,7 @@ class EvalPoint(msgspec.Struct, frozen=True, kw_only=True):
     executions: int
     at_s: float
     failed: int = 0  # executions that crashed or made no model call (counted in the mean as scored)
+    tampered: int = 0  # executions the verifier caught tampering with the grader (counted in the mean as 0)
 
 
 class Resume(msgspec.Struct, frozen=True, kw_only=True):
@@ -155,6 +157,7 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
     held_out = resolve_suite(run.eval_suite)[: run.eval_tasks or None] if run.eval_suite else []
     agent = _agent(cfg, tasks)
     rollouts: dict[int, list[Rollout]] = defaultdict(list)
+    tampered_ids: set[str] = set()  # executions the verifier caught tampering with the grader
     records = list(picked.records)
     evals = list(read_journal(rd.eval, EvalPoint)) if resume and rd.eval.exists() else []
     metrics, eval_log, timeline = Journal(rd.root, "metrics.jsonl"), Journal(rd.root, "eval.jsonl"), \
@@ -171,11 +174,15 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
         rollout = Rollout(execution_id=result.execution_id, group=f"{step}/{task.id}", reward=result.reward,
                           records=result.records, dropped=not result.trainable)  # fmt: skip
         rollouts[step].append(rollout)
+        if is_tampered(result):
+            tampered_ids.add(result.execution_id)
         return rollout
 
     def on_step(step: int, trained: StepMetrics) -> None:  # journaled before the loop goes on
         step += picked.start
-        record = step_record(step, rollouts.pop(step, []), trained, time.monotonic() - started)
+        step_rollouts = rollouts.pop(step, [])
+        caught = sum(r.execution_id in tampered_ids for r in step_rollouts)
+        record = step_record(step, step_rollouts, trained, time.monotonic() - started, tampered=caught)
         metrics.append(record)
         records.append(record)
         for tag, value in scalars(record).items():
@@ -303,11 +310,18 @@ def _from_checkpoint(rd: RunDir, step: int) -> StepRecord | None:
     results = [r for r in read_journal(rd.executions, ExecutionResult) if r.execution_id in ids]
     rollouts = [Rollout(execution_id=r.execution_id, group="", reward=r.reward, records=r.records,
                         dropped=not r.trainable) for r in results]  # fmt: skip
-    return step_record(step, rollouts, trainer, 0.0)
+    return step_record(step, rollouts, trainer, 0.0, tampered=sum(map(is_tampered, results)))
 
 
-def step_record(step: int, rollouts: list[Rollout], trained: StepMetrics, wall_s: float) -> StepRecord:
-    """The metrics line of an applied step."""
+def is_tampered(result: ExecutionResult) -> bool:
+    """Whether the verifier caught the execution tampering with the grader."""
+    return result.verdict is not None and result.verdict.outcome == "tampered"
+
+
+def step_record(
+    step: int, rollouts: list[Rollout], trained: StepMetrics, wall_s: float, *, tampered: int = 0
+) -> StepRecord:
+    """The metrics line of an applied step (``tampered``: how many of its executions tampered with the grader)."""
     kept = [r for r in rollouts if not r.dropped]
     rewards = [r.reward for r in kept]
     return StepRecord(
@@ -316,7 +330,7 @@ def step_record(step: int, rollouts: list[Rollout], trained: StepMetrics, wall_s
         pass_rate=sum(r >= 1.0 for r in rewards) / max(len(rewards), 1), executions=len(rollouts),
         dropped=len(rollouts) - len(kept), trainer=trained, at_s=time.time(),
         execution_ids=[r.execution_id for r in kept],
-        sampled_tokens=sum(len(c.output_ids) for r in rollouts for c in r.records),
+        sampled_tokens=sum(len(c.output_ids) for r in rollouts for c in r.records), tampered=tampered,
     )  # fmt: skip
 
 
@@ -343,7 +357,7 @@ async def evaluate_held_out(
     return EvalPoint(step=step, version=versions.most_common(1)[0][0] if versions else step,
                      mean=statistics.fmean(scores) if scores else 0.0, ci_low=low, ci_high=high,
                      pass_rate=sum(s >= 1.0 for s in scores) / max(len(scores), 1), executions=len(results),
-                     at_s=time.time(), failed=len(failed))  # fmt: skip
+                     at_s=time.time(), failed=len(failed), tampered=sum(map(is_tampered, results)))  # fmt: skip
 
 
 def summarize(
@@ -396,9 +410,9 @@ def scalars(record: StepRecord) -> dict[str, float]:
     t = record.trainer
     return {
         "reward/mean": record.reward_mean, "reward/std": record.reward_std, "reward/pass_rate": record.pass_rate,
-        "executions/dropped": record.dropped, "train/loss": t.loss, "train/grad_norm": t.grad_norm,
-        "train/entropy": t.entropy, "train/kl": t.kl, "train/clip_fraction": t.clip_fraction,
-        "train/ratio_mean": t.ratio_mean, "train/lr": t.lr, "train/tokens": t.tokens,
+        "executions/dropped": record.dropped, "executions/tampered": record.tampered, "train/loss": t.loss,
+        "train/grad_norm": t.grad_norm, "train/entropy": t.entropy, "train/kl": t.kl,
+        "train/clip_fraction": t.clip_fraction, "train/ratio_mean": t.ratio_mean, "train/lr": t.lr, "train/tokens": t.tokens,
         "train/computed_tokens": t.computed_tokens, "train/staleness_mean": t.staleness_mean,
         "time/step_s": t.seconds, "time/wall_s": record.wall_s,
     }  # fmt: skip

@@ -23,6 +23,8 @@ class VerifierSpec(msgspec.Struct, frozen=True, kw_only=True):
     timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 600.0  # wall clock for all the commands together
     env: dict[str, str] = msgspec.field(default_factory=dict)  # extra environment for the commands
     remove: tuple[str, ...] = ()  # workspace paths deleted before grading ("**/name": at any depth)
+    # pytest plugins the hidden tests need, loaded with -p (plugin autoload is off while grading); JUnit only
+    pytest_plugins: tuple[str, ...] = ()
 
 
 class TaskLimits(msgspec.Struct, frozen=True, kw_only=True):

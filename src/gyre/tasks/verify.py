@@ -5,24 +5,30 @@ verified like one that finished. Each verification ends as one `Verdict`:
 
 - ``scored``: the verifier ran and its artifact (a JUnit report, a reward file, exit codes) gave the score;
 - ``placeholder``: nothing evaluable exists (the workspace was never set up); reward 0, so the group stays complete;
+- ``tampered``: the grader caught the agent's code tampering with the test run or its report (see
+  `gyre.tasks.grading`); reward 0, trained on like any score, and counted, so a run shows its policy hacking;
 - ``dropped``: the verifier itself failed (infrastructure: a sandbox that would not start, a missing tool, no report
-  where one must be) on every attempt of its retry budget; the execution leaves training and is counted;
+  where one must be, or anything else it raised) on every attempt of its retry budget; the execution leaves
+  training and is counted;
 - ``unscored``: the task has no verifier.
 
 Before the commands run, the agent's copies of what the grader supplies are removed: the hidden test directories,
 the task's ``remove`` paths (packaging and pytest configuration files the grader replaces) and any stale report. A
-JUnit score counts only test cases from the hidden test files, so tests an agent adds cannot raise it.
+JUnit score counts only test cases from the hidden test files, so tests an agent adds cannot raise it. A JUnit
+verifier without a ``report_path`` runs pytest under the grader's own configuration and reads its outcomes from an
+authenticated channel rather than a file (`gyre.tasks.grading`). Walks and deletes of the agent's tree never recurse
+on Python's stack (a workspace may nest thousands of directories): ``find`` and ``rm`` do them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import fnmatch
+import json
 import logging
 import math
 import os
-import shutil
+import shlex
+import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
@@ -35,14 +41,16 @@ import msgspec
 
 from gyre.config import SandboxConfig
 from gyre.errors import SandboxError, TaskError
-from gyre.sandbox import Sandbox, make_sandbox, paths
+from gyre.sandbox import ExecResult, Sandbox, make_sandbox, paths
 from gyre.sandbox.workspace import SYSTEM_PATH, copy_tree, make_scratch
+from gyre.tasks import grading
 from gyre.tasks.base import Task, VerifierSpec
 
 log = logging.getLogger(__name__)
 
-Outcome = Literal["scored", "placeholder", "dropped", "unscored"]
-TRAINABLE_OUTCOMES: tuple[Outcome, ...] = ("scored", "placeholder")  # these stay in their group for training
+Outcome = Literal["scored", "placeholder", "tampered", "dropped", "unscored"]
+# these stay in their group for training (tampered: reward 0, so the policy learns that hacking the grader fails)
+TRAINABLE_OUTCOMES: tuple[Outcome, ...] = ("scored", "placeholder", "tampered")
 SandboxFactory = Callable[[SandboxConfig, Path, Sequence[tuple[str, str, bool]]], Sandbox]
 
 REPORT_DIR = ".gyre-verifier"  # where pytest writes its JUnit reports (one per command) in the graded copy
@@ -57,7 +65,9 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     """How one execution's work products scored, and how sure that score is."""
 
     outcome: Outcome
-    score: float = 0.0  # the reward: in [0, 1] for JUnit and exit-code verifiers; 0 unless scored
+    score: float = (
+        0.0  # the reward: in [0, 1] for JUnit and exit-code verifiers; 0 unless scored (tampered: 0)
+    )
     passed: int | None = None  # JUnit: hidden test cases that passed
     failed: int | None = None  # JUnit: failed or errored (collection errors included)
     skipped: int | None = None
@@ -67,7 +77,9 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
         False  # the commands ran out of the verifier's time budget (a legitimate score, not a failure)
     )
     attempts: int = 0  # verifier runs, retries included
-    detail: str = ""  # why it was dropped or a placeholder; the verifier's output tail when it scored 0
+    detail: str = (
+        ""  # why it was dropped, tampered or a placeholder; the verifier's output tail when it scored 0
+    )
     duration_s: float = 0.0
 
     @property
@@ -153,9 +165,12 @@ class Verifier:
         for attempt in range(1, self.retries + 2):
             try:
                 verdict = await self._attempt(task, task.verifier, workspace)
-            except (VerifierFailure, SandboxError, OSError) as exc:
-                failures.append(f"attempt {attempt}: {exc}")
-                log.warning("verifier of %s failed (attempt %d): %s", task.id, attempt, exc)
+            except Exception as exc:  # anything it raises is this execution's, never its neighbours'
+                failures.append(f"attempt {attempt}: {type(exc).__name__}: {exc}"[:2000])
+                known = isinstance(exc, VerifierFailure | SandboxError | OSError)
+                log.warning(
+                    "verifier of %s failed (attempt %d): %r", task.id, attempt, exc, exc_info=not known
+                )
                 if attempt <= self.retries:
                     await asyncio.sleep(self.retry_delay_s * attempt)
                 continue
@@ -169,22 +184,39 @@ class Verifier:
 
     async def _attempt(self, task: Task, spec: VerifierSpec, workspace: Path) -> Verdict:
         scratch = await asyncio.to_thread(_make_scratch, self.sandbox_cfg.workspace_root)
+        channels: list[grading.Channel] = []
         try:
-            graded, logs = scratch / "workspace", scratch / "logs"
+            graded, logs, grader = scratch / "workspace", scratch / "logs", scratch / "grader"
             await copy_tree(workspace, graded)
             await asyncio.to_thread(_prepare, task, spec, graded)
-            binds = [(str(logs), LOGS_DIR, True)] if self.sandbox_cfg.backend == "bubblewrap" else []
+            bwrap = self.sandbox_cfg.backend == "bubblewrap"
+            binds = [(str(logs), LOGS_DIR, True)] if bwrap else []
             env = dict(spec.env)
             if self.python_env:
                 binds += [(p, p, False) for p in sorted({sys.prefix, sys.base_prefix})]
                 env.setdefault("PATH", f"{sys.prefix}/bin:{SYSTEM_PATH}")
+            if _pytest_graded(spec):
+                channels = [grading.Channel(grader, i) for i in range(len(spec.commands))]
+                await asyncio.to_thread(_open_channels, grader, channels)
+                binds.append((str(grader), grading.GRADER_DIR, False))  # read-only: FIFOs still pass data
+            shown_grader = grading.GRADER_DIR if bwrap else str(grader)
             async with self._factory(self.sandbox_cfg, graded, binds) as sandbox:
-                codes, timed_out, tail = await _run_commands(sandbox, spec, env)
+                if channels:
+                    await asyncio.to_thread(_write_grader, task, spec, grader, sandbox.WORKSPACE)
+                    env = _grader_env(task, spec, env, shown_grader, sandbox.WORKSPACE)
+                results = await _run_commands(sandbox, spec, env, channels, shown_grader)
+                codes = [r.exit_code for r in results]
+                timed_out = len(results) < len(spec.commands) or any(r.timed_out for r in results)
+                tail = (results[-1].stdout + results[-1].stderr)[-2000:] if results else ""
+                if channels:
+                    return _score_pytest(task, spec, channels, results, timed_out, tail)
                 return await asyncio.to_thread(
                     _score, task, spec, graded, logs, sandbox.WORKSPACE, codes, timed_out, tail
                 )
         finally:
-            await asyncio.to_thread(shutil.rmtree, scratch, True)
+            for channel in channels:
+                channel.close(None)
+            await remove_tree(scratch)
 
 
 def _make_scratch(workspace_root: str) -> Path:
@@ -197,29 +229,93 @@ def _make_scratch(workspace_root: str) -> Path:
 
 
 async def _run_commands(
-    sandbox: Sandbox, spec: VerifierSpec, env: dict[str, str]
-) -> tuple[list[int], bool, str]:
-    """Run the commands in order, each in its own shell, within the verifier's budget: (exit codes, timed out, tail)."""
+    sandbox: Sandbox,
+    spec: VerifierSpec,
+    env: dict[str, str],
+    channels: list[grading.Channel],
+    shown_grader: str,
+) -> list[ExecResult]:
+    """Run the commands in order, each in its own shell, within the verifier's budget; fewer results than commands:
+    the budget ran out. With ``channels``, each command's pytest reports through its own."""
     deadline = time.monotonic() + spec.timeout_s
-    codes: list[int] = []
-    tail = ""
+    results: list[ExecResult] = []
+    loop = asyncio.get_running_loop()
     for i, command in enumerate(spec.commands):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            return codes, True, tail
+            break
         command_env = dict(env)
-        if spec.result == "junit" and not spec.report_path:
-            report = f"{sandbox.WORKSPACE}/{REPORT_DIR}/junit-{i}.xml"
-            extra = f"-p no:cacheprovider --junitxml={report}"
-            command_env["PYTEST_ADDOPTS"] = f"{env.get('PYTEST_ADDOPTS', '')} {extra}".strip()
-        result = await sandbox.exec(command, timeout_s=remaining, env=command_env)
-        tail = (result.stdout + result.stderr)[-2000:]
+        if channels:
+            command_env["GYRE_GRADER_KEY"] = f"{shown_grader}/{channels[i].key_path.name}"
+            command_env["GYRE_GRADER_REPORT"] = f"{shown_grader}/{channels[i].report_path.name}"
+            channels[i].start(loop)
+        try:
+            result = await sandbox.exec(command, timeout_s=remaining, env=command_env)
+        finally:
+            if channels:
+                channels[i].close(loop)
         if result.exit_code == COMMAND_NOT_FOUND and "not found" in result.stderr:
             raise VerifierFailure(f"command {i} ({command!r}) could not run: {result.stderr.strip()[-300:]}")
-        codes.append(result.exit_code)
+        results.append(result)
         if result.timed_out:
-            return codes, True, tail
-    return codes, False, tail
+            break
+    return results
+
+
+def _pytest_graded(spec: VerifierSpec) -> bool:
+    """Whether the commands' pytest runs under the grader's control (JUnit without a report of the task's own)."""
+    return spec.result == "junit" and not spec.report_path
+
+
+def _open_channels(grader: Path, channels: list[grading.Channel]) -> None:
+    """The grader directory (the plugin's files come once the sandbox's workspace path is known) and its FIFOs."""
+    grader.mkdir(mode=0o755)
+    grader.chmod(0o755)
+    for channel in channels:
+        channel.open()
+
+
+def _write_grader(task: Task, spec: VerifierSpec, grader: Path, shown_workspace: str) -> None:
+    """The grader plugin, the task's pytest configuration and what the plugin needs to know (blocking)."""
+    name, text, pythonpath = grading.task_config(task)
+    hidden_conftests = sorted(p for p in task.hidden_files if PurePosixPath(p).name == "conftest.py")
+    files = {
+        f"{grading.PLUGIN_MODULE}.py": grading.PLUGIN_SOURCE.read_text(),
+        name: text,
+        "grader.json": json.dumps(
+            {
+                "rootdir": shown_workspace,
+                # the task's import paths, then the workspace (what `python -m pytest` would have given)
+                "pythonpath": [os.path.normpath(f"{shown_workspace}/{p}") for p in pythonpath]
+                + [shown_workspace],
+                "conftests": hidden_conftests,
+            }
+        ),
+    }
+    for file, content in files.items():
+        (grader / file).write_text(content)
+        (grader / file).chmod(0o644)
+
+
+def _grader_env(
+    task: Task, spec: VerifierSpec, env: dict[str, str], shown_grader: str, shown_workspace: str
+) -> dict[str, str]:
+    """The commands' environment under the grader's control (see `gyre.tasks.grading`)."""
+    config = f"{shown_grader}/{grading.task_config(task)[0]}"
+    plugins = [a for p in (grading.PLUGIN_MODULE, *spec.pytest_plugins) for a in ("-p", p)]
+    opts = ["-c", config, f"--rootdir={shown_workspace}", f"--confcutdir={shown_workspace}"]
+    opts += ["-o", "pythonpath=", "-p", "no:cacheprovider", *plugins]
+    return {
+        **env,
+        "PYTEST_ADDOPTS": shlex.join(opts)
+        + (f" {env['PYTEST_ADDOPTS']}" if env.get("PYTEST_ADDOPTS") else ""),
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "PYTEST_PLUGINS": "",
+        "PYTHONPATH": shown_grader,  # the grader plugin, and nothing of the workspace's at start-up
+        "PYTHONSAFEPATH": "1",  # neither the working directory nor a script's directory first on sys.path
+        "PYTHONNOUSERSITE": "1",  # no user site (HOME is the workspace): no .pth or usercustomize of the agent's
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
 
 
 def _prepare(task: Task, spec: VerifierSpec, graded: Path) -> None:
@@ -234,31 +330,90 @@ def _prepare(task: Task, spec: VerifierSpec, graded: Path) -> None:
 
 
 def _remove_matching(root: Path, patterns: list[str]) -> None:
-    """Delete every entry under ``root`` whose relative path matches a pattern (never following symlinks)."""
+    """Delete every entry under ``root`` whose relative path matches a pattern (``**/name``: a name at any depth),
+    never following symlinks, at any depth (blocking). ``find`` walks: Python's walk recurses on its stack."""
+    tests: list[str] = []
+    for pattern in patterns:
+        tests += (
+            ["-o", "-name", pattern[3:]] if pattern.startswith("**/") else ["-o", "-path", f"./{pattern}"]
+        )
+    argv = ["find", ".", "-mindepth", "1", "(", *tests[1:], ")", "-prune", "-print0"]
+    found = subprocess.run(argv, cwd=root, capture_output=True, check=False)
+    if found.returncode != 0:
+        raise VerifierFailure(f"cannot walk the graded copy: {found.stderr.decode(errors='replace')[-300:]}")
+    doomed = [p for p in found.stdout.split(b"\0") if p]
+    for start in range(0, len(doomed), 1000):
+        _rm(root, doomed[start : start + 1000])
 
-    def matches(rel: str) -> bool:
-        name = rel.rsplit("/", 1)[-1]
-        return any(
-            fnmatch.fnmatchcase(name, p[3:]) if p.startswith("**/") else fnmatch.fnmatchcase(rel, p)
-            for p in patterns
+
+def _rm(cwd: Path, targets: list[bytes]) -> None:
+    """``rm -rf`` relative to ``cwd``; what a command left without write or search permission is opened up first."""
+    argv = [b"rm", b"-rf", b"--one-file-system", b"--", *targets]
+    if subprocess.run(argv, cwd=cwd, capture_output=True, check=False).returncode == 0:
+        return
+    subprocess.run([b"chmod", b"-R", b"u+rwx", b"--", *targets], cwd=cwd, capture_output=True, check=False)
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, check=False)
+    if done.returncode != 0:
+        raise VerifierFailure(
+            f"cannot delete from the graded copy: {done.stderr.decode(errors='replace')[-300:]}"
         )
 
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        rel_dir = os.path.relpath(dirpath, root)
-        for name in list(dirnames):
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            full = os.path.join(dirpath, name)
-            if matches(rel):
-                dirnames.remove(name)
-                if os.path.islink(full):
-                    os.unlink(full)
-                else:
-                    shutil.rmtree(full)
-        for name in filenames:
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            if matches(rel):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(dirpath, name))
+
+async def remove_tree(path: Path) -> None:
+    """Delete a directory tree of any depth (``rm``; Python's rmtree recurses on its stack); missing is fine."""
+    if await asyncio.to_thread(os.path.lexists, path):
+        await asyncio.to_thread(_rm, path.parent, [os.fsencode(path.name)])
+
+
+def _score_pytest(
+    task: Task,
+    spec: VerifierSpec,
+    channels: list[grading.Channel],
+    results: list[ExecResult],
+    timed_out: bool,
+    tail: str,
+) -> Verdict:
+    """The verdict of the grader plugin's events (see `gyre.tasks.grading`); `VerifierFailure` when none came."""
+    codes = [r.exit_code for r in results]
+    detail = f"the verifier ran out of its {spec.timeout_s:g} s" if timed_out else ""
+    hidden = _hidden_test_paths(task)
+    outcomes: dict[str, str] = {}
+    collect_errors: set[str] = set()
+    tampering: list[str] = []
+    sessions = 0
+    for channel, result in zip(channels, results, strict=False):
+        run = grading.read_events(bytes(channel.data), channel.key)
+        if channel.overflowed:
+            run.tampering.append(f"more than {grading.MAX_EVENT_BYTES} bytes of report")
+        grading.judge_unfinished(run, result.exit_code, result.timed_out)
+        tampering += [f"command {channel.index}: {why}" for why in run.tampering]
+        sessions += run.started
+        outcomes.update({i: o for i, o in run.tests.items() if not hidden or i.split("::", 1)[0] in hidden})
+        collect_errors.update(i for i in run.collect_errors if not hidden or grading.in_hidden(i, hidden))
+    if tampering:
+        return Verdict(
+            outcome="tampered", exit_codes=codes, timed_out=timed_out, detail="\n".join(tampering)[:4000]
+        )
+    if not sessions:
+        if timed_out:
+            return Verdict(outcome="scored", exit_codes=codes, timed_out=True, detail=detail)
+        raise VerifierFailure(f"no command ran pytest (the grader plugin never reported); output: {tail}")
+    passed = sum(o == "passed" for o in outcomes.values())
+    failed = sum(o == "failed" for o in outcomes.values()) + len(collect_errors)
+    declared = spec.declared_test_count
+    denominator = declared if declared is not None else passed + failed
+    score = min(passed / denominator, 1.0) if denominator else 0.0
+    return Verdict(
+        outcome="scored",
+        score=score,
+        passed=passed,
+        failed=failed,
+        skipped=sum(o == "skipped" for o in outcomes.values()),
+        declared=declared,
+        exit_codes=codes,
+        timed_out=timed_out,
+        detail=detail or ("" if score == 1.0 else tail),
+    )
 
 
 def _score(
@@ -355,6 +510,11 @@ def _read_artifact(graded: Path, logs: Path, shown: str, path: str) -> bytes | N
     if len(data) > MAX_REPORT_BYTES:
         raise VerifierFailure(f"the artifact {path} is {len(data)} bytes, over {MAX_REPORT_BYTES}")
     return data
+
+
+def _hidden_test_paths(task: Task) -> frozenset[str]:
+    """The hidden test files (workspace-relative); empty: count every test."""
+    return frozenset(p for p in (*task.hidden_files, *task.missing_hidden_files) if p.endswith(".py"))
 
 
 def _hidden_test_stems(task: Task) -> frozenset[str]:

@@ -1,0 +1,261 @@
+"""Gyre's pytest plugin for grading: it reports each hidden test's outcome to the host and trips on tampering.
+
+Not imported by Gyre itself: the verifier copies this file, as ``gyre_grader.py``, into a read-only grader
+directory outside the workspace and loads it into the graded pytest with ``-p gyre_grader``, before any code of
+the agent's runs (plugin autoload is off, no config file of the workspace is read). It depends on nothing but the
+standard library and pytest.
+
+The channel: the host writes a 32-byte key into the FIFO ``$GYRE_GRADER_KEY``; the first pytest process of the
+command reads it at import (a later one finds none and stays silent), so afterwards it lives only in this process's
+memory. Each event is one line on the FIFO ``$GYRE_GRADER_REPORT``, which the host reads as it arrives:
+``<hmac> <json>``, the JSON numbered from 0 (``n``) and the HMAC-SHA256 of the JSON under the key. Events: ``start``,
+``collect_error`` (a collector that failed), ``test`` (a test's outcome after its teardown), ``tampered`` (a
+tripwire below fired) and ``finish``. The host treats a line it cannot authenticate, a gap in the numbering, or
+anything after ``finish`` as tampering: a report rewritten at exit or forged without the key is caught.
+
+Tripwires, captured at import and checked at every test report and at the end of the session: the functions that
+run tests and build their reports, the registered plugins and the hook implementations of the reporting hooks (only
+pytest's own, this plugin and the task's hidden conftest files may add any), the import system's finders, and each
+collected test function's code. Code of the agent's runs in this process, so a determined attacker that reads the
+key from this module's memory can still forge a report; these checks make the known, cheap routes visible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import importlib
+import inspect
+import json
+import os
+import sys
+from typing import Any
+
+import pytest
+
+_write, _open, _read, _close, _getpid = (
+    os.write,
+    os.open,
+    os.read,
+    os.close,
+    os.getpid,
+)  # bound before agent code
+_hmac_new, _sha256, _dumps = hmac.new, hashlib.sha256, json.dumps
+_CONFIG: dict[str, Any] = json.loads(
+    open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "grader.json")).read()  # noqa: SIM115
+)
+KEY_BYTES = 32
+MAX_ID_CHARS = 2000  # a line stays below PIPE_BUF (4096 bytes), so concurrent writes never interleave in one
+
+# The functions that decide whether a test passed and what is reported (module, attribute path).
+GUARDED = (
+    ("_pytest.runner", "call_and_report"), ("_pytest.runner", "runtestprotocol"),
+    ("_pytest.runner", "pytest_runtest_protocol"), ("_pytest.runner", "pytest_runtest_makereport"),
+    ("_pytest.runner", "pytest_runtest_call"), ("_pytest.runner", "pytest_runtest_setup"),
+    ("_pytest.runner", "pytest_runtest_teardown"), ("_pytest.runner", "call_runtest_hook"),
+    ("_pytest.runner", "CallInfo.from_call"), ("_pytest.runner", "pytest_make_collect_report"),
+    ("_pytest.runner", "collect_one_node"),
+    ("_pytest.reports", "TestReport.__init__"), ("_pytest.reports", "TestReport.from_item_and_call"),
+    ("_pytest.reports", "CollectReport.__init__"), ("_pytest.reports", "BaseReport.passed"),
+    ("_pytest.reports", "BaseReport.failed"), ("_pytest.reports", "BaseReport.skipped"),
+    ("_pytest.python", "Function.runtest"), ("_pytest.python", "Function.setup"),
+    ("_pytest.python", "pytest_pyfunc_call"), ("_pytest.python", "Module.collect"),
+    ("_pytest.main", "pytest_runtestloop"), ("_pytest.main", "Session.perform_collect"),
+    ("_pytest.skipping", "pytest_runtest_makereport"), ("_pytest.skipping", "pytest_runtest_setup"),
+    ("_pytest.skipping", "pytest_runtest_call"), ("_pytest.outcomes", "fail"), ("_pytest.outcomes", "skip"),
+    ("_pytest.outcomes", "xfail"), ("_pytest.outcomes", "exit"), ("_pytest.raises", "raises"),
+    ("_pytest.python_api", "raises"), ("_pytest.approx", "approx"), ("_pytest.python_api", "approx"),
+    ("_pytest.fixtures", "FixtureDef.execute"), ("_pytest.fixtures", "call_fixture_func"),
+    ("_pytest.unittest", "TestCaseFunction.runtest"), ("_pytest.config", "PytestPluginManager.register"),
+    ("pluggy._callers", "_multicall"), ("pluggy._hooks", "HookCaller.__call__"),
+    ("pluggy._manager", "PluginManager._hookexec"), ("builtins", "compile"), ("builtins", "exec"),
+)  # fmt: skip
+HOOKS = (
+    "pytest_runtest_protocol", "pytest_runtest_setup", "pytest_runtest_call", "pytest_runtest_teardown",
+    "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_pyfunc_call", "pytest_report_teststatus",
+    "pytest_make_collect_report", "pytest_collectreport", "pytest_collection_modifyitems", "pytest_runtestloop",
+    "pytest_sessionfinish", "pytest_pycollect_makeitem", "pytest_generate_tests", "pytest_itemcollected",
+)  # fmt: skip
+
+
+def _resolve(module: str, path: str) -> object:
+    obj: object = importlib.import_module(module)
+    for part in path.split("."):
+        obj = inspect.getattr_static(obj, part)
+    return obj
+
+
+def _snapshot() -> list[tuple[str, str, object]]:
+    out = []
+    for module, path in GUARDED:
+        try:
+            out.append((module, path, _resolve(module, path)))
+        except (ImportError, AttributeError):
+            continue  # not in this pytest's version
+    return out
+
+
+class _Grader:
+    """The channel to the host and the tripwires (one per pytest process)."""
+
+    def __init__(self) -> None:
+        self.key = self._take_key()
+        self.fd = -1
+        self.n = 0
+        self.finished = False
+        self.guarded = _snapshot()
+        self.finders = list(sys.meta_path)
+        # where the grader's interpreter, pytest and the declared plugins live (read-only to the sandbox)
+        self.trusted_dirs = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix)})
+        self.allowed_conftests = {
+            os.path.realpath(os.path.join(_CONFIG["rootdir"], p)) for p in _CONFIG["conftests"]
+        }
+        self.tripped: set[str] = set()
+        self.phases: dict[str, str] = {}  # nodeid -> the worst outcome of its phases so far
+        self.code: dict[str, object] = {}  # nodeid -> its test function's code, at collection
+        self.current: str | None = None  # the test whose run protocol is under way
+        self.pm: Any = None
+        self.start_plugins: set[int] = set()
+        self.start_impls: dict[str, list[object]] = {}
+        if self.key:
+            self.fd = _open(os.environ["GYRE_GRADER_REPORT"], os.O_WRONLY)
+            self.emit("start", pid=_getpid(), pytest=pytest.__version__)
+
+    @staticmethod
+    def _take_key() -> bytes:
+        path = os.environ.get("GYRE_GRADER_KEY", "")
+        if not path:
+            return b""
+        try:
+            fd = _open(path, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return b""
+        try:
+            key = _read(fd, KEY_BYTES)
+        except BlockingIOError:
+            key = b""  # another pytest process of this command took it
+        finally:
+            _close(fd)
+        return key if len(key) == KEY_BYTES else b""
+
+    def emit(self, event: str, **fields: object) -> None:
+        if self.fd < 0:
+            return
+        text = _dumps({"n": self.n, "e": event, **fields}, separators=(",", ":"))
+        mac = _hmac_new(self.key, text.encode(), _sha256).hexdigest()
+        self.n += 1
+        _write(self.fd, f"{mac} {text}\n".encode())
+
+    def trip(self, why: str) -> None:
+        if why not in self.tripped:
+            self.tripped.add(why)
+            self.emit("tampered", why=why)
+
+    def watch(self, pm: Any) -> None:
+        """Start watching the plugin manager (before any conftest or test module is imported)."""
+        self.pm = pm
+        self.start_plugins = {id(p) for p in pm.get_plugins()}
+        self.start_impls = {h: self._impls(h) for h in HOOKS}
+
+    def _impls(self, hook: str) -> list[object]:
+        caller = getattr(self.pm.hook, hook, None)
+        return [] if caller is None else [i.function for i in caller.get_hookimpls()]
+
+    def _trusted(self, obj: object) -> bool:
+        """A plugin or hook function defined by the grader's installation or the task's hidden conftest files."""
+        module = obj if inspect.ismodule(obj) else sys.modules.get(getattr(obj, "__module__", "") or "")
+        if obj is sys.modules.get(__name__) or (module is not None and module is sys.modules.get(__name__)):
+            return True
+        file = os.path.realpath(getattr(module, "__file__", None) or "/")
+        return file in self.allowed_conftests or file.startswith(self.trusted_dirs)
+
+    def check(self) -> None:
+        """Fire the tripwires that something changed since import."""
+        for module, path, original in self.guarded:
+            try:
+                now = _resolve(module, path)
+            except (ImportError, AttributeError):
+                now = None
+            if now is not original:
+                self.trip(f"{module}.{path} was replaced")
+        if list(sys.meta_path) != self.finders:
+            self.trip("the import system's finders (sys.meta_path) were changed")
+        if self.pm is None:
+            return
+        for plugin in self.pm.get_plugins():
+            if id(plugin) not in self.start_plugins and not self._trusted(plugin):
+                self.trip(f"a plugin of the agent's was registered: {self.pm.get_name(plugin)}")
+        for hook, before in self.start_impls.items():
+            for function in self._impls(hook):
+                if function not in before and not self._trusted(function):
+                    self.trip(f"a hook implementation of the agent's was added to {hook}")
+
+    def report(self, rep: pytest.TestReport) -> None:
+        """Fold one phase's report into its test's outcome; a test's event goes out after its teardown."""
+        if type(rep) is not pytest.TestReport:
+            self.trip(f"a report of type {type(rep).__name__} instead of pytest's")
+        if rep.nodeid != self.current:
+            self.trip(f"a report for {rep.nodeid[:200]} outside that test's run")
+        outcome = "failed" if rep.failed else "skipped" if rep.skipped else "passed"  # an xfail is skipped
+        worst = self.phases.get(rep.nodeid)
+        if worst == "failed" or (worst == "skipped" and outcome == "passed"):
+            outcome = worst
+        self.phases[rep.nodeid] = outcome
+        if rep.when == "teardown":
+            self.emit("test", id=rep.nodeid[:MAX_ID_CHARS], outcome=self.phases.pop(rep.nodeid))
+
+
+_grader = _Grader()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Watch the plugins from here on, then put the task's import paths (the workspace's) on sys.path."""
+    _grader.watch(early_config.pluginmanager)
+    for path in reversed(_CONFIG["pythonpath"]):
+        sys.path.insert(0, path)
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    if report.failed:
+        _grader.emit("collect_error", id=report.nodeid[:MAX_ID_CHARS])
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    for item in session.items:
+        _grader.code[item.nodeid] = getattr(getattr(item, "obj", None), "__code__", None)
+    _grader.check()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    if item.nodeid not in _grader.code:
+        _grader.trip(f"{item.nodeid[:200]} ran without being collected")
+    _grader.current = item.nodeid
+    try:
+        return (yield)
+    finally:
+        _grader.current = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    code = getattr(getattr(item, "obj", None), "__code__", None)
+    if item.nodeid in _grader.code and code is not _grader.code[item.nodeid]:
+        _grader.trip(f"the code of {item.nodeid} was replaced")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _grader.check()
+    _grader.report(report)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _grader.check()
+    _grader.emit("finish", exitstatus=int(exitstatus))
+    _grader.finished = True
+    if _grader.fd >= 0:
+        _close(_grader.fd)
+        _grader.fd = -1

@@ -1,0 +1,205 @@
+"""The host's side of grading with pytest: the grader's own configuration, its channel, and what its events mean.
+
+A JUnit verifier without a ``report_path`` runs its commands' pytest under the grader's control (`PytestGrader`):
+
+- configuration from outside the workspace: ``-c`` names a copy of the task's own pytest configuration (from its
+  hidden files, else its starting files; never the agent's) in a read-only grader directory, ``--rootdir`` and
+  ``--confcutdir`` are the workspace, plugin autoload is off and only ``-p gyre_grader`` and the task's declared
+  ``pytest_plugins`` load; the interpreter adds neither the working directory nor a user site to ``sys.path``, and
+  the task's import paths (``pythonpath``) are added by the grader plugin after every plugin is loaded;
+- the report is not a file: the grader plugin (`gyre.tasks.grader_plugin`) writes authenticated events into a FIFO
+  the host reads while the command runs, each command with its own key and FIFO (`Channel`);
+- `read_events` checks them against what the host expects; `GradedRun.tampering` says why a run is not to be
+  believed (a line the key does not authenticate, a gap, anything after the session finished, a tripwire of the
+  plugin, an exit status that contradicts the outcomes, a session that ended without finishing while nothing
+  killed it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import configparser
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from gyre.tasks.base import Task
+
+PLUGIN_SOURCE = Path(__file__).with_name("grader_plugin.py")
+PLUGIN_MODULE = "gyre_grader"
+GRADER_DIR = "/gyre-grader"  # where the bubblewrap backend shows the grader directory (read-only)
+KEY_BYTES = 32
+MAX_EVENT_BYTES = 16 << 20  # more than this from one command is not a pytest run's report
+# pytest's configuration files in the order it looks for them; the first that configures pytest is the task's
+CONFIG_FILES = ("pytest.ini", ".pytest.ini", "pytest.toml", "pyproject.toml", "tox.ini", "setup.cfg")
+EXIT_OK, EXIT_TESTS_FAILED = 0, 1  # pytest's exit statuses
+SIGNALLED = 128  # an exit status at or above this: the process was killed by a signal
+
+
+def task_config(task: Task) -> tuple[str, str, list[str]]:
+    """The task's pytest configuration: (file name, its text, its ``pythonpath`` entries); ``pytest.ini`` with an
+    empty ``[pytest]`` section when it has none. Read from the task (hidden files first), never the workspace."""
+    sources = {**task.files, **task.hidden_files}
+    for name in CONFIG_FILES:
+        text = sources.get(name)
+        if text is None:
+            continue
+        try:
+            if name.endswith(".toml"):
+                data = tomllib.loads(text)
+                table = data.get("pytest") if name == "pytest.toml" else data.get("tool", {}).get("pytest")
+                if table is None and name == "pyproject.toml":
+                    continue
+                options = (table or {}).get("ini_options", table or {}) if name == "pyproject.toml" else table
+                raw = (options or {}).get("pythonpath", [])
+                paths = [raw] if isinstance(raw, str) else [str(p) for p in raw]
+            else:
+                parser = configparser.ConfigParser(interpolation=None)
+                parser.read_string(text)
+                section = "tool:pytest" if name == "setup.cfg" else "pytest"
+                if not parser.has_section(section):
+                    if name in ("pytest.ini", ".pytest.ini"):
+                        return name, "[pytest]\n", []  # these configure pytest whatever they hold
+                    continue
+                paths = shlex.split(parser.get(section, "pythonpath", fallback=""))
+        except (tomllib.TOMLDecodeError, configparser.Error, AttributeError):
+            continue  # pytest would refuse it too; the grader's default configuration runs instead
+        return name, text, paths
+    return "pytest.ini", "[pytest]\n", []
+
+
+@dataclass
+class Channel:
+    """The host's ends of one command's two FIFOs: the key goes in, authenticated events come out."""
+
+    directory: Path
+    index: int
+    key: bytes = field(default_factory=lambda: os.urandom(KEY_BYTES))
+    data: bytearray = field(default_factory=bytearray)
+    overflowed: bool = False
+    _fds: list[int] = field(default_factory=list)
+
+    @property
+    def key_path(self) -> Path:
+        return self.directory / f"key-{self.index}"
+
+    @property
+    def report_path(self) -> Path:
+        return self.directory / f"report-{self.index}"
+
+    def open(self) -> None:
+        """Make the FIFOs and hold both ends open (blocking, quick): the key waits in its pipe for the plugin."""
+        for path, mode in ((self.key_path, 0o644), (self.report_path, 0o622)):
+            os.mkfifo(path, 0o600)
+            path.chmod(mode)  # a sandbox running as its own uid reads the key and writes the report
+            self._fds.append(
+                os.open(path, os.O_RDWR | os.O_NONBLOCK)
+            )  # read-write: never an EOF, never blocks
+        os.write(self._fds[0], self.key)
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Read the events as they are written (the pipe holds 64 KiB; a writer must never wait on the host)."""
+        loop.add_reader(self._fds[1], self.drain)
+
+    def drain(self) -> None:
+        """Take what the pipe holds now."""
+        while True:
+            try:
+                chunk = os.read(self._fds[1], 1 << 16)
+            except (BlockingIOError, InterruptedError):
+                return
+            if not chunk:
+                return
+            if len(self.data) + len(chunk) > MAX_EVENT_BYTES:
+                self.overflowed = True
+                continue
+            self.data += chunk
+
+    def close(self, loop: asyncio.AbstractEventLoop | None) -> None:
+        """Stop reading (after a last drain) and close both ends; idempotent."""
+        if len(self._fds) == 2:
+            if loop is not None:
+                loop.remove_reader(self._fds[1])
+            self.drain()
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+
+
+@dataclass
+class GradedRun:
+    """What one command's pytest session reported, and whether it is to be believed."""
+
+    started: bool = False
+    finished: bool = False
+    exitstatus: int | None = None
+    tests: dict[str, str] = field(default_factory=dict)  # node id -> passed, failed or skipped
+    collect_errors: list[str] = field(default_factory=list)  # node ids of collectors that failed
+    tampering: list[str] = field(default_factory=list)  # why not to believe it; empty: believed
+
+
+def read_events(raw: bytes, key: bytes) -> GradedRun:
+    """Check and fold one command's events (see the module); every rule broken is named in ``tampering``."""
+    run = GradedRun()
+    lines = raw.split(b"\n")
+    if lines[-1]:
+        run.tampering.append("the report ends in a partial line")
+    for number, line in enumerate(lines[:-1]):
+        mac, _, text = line.partition(b" ")
+        expected = hmac.new(key, text, hashlib.sha256).hexdigest().encode()
+        if not hmac.compare_digest(mac, expected):
+            run.tampering.append(f"report line {number} is not the grader plugin's (it fails authentication)")
+            break
+        event = json.loads(text)
+        if event.get("n") != number:
+            run.tampering.append(f"report line {number} is numbered {event.get('n')}: lines were removed")
+            break
+        if run.finished:
+            run.tampering.append("the report goes on after pytest's session finished")
+            break
+        if (event.get("e") == "start") != (number == 0):
+            run.tampering.append("the report does not begin with the session's start, once")
+            break
+        match event.get("e"):
+            case "start":
+                run.started = True
+            case "test":
+                if event["id"] in run.tests:
+                    run.tampering.append(f"test {event['id'][:200]} reported twice")
+                run.tests[event["id"]] = event["outcome"]
+            case "collect_error":
+                run.collect_errors.append(event["id"])
+            case "tampered":
+                run.tampering.append(f"the grader plugin's tripwire: {event['why']}")
+            case "finish":
+                run.finished, run.exitstatus = True, event["exitstatus"]
+    if run.finished and not run.tampering:
+        failures = run.collect_errors or any(o == "failed" for o in run.tests.values())
+        if run.exitstatus == EXIT_OK and failures:
+            run.tampering.append("pytest exited 0 although tests failed")
+        if run.exitstatus == EXIT_TESTS_FAILED and not failures:
+            run.tampering.append("pytest exited 1 (tests failed) although every reported test passed")
+    return run
+
+
+def judge_unfinished(run: GradedRun, exit_code: int, timed_out: bool) -> None:
+    """A session that started and never finished: believable only when something killed it from outside."""
+    if run.started and not run.finished and not timed_out and exit_code < SIGNALLED:
+        run.tampering.append(
+            f"pytest exited (status {exit_code}) without finishing its session: code in the process ended it"
+        )
+
+
+def in_hidden(node_id: str, hidden: frozenset[str]) -> bool:
+    """Whether a node id is in (or, for a failed collector, contains) one of the hidden test files."""
+    path = node_id.split("::", 1)[0]
+    if path in hidden:
+        return True
+    return "::" not in node_id and any(PurePosixPath(h).is_relative_to(path) for h in hidden if path)
