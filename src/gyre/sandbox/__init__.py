@@ -9,6 +9,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import random
 import subprocess
 import tempfile
 from collections.abc import Sequence
@@ -68,6 +70,9 @@ def _probe_bwrap(network: bool) -> None:
         ) from None
     with tempfile.TemporaryDirectory(prefix="gyre-sandbox-check-") as tmp:
         argv = bwrap_argv(SandboxConfig(network=network), tmp, tmp, ["true"], {}, None)
+        if limits.own_uid(True):  # as sandboxes run: as an unprivileged uid, which needs user namespaces
+            os.chmod(tmp, 0o755)
+            argv = limits.setpriv_argv(random.randrange(100_000_000, 2_000_000_000)) + argv
         try:
             out = subprocess.run(argv, capture_output=True, text=True, timeout=30, env={"PATH": SYSTEM_PATH})
         except (OSError, subprocess.TimeoutExpired) as exc:

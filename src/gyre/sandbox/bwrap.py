@@ -4,10 +4,16 @@ What a command sees and may do:
 
 - its own user, pid, network, IPC, UTS and cgroup namespaces: no network but loopback (unless ``network =
   true`` shares the host's), no process of the host, hostname ``gyre``;
-- no capabilities (``--cap-drop ALL``: bwrap run as root keeps them otherwise, and with them a command can
-  remount the system read-write) and no nested user namespaces (``--disable-userns``);
+- uid 0 inside, which on the host is never a privileged uid: under a root driver each sandbox runs as an
+  unprivileged uid of its own (``setpriv`` before bwrap, see `gyre.sandbox.limits.own_uid`), which owns its
+  workspace and ``/tmp``; otherwise the driver's uid;
+- no capabilities (``--cap-drop ALL``), no_new_privs, and no nested user namespaces (``--disable-userns``);
+- a seccomp filter (`gyre.sandbox.seccomp`): no setuid/setgid bits or device nodes, no kernel keyrings (the
+  driver's session keyring is inherited), no io_uring, bpf or userfaultfd;
+- no descriptor of the driver's but stdin, stdout and stderr (the launcher closes the rest);
 - the system read-only: ``/usr``, the ``/bin`` and ``/lib*`` links, and a curated copy of ``/etc`` (no shadow
-  files, host keys or package credentials); a read-only root, fresh ``/proc``, a minimal ``/dev``;
+  files, host keys or package credentials); a read-only root, fresh ``/proc`` with ``/proc/sys`` and the other
+  kernel knobs in it read-only, a minimal ``/dev``; every mount nosuid and nodev;
 - the workspace read-write at ``/workspace`` (its home and default cwd), and the sandbox's own ``/tmp`` (a host
   directory private to the sandbox, so that files there last from one command to the next);
 - a scrubbed environment: PATH, HOME, LANG, TERM, TMPDIR and what the caller passes, nothing of the driver's.
@@ -38,7 +44,7 @@ from typing import ClassVar
 
 from gyre.config import SandboxConfig
 from gyre.errors import SandboxError
-from gyre.sandbox import limits
+from gyre.sandbox import limits, seccomp
 from gyre.sandbox.base import WORKSPACE
 from gyre.sandbox.workspace import SYSTEM_PATH, HostSandbox
 
@@ -59,6 +65,13 @@ _TOP_LEVEL = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # status. Not bwrap's own init: bwrap exits before reaping it, leaving a zombie for the host's init, which in a
 # container may be the driver itself, never reaping it. fd 3 carries stdin (sh gives a background job /dev/null).
 _INIT = 'exec 3<&0; "$@" <&3 3<&- & wait $!'
+_PROC_READ_ONLY = (
+    "sys",
+    "sysrq-trigger",
+    "irq",
+    "bus",
+)  # kernel knobs under /proc: sysctls, SysRq, IRQs, buses
+_SECCOMP_FD = 3  # where the launcher opens the seccomp filter for bwrap (which closes it)
 _SANDBOX_ENV = {"PATH": SYSTEM_PATH, "HOME": WORKSPACE, "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp"}
 
 
@@ -124,10 +137,12 @@ def bwrap_argv(
     env: dict[str, str],
     cwd: str | None,
     binds: Sequence[tuple[str, str, bool]] = (),
+    seccomp_fd: int | None = None,
 ) -> list[str]:
     """bwrap's command line running ``argv`` over the host directories ``workspace`` and ``tmp``.
 
-    ``binds`` adds host paths: (host path, path inside, writable).
+    ``binds`` adds host paths: (host path, path inside, writable). ``seccomp_fd``: a descriptor bwrap inherits,
+    open on the seccomp filter it installs (`gyre.sandbox.seccomp`).
     """
     out = [
         limits.tool("bwrap"),
@@ -138,10 +153,17 @@ def bwrap_argv(
     if not cfg.network:
         out.append("--unshare-net")
     out += system_binds()
-    out += ["--proc", "/proc", "--dev", "/dev", "--bind", workspace, WORKSPACE, "--bind", tmp, "/tmp"]
+    out += ["--proc", "/proc"]
+    for (
+        name
+    ) in _PROC_READ_ONLY:  # the host's /proc/sys shows the reader's own namespaces, as a fresh one does
+        out += ["--ro-bind-try", f"/proc/{name}", f"/proc/{name}"]
+    out += ["--dev", "/dev", "--bind", workspace, WORKSPACE, "--bind", tmp, "/tmp"]
     for host, inside, writable in binds:
         out += ["--bind" if writable else "--ro-bind", host, inside]
     out += ["--remount-ro", "/"]  # the root bwrap builds: no stray writes that vanish after the command
+    if seccomp_fd is not None:
+        out += ["--seccomp", str(seccomp_fd)]
     out.append("--clearenv")
     for key, value in {**_SANDBOX_ENV, **env}.items():
         out += ["--setenv", key, value]
@@ -158,18 +180,21 @@ class BwrapSandbox(HostSandbox):
 
     def _prepare(self) -> None:
         system_binds()  # the first call copies /etc: here, in a thread, not on the loop
-        if self.containment != "uid":
+        if seccomp.filter_file() is None:
+            _warn_no_seccomp()
+        if not limits.own_uid(self.isolated):
             return
-        # Its own unprivileged uid, so that RLIMIT_NPROC holds. The sandbox's files must be that uid's, and bwrap,
-        # running as it, must reach their paths (it resolves even fds given to it back to paths).
+        # Its own unprivileged uid: never host root (and RLIMIT_NPROC holds). The sandbox's files must be that
+        # uid's, and bwrap, running as it, must reach their paths (it resolves even fds given to it back to paths).
         for parent in [self.root, *self.root.parents, *([self.workspace, *self.workspace.parents])]:
             if not parent.stat().st_mode & stat.S_IXOTH:
                 if parent == self.root:
                     parent.chmod(0o711)
                     continue
                 raise SandboxError(
-                    f"sandbox.containment = 'uid' needs every directory above the workspace searchable by other "
-                    f"users, and {parent} is not (chmod o+x {parent}, or set sandbox.workspace_root elsewhere)"
+                    f"a root driver runs each sandbox as its own unprivileged uid, which needs every directory "
+                    f"above the workspace searchable by other users, and {parent} is not (chmod o+x {parent}, or "
+                    f"set sandbox.workspace_root elsewhere)"
                 )
         uid = random.randrange(100_000_000, 2_000_000_000)
         for top in (self.workspace, self.root / "tmp"):
@@ -179,13 +204,28 @@ class BwrapSandbox(HostSandbox):
                     os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
         self._owner = uid
 
+    def _launcher_prefix(self) -> list[str]:
+        files = self._cgroup.procs_files if self._cgroup is not None else []
+        memory_in_cgroup = self._cgroup is not None and self._cgroup.memory_limited
+        prefix = limits.join_argv(files, seccomp.filter_file())
+        prefix += limits.prlimit_argv(self.cfg, self.containment, memory_in_cgroup)
+        if self._owner is not None:  # setpriv rather than Popen(user=...), which uvloop does not support
+            prefix += limits.setpriv_argv(self._owner)
+        return prefix
+
     def _launch(
         self, argv: list[str], env: dict[str, str], cwd: str | None
     ) -> tuple[list[str], dict[str, str], str]:
-        inner = bwrap_argv(self.cfg, str(self.workspace), str(self.root / "tmp"), argv, env, cwd, self.binds)
-        launcher = self._launcher_prefix() + inner
-        if self._owner is not None:  # setpriv rather than Popen(user=...), which uvloop does not support
-            uid = str(self._owner)
-            become = ["--reuid", uid, "--regid", uid, "--clear-groups", "--"]
-            launcher = [limits.tool("setpriv"), *become, *launcher]
-        return launcher, {"PATH": SYSTEM_PATH}, "/"
+        fd = _SECCOMP_FD if seccomp.filter_file() is not None else None
+        inner = bwrap_argv(
+            self.cfg, str(self.workspace), str(self.root / "tmp"), argv, env, cwd, self.binds, fd
+        )
+        return self._launcher_prefix() + inner, {"PATH": SYSTEM_PATH}, "/"
+
+
+@functools.cache
+def _warn_no_seccomp() -> None:
+    log.warning(
+        "no seccomp filter for this architecture: sandboxed commands may create setuid files and devices in "
+        "the workspace and use the kernel keyrings"
+    )

@@ -1,25 +1,28 @@
 """Resource limits: how each is enforced on this host, the launcher that applies them, and telling which one hit.
 
 Every command starts through a launcher on the host, before any sandbox code runs:
-``sh -c 'echo $$ > <cgroup>/cgroup.procs ...; exec "$@"' prlimit --cpu=.. --fsize=.. --nofile=.. -- <command>``.
-``sh`` joins the sandbox's cgroups (so everything forked later is inside), ``prlimit`` sets the rlimits (and in
-uid mode ``setpriv`` first takes the sandbox's uid); each ``exec``s the next, so the limits hold for the backend's
-own processes (bwrap) and everything below. None needs the driver to run Python in the child (a ``preexec_fn``
-forces a real fork of the driver, slow with a large heap, and uvloop refuses ``user=``).
+``bash -c '<close fds>; echo $$ > <cgroup>/cgroup.procs ...; exec "$@"' prlimit --cpu=.. --fsize=.. -- <command>``.
+``bash`` closes every descriptor above stderr the driver let it inherit (uvloop does not close them, whatever
+``close_fds`` says), joins the sandbox's cgroups (so everything forked later is inside) and may open one file for
+the backend on descriptor 3; ``prlimit`` sets the rlimits; under a root driver the bubblewrap backend then takes
+the sandbox's own unprivileged uid with ``setpriv`` (`own_uid`). Each ``exec``s the next, so the limits hold for
+the backend's own processes (bwrap) and everything below. None needs the driver to run Python in the child (a
+``preexec_fn`` forces a real fork of the driver, slow with a large heap, and uvloop refuses ``user=``).
 
 Containment modes (``SandboxConfig.containment``):
 
 - ``cgroup`` (auto's choice where a pids cgroup is writable, as on a root host with cgroupfs mounted rw):
   processes: ``pids.max``; memory: ``memory.max`` / ``memory.limit_in_bytes`` of all the sandbox's processes
   together (OOM kill on excess, counted by the kernel); leftovers killed with ``cgroup.kill``.
-- ``uid`` (auto's choice as root without cgroups; bubblewrap only): each sandbox runs as its own unprivileged uid,
-  so ``RLIMIT_NPROC`` (never enforced for uid 0) bounds its processes; memory: ``RLIMIT_AS`` per process.
+- ``uid`` (auto's choice as root without cgroups; bubblewrap only): each sandbox's own unprivileged uid is also
+  what bounds its processes, with ``RLIMIT_NPROC`` (never enforced for uid 0); memory: ``RLIMIT_AS`` per process.
 - ``rlimit`` (otherwise): memory: ``RLIMIT_AS`` per process; processes are *not* bounded (``RLIMIT_NPROC``
   would count all of the user's processes, the driver's included); the wall timeout and, with bubblewrap, the
   pid namespace are all that stop a fork bomb.
 
 In every mode: CPU time ``RLIMIT_CPU`` (per process: SIGXCPU, then SIGKILL), file size ``RLIMIT_FSIZE``, open files
-``RLIMIT_NOFILE``, no core dumps, and the wall-clock timeout kills the whole tree.
+``RLIMIT_NOFILE``, no core dumps, and the wall-clock timeout kills the whole tree. Whatever the mode, a bubblewrap
+sandbox of a root driver runs as its own unprivileged uid: never as host root.
 """
 
 from __future__ import annotations
@@ -50,6 +53,20 @@ def tool(name: str) -> str:
         package = {"prlimit": "util-linux", "setpriv": "util-linux", "bwrap": "bubblewrap"}.get(name, name)
         raise SandboxError(f"{name} is not installed; install it with `apt-get install {package}`")
     return path
+
+
+def own_uid(isolating: bool) -> bool:
+    """Whether each sandbox runs as an unprivileged uid of its own: always for bubblewrap (``isolating``) under a
+    root driver, in every containment mode (host root inside a sandbox could write /proc/sys, leave setuid-root
+    files in the workspace...); otherwise commands run as the driver's uid, which holds no privilege to lose."""
+    return isolating and os.geteuid() == 0
+
+
+def setpriv_argv(uid: int) -> list[str]:
+    """``setpriv`` becoming ``uid`` (as its gid too, no supplementary groups, no capabilities even in its bounding
+    set, no_new_privs), ready to take the command after it."""
+    become = ["--reuid", str(uid), "--regid", str(uid), "--clear-groups", "--inh-caps=-all"]
+    return [tool("setpriv"), *become, "--bounding-set=-all", "--no-new-privs", "--"]
 
 
 def choose_containment(cfg: SandboxConfig, isolating: bool) -> Containment:
@@ -99,7 +116,8 @@ def describe(mode: Containment, cfg: SandboxConfig) -> str:
         )
     else:
         procs = f"processes unbounded, memory {cfg.memory_mib} MiB (RLIMIT_AS, per process)"
-    return f"{procs}; {cpu}; {files}"
+    who = "; runs as its own unprivileged uid" if own_uid(cfg.backend == "bubblewrap") else ""
+    return f"{procs}; {cpu}; {files}{who}"
 
 
 def prlimit_argv(cfg: SandboxConfig, mode: Containment, memory_in_cgroup: bool) -> list[str]:
@@ -118,13 +136,18 @@ def prlimit_argv(cfg: SandboxConfig, mode: Containment, memory_in_cgroup: bool) 
     return [*argv, "--"]
 
 
-def join_argv(procs_files: list[str]) -> list[str]:
-    """``sh`` joining the cgroups whose ``cgroup.procs`` files are given, then exec'ing its arguments."""
-    if not procs_files:
-        return []
-    joins = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in procs_files)
-    failed = f"{{ echo 'gyre: cannot join the sandbox cgroup' >&2; exit {JOIN_FAILED_EXIT}; }}"
-    return ["/bin/sh", "-c", f'{{ {joins}; }} 2>/dev/null || {failed}; exec "$@"', "sh"]
+def join_argv(procs_files: list[str], fd3: str | None = None) -> list[str]:
+    """The launcher's ``bash``: it closes every descriptor above stderr, joins the cgroups whose ``cgroup.procs``
+    files are given, opens ``fd3`` (if any) read-only on descriptor 3, then execs its arguments."""
+    # {n}>&- closes the descriptor numbered $n (any number: sh only knows 0-9); the glob's own, already closed
+    # descriptor fails quietly.
+    script = "for f in /proc/self/fd/*; do n=${f##*/}; ((n > 2)) && { exec {n}>&-; } 2>/dev/null; done; "
+    if procs_files:
+        joins = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in procs_files)
+        failed = f"{{ echo 'gyre: cannot join the sandbox cgroup' >&2; exit {JOIN_FAILED_EXIT}; }}"
+        script += f"{{ {joins}; }} 2>/dev/null || {failed}; "
+    script += 'exec "$@"' + (f" 3<{shlex.quote(fd3)}" if fd3 is not None else "")
+    return [tool("bash"), "-c", script, "bash"]
 
 
 _MEMORY_WORDS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")

@@ -1,7 +1,14 @@
-"""Sandbox fixtures: a config with small limits per test, its workspaces under the test's own directory."""
+"""Sandbox fixtures: a config with small limits per test, its workspaces in a directory of the test's own.
+
+Under a root driver every sandbox runs as its own unprivileged uid, which must reach its workspace: the directory
+is made in the system temp dir and traversable by others (pytest's own tmp_path is private to its user).
+"""
 
 from __future__ import annotations
 
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,9 +28,18 @@ def bwrap_available() -> None:
 
 
 @pytest.fixture
-def cfg(tmp_path: Path, bwrap_available: None) -> SandboxConfig:
+def scratch() -> Iterator[Path]:
+    """A directory of this test's own that sandboxes running as other uids can traverse (removed after)."""
+    path = Path(tempfile.mkdtemp(prefix="gyre-test-"))
+    path.chmod(0o711)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def cfg(scratch: Path, bwrap_available: None) -> SandboxConfig:
     """Limits small enough to hit quickly; workspaces under this test's own directory."""
-    root = tmp_path / "sandboxes"
+    root = scratch / "sandboxes"
     root.mkdir()
     return SandboxConfig(
         workspace_root=str(root),

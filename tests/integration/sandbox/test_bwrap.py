@@ -184,8 +184,8 @@ def test_cancelling_a_command_kills_it(cfg: SandboxConfig) -> None:
     asyncio.run(go())
 
 
-def test_a_given_workspace_is_bound_and_kept(cfg: SandboxConfig, tmp_path: Path) -> None:
-    ws = tmp_path / "mine"
+def test_a_given_workspace_is_bound_and_kept(cfg: SandboxConfig, scratch: Path) -> None:
+    ws = scratch / "mine"
     ws.mkdir()
     (ws / "README").write_text("mine")
 
@@ -198,10 +198,10 @@ def test_a_given_workspace_is_bound_and_kept(cfg: SandboxConfig, tmp_path: Path)
     assert (ws / "README").read_text() == "mine" and (ws / "made").exists()
 
 
-def test_uid_containment_runs_as_its_own_user(cfg: SandboxConfig) -> None:
+def test_uid_containment_runs_as_its_own_user(cfg: SandboxConfig, tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("uid containment needs root")
-    uid_cfg = msgspec.structs.replace(cfg, containment="uid", workspace_root="")  # /tmp: reachable by others
+    uid_cfg = msgspec.structs.replace(cfg, containment="uid")
 
     async def go() -> None:
         async with make_sandbox(uid_cfg) as sb:
@@ -211,7 +211,7 @@ def test_uid_containment_runs_as_its_own_user(cfg: SandboxConfig) -> None:
             assert r.ok and r.stdout == "0\nx1\n", r
             owner = (sb.workspace / "d/f.txt").stat().st_uid
             assert owner not in (0, os.getuid()) and (sb.workspace / "d").stat().st_uid == owner
-        private = msgspec.structs.replace(cfg, containment="uid")  # under pytest's 0700 tmp directories
+        private = msgspec.structs.replace(cfg, workspace_root=str(tmp_path))  # pytest's: 0700 directories
         with pytest.raises(SandboxError, match="searchable by other users"):
             async with make_sandbox(private):
                 pass
@@ -297,10 +297,7 @@ def test_under_uvloop_as_the_driver_runs(cfg: SandboxConfig) -> None:
 
     async def go() -> None:
         for mode in modes:
-            root = "" if mode == "uid" else cfg.workspace_root
-            async with make_sandbox(
-                msgspec.structs.replace(cfg, containment=mode, workspace_root=root)
-            ) as sb:
+            async with make_sandbox(msgspec.structs.replace(cfg, containment=mode)) as sb:
                 r = await sb.exec("cat; echo $HOME", stdin="in\n")
                 assert r.ok and r.stdout == "in\n/workspace\n", (mode, r)
                 slow = await sb.exec("sleep 30", timeout_s=0.3)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import resource
 import socket
 import subprocess
@@ -28,39 +29,60 @@ def _containments() -> list[str]:
 
 
 def _with(cfg: SandboxConfig, containment: str) -> SandboxConfig:
-    # uid containment needs directories other users can traverse: the system temp dir
-    root = "" if containment == "uid" else cfg.workspace_root
-    return msgspec.structs.replace(cfg, containment=containment, workspace_root=root)
+    return msgspec.structs.replace(cfg, containment=containment)
 
 
 def test_no_network_not_even_to_the_hosts_loopback(cfg: SandboxConfig) -> None:
-    server = socket.create_server(("127.0.0.1", 0))
-    server.setblocking(False)
-    port = server.getsockname()[1]
+    # Proofs that send nothing off this machine, even on a regression: the host's own listeners (TCP on
+    # 127.0.0.1, an abstract Unix socket, a Unix socket file in the host's /tmp) must be out of reach, and the
+    # sandbox's network namespace must show no interface but lo and no route.
+    name = f"gyre-escape-{random.randrange(10**9)}"
+    tcp = socket.create_server(("127.0.0.1", 0))
+    abstract = socket.socket(socket.AF_UNIX)
+    abstract.bind(f"\0{name}")
+    abstract.listen()
+    path = Path("/tmp", f"{name}.sock")
+    unix = socket.socket(socket.AF_UNIX)
+    unix.bind(str(path))
+    unix.listen()
     probe = (
-        "import socket\n"
-        "for host, port in (('1.1.1.1', 80), ('127.0.0.1', PORT)):\n"
-        "    try:\n"
-        "        socket.create_connection((host, port), timeout=3).close(); print('connected', host)\n"
-        "    except OSError as e:\n"
-        "        print('refused', host, e.errno)\n"
-    ).replace("PORT", str(port))
+        (
+            "import socket, sys\n"
+            "for family, address in ((socket.AF_INET, ('127.0.0.1', PORT)), (socket.AF_UNIX, '\\0NAME'),\n"
+            "                        (socket.AF_UNIX, 'PATH')):\n"
+            "    try:\n"
+            "        socket.socket(family).connect(address); print('connected', address)\n"
+            "    except OSError as e:\n"
+            "        print('blocked', address, e.strerror)\n"
+        )
+        .replace("PORT", str(tcp.getsockname()[1]))
+        .replace("NAME", name)
+        .replace("PATH", str(path))
+    )
 
     async def go() -> None:
         async with make_sandbox(cfg) as sb:
             r = await sb.exec(["python3", "-c", probe])
-            assert r.ok and "connected" not in r.stdout and r.stdout.count("refused") == 2, r
+            assert r.ok and "connected" not in r.stdout and r.stdout.count("blocked") == 3, r
             r = await sb.exec(
-                "cat /sys/class/net/*/address 2>/dev/null; ls /sys/class/net 2>/dev/null; ip -o link"
+                "cat /proc/net/dev; echo ---; cat /proc/net/route; echo ---; cat /proc/net/ipv6_route"
             )
-            assert "eth" not in r.stdout and "ens" not in r.stdout
+            dev, route, route6 = r.stdout.split("---\n")
+            assert re.findall(r"^\s*(\S+):", dev, re.MULTILINE) == ["lo"], r.stdout
+            assert route.splitlines()[1:] == [], r.stdout  # the IPv4 routing table: its header alone
+            assert all(line.split()[-1] == "lo" for line in route6.splitlines()), r.stdout
 
     try:
+        for server in (tcp, abstract, unix):
+            server.setblocking(False)
         asyncio.run(go())
-        with pytest.raises(BlockingIOError):
-            server.accept()  # nobody reached the host's server
+        for server in (tcp, abstract, unix):
+            with pytest.raises(BlockingIOError):
+                server.accept()  # nobody reached the host's servers
     finally:
-        server.close()
+        for server in (tcp, abstract, unix):
+            server.close()
+        path.unlink(missing_ok=True)
 
 
 def test_the_hosts_files_are_invisible_or_read_only(cfg: SandboxConfig) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,15 +23,21 @@ def test_a_command_prints_its_result_and_the_set_up(bwrap_available: None) -> No
 
 
 def test_what_is_blocked_shows_as_failures(bwrap_available: None) -> None:
-    net = _run("--", "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), timeout=3)\"")
-    assert net.returncode == 1 and "Network is unreachable" in net.stdout
+    net = _run(
+        "--", "cat /proc/net/dev /proc/net/route"
+    )  # what the sandbox sees: no interface but lo, no route
+    interfaces = re.findall(r"^\s*(\S+):\s+\d", net.stdout, re.MULTILINE)
+    assert net.returncode == 0 and interfaces == ["lo"] and "Iface" in net.stdout, net.stdout
+    routes = net.stdout.split("Iface", 1)[1].split("--- stderr ---")[0].splitlines()[1:]
+    assert [r for r in routes if r.strip()] == [], net.stdout  # the routing table's header alone
     home = _run("--", "ls", "/root")
     assert home.returncode == 2 and "cannot access '/root'" in home.stdout
     slow = _run("--timeout", "0.5", "--", "sleep 10")
     assert slow.returncode == 124 and "flags: timed out, killed by SIGKILL" in slow.stdout
 
 
-def test_workspace_and_backend_options(tmp_path: Path, bwrap_available: None) -> None:
+def test_workspace_and_backend_options(scratch: Path, bwrap_available: None) -> None:
+    tmp_path = scratch  # a root driver's sandbox runs as its own uid: the workspace is reachable by others
     (tmp_path / "notes.txt").write_text("my notes")
     out = _run("--workspace", str(tmp_path), "--", "cat notes.txt; pwd; echo new > made.txt")
     assert out.returncode == 0 and "my notes/workspace\n" in out.stdout

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+from pathlib import Path
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -73,7 +76,24 @@ def test_classify_prefers_kernel_counters_then_signals_then_messages() -> None:
 
 
 def test_join_argv_quotes_paths_and_execs_its_arguments() -> None:
-    assert join_argv([]) == []
     argv = join_argv(["/sys/fs/cgroup/pids/a b/cgroup.procs"])
-    assert argv[:2] == ["/bin/sh", "-c"] and argv[-1] == "sh"
+    assert argv[0].endswith("/bash") and argv[1] == "-c" and argv[-1] == "bash"
     assert "'/sys/fs/cgroup/pids/a b/cgroup.procs'" in argv[2] and argv[2].endswith('exec "$@"')
+    assert join_argv([], "/x y/f.bpf")[2].endswith("exec \"$@\" 3<'/x y/f.bpf'")
+
+
+def test_the_launcher_closes_every_descriptor_above_stderr(tmp_path: Path) -> None:
+    extra = [os.open(tmp_path, os.O_RDONLY) for _ in range(12)]  # up to two-digit numbers
+    (tmp_path / "fd3").write_text("for the backend")
+    try:
+        out = subprocess.run(
+            [*join_argv([], str(tmp_path / "fd3")), "sh", "-c", "ls /proc/$$/fd; cat <&3"],
+            pass_fds=extra,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    finally:
+        for fd in extra:
+            os.close(fd)
+    assert out.stdout.split() == ["0", "1", "2", "3", "for", "the", "backend"], out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -61,16 +63,22 @@ def test_missing_bwrap_is_refused_with_how_to_fix(monkeypatch: pytest.MonkeyPatc
 
 
 def test_bwrap_that_cannot_make_namespaces_is_refused(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fresh_probe: None
+    monkeypatch: pytest.MonkeyPatch, fresh_probe: None
 ) -> None:
-    fake = tmp_path / "bwrap"
-    fake.write_text("#!/bin/sh\necho 'bwrap: No permissions to create new namespace' >&2\nexit 1\n")
-    fake.chmod(0o755)
-    real_tool = sandbox.limits.tool
-    monkeypatch.setattr(
-        sandbox.limits, "tool", lambda name: str(fake) if name == "bwrap" else real_tool(name)
-    )
-    with pytest.raises(
-        SandboxError, match=r"No permissions to create new namespace.*apt-get install bubblewrap"
-    ):
-        sandbox.check_backend(SandboxConfig())
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chmod(tmp, 0o755)  # reachable by the unprivileged uid a root driver's probe runs as
+        fake = Path(tmp, "bwrap")
+        fake.write_text(
+            '#!/bin/sh\necho "bwrap: No permissions to create new namespace (uid $(id -u))" >&2\nexit 1\n'
+        )
+        fake.chmod(0o755)
+        real_tool = sandbox.limits.tool
+        monkeypatch.setattr(
+            sandbox.limits, "tool", lambda name: str(fake) if name == "bwrap" else real_tool(name)
+        )
+        with pytest.raises(
+            SandboxError, match=r"No permissions to create new namespace.*apt-get install bubblewrap"
+        ) as refused:
+            sandbox.check_backend(SandboxConfig())
+    probed_as = int(str(refused.value).split("(uid ")[1].split(")")[0])
+    assert probed_as != 0 if os.geteuid() == 0 else probed_as == os.getuid()  # as sandboxes run
