@@ -61,7 +61,10 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     )
     retry_budget: NonNegative = 8  # engine failures one call survives before it fails with 503
     request_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0  # one engine request, end to end
-    max_body_mib: Annotated[float, msgspec.Meta(gt=0)] = 64.0  # larger request bodies get 413
+    # larger request bodies get 413; 8 MiB of JSON holds more text than a 1M-token context
+    max_body_mib: Annotated[float, msgspec.Meta(gt=0)] = 8.0
+    body_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0  # a request body must arrive in full within this
+    context_length: NonNegative = 0  # tokens; a request that cannot fit gets 413 unrendered; 0: the model's own
     default_max_tokens: Positive = 4096  # when a chat request gives no max_tokens
 
 
@@ -79,6 +82,10 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     output_limit_bytes: Positive = 262144  # stdout and stderr are each cut after this, with a marker
     network: bool = False  # True shares the host's network with the sandbox: no network isolation at all
     containment: Literal["auto", "cgroup", "uid", "rlimit"] = "auto"  # bounds processes (gyre.sandbox.limits)
+    disk_quota_mib: Positive = 2048  # file contents in a workspace and its /tmp; past it the execution stops
+    max_inodes: Positive = 100_000  # files, directories and links in a workspace and its /tmp, likewise
+    quota_check_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0  # seconds between usage checks while an agent runs
+    copy_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0  # wall clock of one copy of a workspace out
 
 
 class TrajectoryConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 
-from gyre.engine.http import HttpPool, HttpResponse
-from gyre.errors import EngineCapacityError, EngineRequestError, EngineUnavailable
+from gyre.engine.http import HttpPool, HttpResponse, sse_lines
+from gyre.errors import EngineCapacityError, EngineRequestError, EngineUnavailable, ProtocolError
 from gyre.protocol import (
     GenerateRequest,
     GenerateResponse,
@@ -106,7 +106,7 @@ class EngineClient:
             top_logprobs_num=top_logprobs_num,
         )
         resp = await self._request("POST", "/generate", body)
-        return _response_decoder.decode(resp.content)
+        return _decode_response(resp.content, f"{self.base_url}/generate")
 
     async def generate_stream(
         self,
@@ -134,15 +134,15 @@ class EngineClient:
                 if resp.status_code >= 400:
                     await resp.aread()
                     _raise_for_status(resp, url)
-                async for line in resp.aiter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        return
-                    if payload.startswith('{"error"'):
-                        raise EngineUnavailable(f"{url}: {json.loads(payload)['error'].get('message')}")
-                    yield _response_decoder.decode(payload)
+                buffer = bytearray()
+                async for data in resp.aiter_bytes():
+                    for line in sse_lines(buffer, data):
+                        if not line.startswith(b"data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == b"[DONE]":
+                            return
+                        yield _decode_chunk(payload, url)
         except httpx.TimeoutException as exc:
             raise EngineUnavailable(f"{url} timed out: {exc!r}") from exc
         except httpx.TransportError as exc:
@@ -266,6 +266,24 @@ class EngineClient:
         """The embedded engine's load and counters."""
         data: dict[str, Any] = await self._json("GET", "/gyre/statistics")
         return data
+
+
+def _decode_response(content: bytes, url: str) -> GenerateResponse:
+    try:
+        return _response_decoder.decode(content)
+    except msgspec.DecodeError as exc:  # ValidationError included
+        raise ProtocolError(f"{url} answered what is not a generate response: {exc}") from None
+
+
+def _decode_chunk(payload: bytes, url: str) -> GenerateResponse:
+    """One streamed chunk; an error event ends the stream as the engine failing."""
+    if payload.startswith(b'{"error"'):
+        try:
+            message = json.loads(payload)["error"].get("message")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            message = payload[:300].decode("utf-8", "replace")
+        raise EngineUnavailable(f"{url}: {message}")
+    return _decode_response(payload, url)
 
 
 def _wire(weight_version: int | None) -> str | None:

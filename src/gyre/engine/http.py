@@ -35,6 +35,32 @@ class HttpResponse:
         return json.loads(self.content)
 
 
+# UTF-8 of the characters Python's str.splitlines (and so many SSE readers) takes as line ends besides CR and LF.
+# msgspec writes them raw inside JSON strings; escaped, every event stays one line for any reader.
+_UNICODE_LINE_ENDS = ((b"\xc2\x85", b"\\u0085"), (b"\xe2\x80\xa8", b"\\u2028"), (b"\xe2\x80\xa9", b"\\u2029"))
+
+
+def sse_event(payload: bytes) -> bytes:
+    """One server-sent event carrying the JSON ``payload``: its Unicode line ends escaped, so it is one line."""
+    if b"\xc2\x85" in payload or b"\xe2\x80" in payload:
+        for raw, escaped in _UNICODE_LINE_ENDS:
+            payload = payload.replace(raw, escaped)
+    return b"data: " + payload + b"\n\n"
+
+
+def sse_lines(buffer: bytearray, data: bytes) -> list[bytes]:
+    """Append ``data`` to ``buffer`` and take the complete lines out of it, split on LF only (CR stripped).
+
+    Splitting bytes, not text, keeps a U+0085 or U+2028 inside an event's JSON from ending its line."""
+    buffer += data
+    end = buffer.rfind(b"\n")
+    if end < 0:
+        return []
+    lines = [line.rstrip(b"\r") for line in bytes(buffer[:end]).split(b"\n")]
+    del buffer[: end + 1]
+    return lines
+
+
 class _Connection:
     __slots__ = ("reader", "writer")
 

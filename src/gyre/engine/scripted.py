@@ -65,8 +65,10 @@ class ScriptedEngine:
             "output_token_logprobs": logprobs,
             "gyre_source": "scripted",
         }
+        # Text as SGLang sends it: raw UTF-8 in the JSON, U+0085 and U+2028 included (json.dumps, ensure_ascii off).
         if not body.get("stream"):
-            return Response(msgspec.json.encode({"text": "", "output_ids": ids, "meta_info": meta}))
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            return Response(msgspec.json.encode({"text": text, "output_ids": ids, "meta_info": meta}))
         chunks = []  # cumulative, as SGLang streams: one chunk per token, the last one finished
         for n in range(1, len(ids) + 1):
             part = {
@@ -75,8 +77,9 @@ class ScriptedEngine:
                 "output_token_logprobs": logprobs[:n],
             }
             part["finish_reason"] = finish if n == len(ids) else None
+            text = self.tokenizer.decode(ids[:n], skip_special_tokens=True)
             chunks.append(
-                b"data: " + msgspec.json.encode({"text": "", "output_ids": ids[:n], "meta_info": part})
+                b"data: " + msgspec.json.encode({"text": text, "output_ids": ids[:n], "meta_info": part})
             )
         return Response(b"\n\n".join([*chunks, b"data: [DONE]"]) + b"\n\n", media_type="text/event-stream")
 

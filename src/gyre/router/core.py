@@ -6,7 +6,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -19,13 +22,16 @@ from gyre.errors import ConfigError, EngineCapacityError, EngineRequestError
 from gyre.journal import Journal
 from gyre.protocol import SamplingParams
 from gyre.records import ROLE_PRIORITY, CallRecord, CallTiming, Role
-from gyre.router.messages import normalize_messages
+from gyre.router.messages import normalize_messages, parse_tool_calls
 from gyre.router.openai_types import ChatRequest, CompletionRequest, RouterError
-from gyre.router.pool import Chunk, EnginePool, Generation, NoCapacity
+from gyre.router.pool import CallAborted, CallControl, Chunk, EnginePool, Generation, NoCapacity
 from gyre.router.render import ChatRenderer
 from gyre.router.sessions import Session, SessionStore, Turn
 
 ROLES: frozenset[str] = frozenset(ROLE_PRIORITY)
+# Requests with more text than this (characters) are rendered and encoded on the render thread, not the event
+# loop (~2 us a character: 8192 characters hold the loop for up to ~20 ms).
+INLINE_RENDER_CHARS = 8192
 
 
 class Router:
@@ -46,10 +52,15 @@ class Router:
             self.pool.add(url)
         self.sessions = SessionStore()
         self.journal = Journal(cfg.journal_dir, fsync=cfg.journal_fsync) if cfg.journal_dir else None
+        self.context_length = cfg.context_length or _model_context_length(cfg.model_path)  # 0: unknown
+        # One thread renders long requests, one at a time: the tokenizer's batch encode releases the GIL, so the
+        # event loop keeps serving every other session meanwhile.
+        self._render_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gyre-render")
 
     async def aclose(self) -> None:
-        """Close engine clients and the journal."""
+        """Close engine clients, the render thread and the journal."""
         await self.pool.aclose()
+        self._render_thread.shutdown(wait=False, cancel_futures=True)
         if self.journal is not None:
             self.journal.close()
 
@@ -75,18 +86,19 @@ class Router:
             raise RouterError(f"model {model!r} does not exist; this router serves {self.model_name!r}", 404,
                               "not_found_error", "model")  # fmt: skip
 
-    def _prepare_chat(self, session: Session, req: ChatRequest) -> tuple[Turn | None, list[int]]:
+    async def _prepare_chat(self, session: Session, req: ChatRequest) -> tuple[Turn | None, list[int]]:
         """The earlier call this request extends (if any) and the ids to append: rendering costs the new messages.
 
         With a parent, the input is ``parent.full_ids + ids``; without one, ``ids`` is the whole rendered input.
+        A request that cannot fit the context is refused before it is rendered; a long one renders off the loop.
         """
         self._check_model(req.model)
         if req.n != 1:
             raise RouterError("only n=1 is supported", 422, param="n")
         if not req.messages:
             raise RouterError("messages must not be empty", 400, param="messages")
-        parent = session.find_extended(req.messages, req.tools)
         try:
+            parent = session.find_extended(req.messages, req.tools)
             if parent is not None:
                 at = len(parent.raw_messages)
                 reply = normalize_messages([self._restore(session, req.messages[at])], at)[0]
@@ -94,18 +106,50 @@ class Router:
                     new = normalize_messages(
                         [self._restore(session, m) for m in req.messages[at + 1 :]], at + 1
                     )
+                    chars = self._check_fits(len(parent.full_ids), new, req.tools)
+                    render = self.renderer.render_extension
                     try:
-                        return parent, self.renderer.render_extension(new, req.tools, parent.ended_with_eos)
+                        return parent, await self._render(
+                            chars, render, new, req.tools, parent.ended_with_eos
+                        )
                     except ValueError:
                         pass  # the template is not prefix-stable here: render the whole conversation
             normalized = normalize_messages([self._restore(session, m) for m in req.messages])
-            return None, self.renderer.render_full(normalized, req.tools)
+            chars = self._check_fits(0, normalized, req.tools)
+            if chars <= INLINE_RENDER_CHARS:
+                return None, self.renderer.render_full(normalized, req.tools)
+            key, cached = self.renderer.cached_render(normalized, req.tools)
+            if cached is not None:
+                return None, cached
+            ids = await self._render(chars, self.renderer.render_uncached, normalized, req.tools)
+            self.renderer.remember_render(key, ids)
+            return None, ids
+        except RouterError:
+            raise
         except ValueError as exc:
             raise RouterError(f"invalid messages: {exc}", 400, param="messages") from None
-        except Exception as exc:  # a template that raises on this conversation
+        except Exception as exc:  # a template that raises on this conversation; a structure nested too deeply
             raise RouterError(
-                f"the chat template cannot render these messages: {exc}", 422, param="messages"
+                f"the chat template cannot render these messages: {exc!r}", 422, param="messages"
             ) from None
+
+    def _check_fits(self, prefix_tokens: int, messages: list[dict[str, Any]], tools: Any) -> int:
+        """The characters of text in ``messages`` and ``tools``; a 413 when they cannot fit the context at all."""
+        chars = _text_chars(messages) + _text_chars(tools)
+        least = prefix_tokens + self.renderer.min_tokens(chars)
+        if self.context_length and least >= self.context_length:
+            raise RouterError(
+                f"the request does not fit the model: it holds at least {least} tokens; the context length is "
+                f"{self.context_length}", 413, param="messages",
+            )  # fmt: skip
+        return chars
+
+    async def _render(self, chars: int, fn: Any, *args: Any) -> list[int]:
+        """``fn(*args)`` here when the text is short, else on the render thread."""
+        if chars <= INLINE_RENDER_CHARS:
+            ids: list[int] = fn(*args)
+            return ids
+        return await asyncio.get_running_loop().run_in_executor(self._render_thread, fn, *args)
 
     @staticmethod
     def _restore(session: Session, message: dict[str, Any]) -> dict[str, Any]:
@@ -127,8 +171,8 @@ class Router:
             sampling_seed=req.seed,
         )
 
-    def _start_chat(self, session: Session, req: ChatRequest) -> _ChatCall:
-        parent, new_ids = self._prepare_chat(session, req)
+    async def _start_chat(self, session: Session, req: ChatRequest) -> _ChatCall:
+        parent, new_ids = await self._prepare_chat(session, req)
         input_ids = parent.full_ids + new_ids if parent is not None else new_ids
         max_tokens = req.max_completion_tokens or req.max_tokens or self.cfg.default_max_tokens
         top_n = (req.top_logprobs or 0) if req.logprobs else 0
@@ -141,12 +185,16 @@ class Router:
         self, session: Session, req: ChatRequest, role: Role, call: _ChatCall, gen: Generation
     ) -> dict[str, Any]:
         """Record the call, remember it for the next turn, and build the ``chat.completion`` body."""
-        parsed = self.renderer.parse_output(gen.output_ids)
+        text = _before_stop(self.renderer.reply_text(gen.output_ids), gen)  # OpenAI: without the stop string
         use_tools = req.tool_choice != "none"
-        calls = parsed.tool_calls if use_tools else []
+        calls: list[dict[str, Any]] = []
+        if use_tools:
+            parsed = parse_tool_calls(text)
+            calls, content = parsed.tool_calls, parsed.content
+        else:
+            content = text.strip()
         for tc in calls:
             session.tool_payloads[tc["id"]] = tc
-        content = parsed.content if use_tools else self.renderer.reply_text(gen.output_ids).strip()
         message: dict[str, Any] = {"role": "assistant", "content": content or None}
         if calls:
             message["tool_calls"] = calls
@@ -182,15 +230,19 @@ class Router:
             choice["token_ids"] = gen.output_ids
         return body
 
-    async def chat(self, token: str, req: ChatRequest, role: Role = "main") -> dict[str, Any]:
-        """One ``chat.completion``, as OpenAI returns it (plus ``prompt_token_ids``/``token_ids`` on request)."""
+    async def chat(
+        self, token: str, req: ChatRequest, role: Role = "main", control: CallControl | None = None
+    ) -> dict[str, Any]:
+        """One ``chat.completion``, as OpenAI returns it (plus ``prompt_token_ids``/``token_ids`` on request).
+
+        ``control.abort()`` ends the call early: it is recorded with what was generated, finish ``abort``."""
         session = self.session(token)
-        call = self._start_chat(session, req)
-        gen = await self._generate(session, call.input_ids, call.params, call.top_n)
+        call = await self._start_chat(session, req)
+        gen = await self._generate(session, call.input_ids, call.params, call.top_n, control=control)
         return self._finish_chat(session, req, role, call, gen)
 
     async def chat_stream(
-        self, token: str, req: ChatRequest, role: Role = "main"
+        self, token: str, req: ChatRequest, role: Role = "main", control: CallControl | None = None
     ) -> AsyncIterator[dict[str, Any]]:
         """The same call as ``chat``, streamed as ``chat.completion.chunk`` objects while tokens arrive.
 
@@ -200,14 +252,15 @@ class Router:
         HTTP error status.
         """
         session = self.session(token)
-        call = self._start_chat(session, req)
+        call = await self._start_chat(session, req)
         base = {
             "id": call.call_id,
             "object": "chat.completion.chunk",
             "created": int(call.submitted),
             "model": self.model_name,
         }
-        stream = self.pool.generate_stream(call.input_ids, call.params, session.affinity, call.top_n)
+        stream = self.pool.generate_stream(call.input_ids, call.params, session.affinity, call.top_n, control)
+        stops = [s for s in ([req.stop] if isinstance(req.stop, str) else req.stop or []) if s]
         ids: list[int] = []
         sent = ""  # content already streamed
         started = False
@@ -226,7 +279,7 @@ class Router:
                     ],
                 }
             ids.extend(item.ids)
-            visible = self.renderer.streamable_content(ids, hold_tool_calls=use_tools)
+            visible = _hold_stops(self.renderer.streamable_content(ids, hold_tool_calls=use_tools), stops)
             if len(visible) > len(sent) and visible.startswith(sent):
                 delta: dict[str, Any] = {"content": visible[len(sent) :]}
                 entry: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
@@ -268,8 +321,13 @@ class Router:
             yield {**base, "choices": [], "usage": body["usage"]}
 
     # ---- completions ----------------------------------------------------------------------------------------------
-    async def complete(self, token: str, req: CompletionRequest, role: Role = "main") -> dict[str, Any]:
-        """One ``text_completion`` of a raw prompt (no chat template; a new branch every time)."""
+    async def complete(
+        self, token: str, req: CompletionRequest, role: Role = "main", control: CallControl | None = None
+    ) -> dict[str, Any]:
+        """One ``text_completion`` of a raw prompt (no chat template; a new branch every time).
+
+        The prompt is raw model input: special-token text in it is encoded as special tokens, as every
+        OpenAI-compatible server does for completions."""
         session = self.session(token)
         submitted = time.time()
         self._check_model(req.model)
@@ -281,17 +339,29 @@ class Router:
                 raise RouterError("prompt must be a text, a list of token ids, or a list holding one text", 422,
                                   param="prompt")  # fmt: skip
             text: str = prompt[0]
-            input_ids = self.renderer.encode(text)
+        elif isinstance(prompt, str):
+            text = prompt
         else:
-            input_ids = self.renderer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+            text = ""
+            if self.context_length and len(prompt) >= self.context_length:
+                raise RouterError(f"the prompt has {len(prompt)} tokens; the context length is "
+                                  f"{self.context_length}", 413, param="prompt")  # fmt: skip
+        if text:
+            least = self.renderer.min_tokens(len(text))
+            if self.context_length and least >= self.context_length:
+                raise RouterError(f"the prompt holds at least {least} tokens; the context length is "
+                                  f"{self.context_length}", 413, param="prompt")  # fmt: skip
+            input_ids = await self._render(len(text), self.renderer.encode, text)
+        else:
+            input_ids = [int(t) for t in prompt if not isinstance(t, str)]
         if not input_ids:
             raise RouterError("the prompt is empty", 400, param="prompt")
         gen = await self._generate(
-            session, input_ids, self._params(req, req.max_tokens), req.logprobs or 0, "prompt"
+            session, input_ids, self._params(req, req.max_tokens), req.logprobs or 0, "prompt", control
         )
         call_id = f"cmpl-{uuid.uuid4().hex}"
         self._record(session, call_id, role, input_ids, gen, submitted, None)
-        text = self.renderer.decode(gen.output_ids)
+        text = _before_stop(self.renderer.decode(gen.output_ids), gen)
         choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": _finish(gen), "logprobs": None}
         if req.logprobs is not None:
             pieces = self.renderer.decode_tokens(gen.output_ids)
@@ -325,9 +395,10 @@ class Router:
         params: SamplingParams,
         top: int,
         field: str = "messages",
+        control: CallControl | None = None,
     ) -> Generation:
         with _engine_errors(field):
-            gen = await self.pool.generate(input_ids, params, session.affinity, top)
+            gen = await self.pool.generate(input_ids, params, session.affinity, top, control)
         session.affinity = gen.engine
         return gen
 
@@ -412,6 +483,8 @@ def _engine_errors(field: str = "messages") -> Iterator[None]:
         raise RouterError(f"the engine rejected the request: {exc}", 400) from None
     except NoCapacity as exc:
         raise RouterError(str(exc), 503, "service_unavailable") from None
+    except CallAborted as exc:  # the client has gone: nobody reads this
+        raise RouterError(str(exc), 499, "client_closed_request") from None
 
 
 async def _mapped(stream: AsyncIterator[Chunk | Generation]) -> AsyncIterator[Chunk | Generation]:
@@ -419,6 +492,55 @@ async def _mapped(stream: AsyncIterator[Chunk | Generation]) -> AsyncIterator[Ch
     with _engine_errors():
         async for item in stream:
             yield item
+
+
+def _before_stop(text: str, gen: Generation) -> str:
+    """``text`` up to the stop string that ended the call (OpenAI returns content without it)."""
+    matched = gen.finish_reason.get("matched")
+    if isinstance(matched, str) and matched:
+        at = text.find(matched)
+        if at >= 0:
+            return text[:at]
+    return text
+
+
+def _hold_stops(visible: str, stops: list[str]) -> str:
+    """Streamable ``visible`` text cut before a stop string, and before a tail that may become one."""
+    for stop in stops:
+        at = visible.find(stop)
+        if at >= 0:
+            visible = visible[:at]
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(visible)), 0, -1):
+            if visible.endswith(stop[:k]):
+                visible = visible[:-k]
+                break
+    return visible.rstrip()
+
+
+def _text_chars(value: Any) -> int:
+    """Characters of every string (keys included) in a JSON-like value; iterative, so any depth is fine."""
+    total, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, dict):
+            total += sum(len(k) for k in item if isinstance(k, str))
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return total
+
+
+def _model_context_length(model_path: str) -> int:
+    """``max_position_embeddings`` of the model directory's config.json; 0 when there is none."""
+    try:
+        with open(Path(model_path) / "config.json") as f:
+            value = json.load(f).get("max_position_embeddings", 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return value if isinstance(value, int) and value > 0 else 0
 
 
 def _finish(gen: Generation) -> str:

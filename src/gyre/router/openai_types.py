@@ -67,3 +67,21 @@ class CompletionRequest(msgspec.Struct, kw_only=True):
     echo: bool = False
     user: str | None = None
     return_token_ids: bool = False
+
+
+# ---- admin bodies: as strict as agent bodies; what is accepted here ends up in records and the journal --------------
+ExecutionId = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")]
+EngineName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")]
+
+
+class OpenSessionRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /admin/sessions`` (an empty body opens a session named after its token)."""
+
+    execution_id: ExecutionId | None = None
+
+
+class AddEngineRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``POST /admin/engines``."""
+
+    url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]  # http(s)://host:port[/path]
+    name: EngineName | None = None

@@ -20,6 +20,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -30,6 +31,10 @@ from gyre.records import RecordSource
 
 log = logging.getLogger(__name__)
 PROBE_INTERVAL_S = 1.0  # while no engine serves, gone engines are asked for /health this often
+ABORT_WAIT_S = (
+    10.0  # an aborted call waits this long for its engine to stop, asking again every ABORT_RETRY_S
+)
+ABORT_RETRY_S = 0.2
 
 
 class EngineState(enum.Enum):
@@ -45,6 +50,70 @@ class EngineState(enum.Enum):
 
 class NoCapacity(EngineError):
     """No engine served within the wait, or the call's retry budget is spent (HTTP 503)."""
+
+
+class CallAborted(EngineError):
+    """The caller aborted its call before any engine produced anything: there is nothing to record."""
+
+
+class CallControl:
+    """A caller's handle on one call in flight.
+
+    ``abort`` stops the engine request; the call then ends as usual, with the tokens generated so far and finish
+    ``abort`` (or ``CallAborted`` if no engine answered yet). The pool announces each engine attempt here.
+    """
+
+    def __init__(self) -> None:
+        self.aborted = False
+        self._attempt: tuple[Engine, str] | None = None  # (engine, rid) of the attempt in flight
+        self._attempt_ended = asyncio.Event()
+
+    def begin(self, engine: Engine, rid: str) -> None:
+        """(pool) An engine attempt starts."""
+        self._attempt = (engine, rid)
+        self._attempt_ended.clear()
+
+    def end(self) -> None:
+        """(pool) The attempt in flight ended."""
+        self._attempt = None
+        self._attempt_ended.set()
+
+    async def wait_attempt_ended(self, timeout_s: float) -> None:
+        """Return when no attempt is in flight, or after ``timeout_s``."""
+        if self._attempt is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self._attempt_ended.wait()
+
+    async def abort(self) -> None:
+        """Stop the call's engine request; returns once it stopped (at most ``ABORT_WAIT_S``)."""
+        self.aborted = True
+        deadline = time.monotonic() + ABORT_WAIT_S
+        # The engine may not know the rid yet (the request is still on its way) or the call may be between two
+        # attempts: ask again until the attempt in flight ends.
+        while (attempt := self._attempt) is not None and time.monotonic() < deadline:
+            engine, rid = attempt
+            with contextlib.suppress(EngineError, TimeoutError):
+                async with asyncio.timeout(2.0):
+                    await engine.client.abort(rid)
+            await self.wait_attempt_ended(ABORT_RETRY_S)
+
+
+def engine_url(url: str) -> str:
+    """``url`` as an engine base URL (``http(s)://host[:port][/path]``, no trailing slash); EngineRequestError if
+    it is not one."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port  # ValueError when out of range or not a number
+    except ValueError as exc:
+        raise EngineRequestError(f"engine URL {url!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise EngineRequestError(f"engine URL {url!r} must be http://host:port or https://host:port")
+    if parts.query or parts.fragment or parts.username or parts.password or port == 0:
+        raise EngineRequestError(f"engine URL {url!r} must be http://host:port[/path], nothing more")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise EngineRequestError(f"engine URL {url!r} holds whitespace or control characters")
+    return url.rstrip("/")
 
 
 @dataclass(eq=False)
@@ -121,10 +190,11 @@ class EnginePool:
     # ---- membership -----------------------------------------------------------------------------------------
     def add(self, url: str, name: str | None = None, managed: bool = False) -> Engine:
         """Start sending calls to the engine at ``url`` (``managed``: a controller decides its state)."""
+        url = engine_url(url)
         name = name or f"engine-{next(self._names)}"
         if name in self.engines and self.engines[name].state is not EngineState.GONE:
             raise EngineRequestError(f"an engine named {name!r} is already in the pool", status=409)
-        engine = Engine(name, url.rstrip("/"), EngineClient(url, timeout_s=self.timeout_s), managed=managed)
+        engine = Engine(name, url, EngineClient(url, timeout_s=self.timeout_s), managed=managed)
         self.engines[name] = engine
         self._notify()
         return engine
@@ -258,9 +328,10 @@ class EnginePool:
         params: SamplingParams,
         affinity: str | None = None,
         top_logprobs_num: int = 0,
+        control: CallControl | None = None,
     ) -> Generation:
         """Generate to the end, continuing on another engine whenever the current one drains or fails."""
-        async for item in self._run(input_ids, params, affinity, top_logprobs_num, stream=False):
+        async for item in self._run(input_ids, params, affinity, top_logprobs_num, False, control):
             if isinstance(item, Generation):
                 return item
         raise AssertionError("a call ends with its Generation")
@@ -271,12 +342,19 @@ class EnginePool:
         params: SamplingParams,
         affinity: str | None = None,
         top_logprobs_num: int = 0,
+        control: CallControl | None = None,
     ) -> AsyncIterator[Chunk | Generation]:
         """The same call, streamed: a ``Chunk`` per batch of new tokens, then the ``Generation``."""
-        return self._run(input_ids, params, affinity, top_logprobs_num, stream=True)
+        return self._run(input_ids, params, affinity, top_logprobs_num, True, control)
 
     async def _run(
-        self, input_ids: list[int], params: SamplingParams, affinity: str | None, top: int, stream: bool
+        self,
+        input_ids: list[int],
+        params: SamplingParams,
+        affinity: str | None,
+        top: int,
+        stream: bool,
+        control: CallControl | None,
     ) -> AsyncIterator[Chunk | Generation]:
         out: list[int] = []
         logprobs: list[float] = []
@@ -289,7 +367,17 @@ class EnginePool:
         failures = 0
         previous: Engine | None = None
         limit = params.max_new_tokens
+        control = control or CallControl()
+        resp: GenerateResponse | None = None
+        engine: Engine | None = None
         while True:
+            if control.aborted:  # between attempts: end with what the engines produced so far
+                if engine is None or not (engines or out):
+                    raise CallAborted("the caller aborted the call before an engine answered")
+                finish: dict[str, object] = {"type": "abort", "message": "aborted by the caller"}
+                yield self._generation(out, logprobs, tops, finish, versions, version, engine, engines,
+                                       first_token_s, source)  # fmt: skip
+                return
             engine = await self._pick(affinity, previous)
             if previous is not None and previous is not engine and out:
                 await self._hand_over(previous, engine, input_ids + out)
@@ -302,8 +390,9 @@ class EnginePool:
             engine.inflight.add(rid)
             engine.outstanding_tokens += cost
             engine.calls += 1
-            resp: GenerateResponse | None = None
+            resp = None
             finished = False
+            control.begin(engine, rid)
             try:
                 if stream:
                     seen = 0
@@ -349,6 +438,7 @@ class EnginePool:
                 self._moved += 1
                 continue
             finally:
+                control.end()
                 engine.inflight.discard(rid)
                 engine.outstanding_tokens -= cost
                 if not finished and engine.state is not EngineState.GONE:  # the caller went away mid-call
@@ -357,7 +447,11 @@ class EnginePool:
                             await engine.client.abort(rid)
             assert resp is not None
             engines.append(engine.name)
-            moved = resp.finish_type == "abort" and engine.state is not EngineState.SERVING
+            moved = (
+                resp.finish_type == "abort"
+                and engine.state is not EngineState.SERVING
+                and not control.aborted
+            )
             if moved and (budget is None or len(resp.output_ids) < budget):
                 previous = engine
                 self._moved += 1
@@ -365,20 +459,28 @@ class EnginePool:
             finish = dict(resp.meta_info.finish_reason or {"type": "abort"})
             if moved:
                 finish = {"type": "length", "length": len(out)}
-            first_version = versions[0] if versions else version
-            yield Generation(
-                out,
-                logprobs,
-                tops,
-                finish,
-                first_version,
-                engine.name,
-                engines,
-                first_token_s,
-                versions,
-                source,
+            yield self._generation(
+                out, logprobs, tops, finish, versions, version, engine, engines, first_token_s, source
             )
             return
+
+    @staticmethod
+    def _generation(
+        out: list[int],
+        logprobs: list[float],
+        tops: list[list[tuple[float, int]]],
+        finish: dict[str, object],
+        versions: list[int],
+        version: int,
+        engine: Engine,
+        engines: list[str],
+        first_token_s: float | None,
+        source: RecordSource,
+    ) -> Generation:
+        first_version = versions[0] if versions else version
+        return Generation(
+            out, logprobs, tops, finish, first_version, engine.name, engines, first_token_s, versions, source
+        )
 
     @staticmethod
     def _provenance(engine: Engine, resp: GenerateResponse) -> tuple[int, bool]:

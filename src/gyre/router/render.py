@@ -5,6 +5,10 @@ earlier call, its input ids are the earlier input ids + the sampled output ids +
 new messages.
 Every malformed message raises ``ValueError`` naming its index and field; the caller answers HTTP 400.
 
+Message text (content, names, tool calls and schemas) is always encoded as text: a special token's text in it (a
+tool's output holding ``<|im_end|>``) becomes the ids of that text, never the special id, so nobody but the template
+opens or closes a turn.
+
 The hot path skips transformers' per-call wrappers: the chat template is compiled once and rendered on the
 normalized messages, text goes straight to the Rust tokenizer, and ``render_full`` keeps an LRU cache of its
 results. Each shortcut is taken only where it gives the very ids the wrapper would; ``tests/unit/router`` checks
@@ -13,8 +17,11 @@ that, and the renderer checks the template shortcut against ``apply_chat_templat
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
+import re
+import secrets
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,6 +53,7 @@ _PREFIX_CACHE_ENTRIES = 64  # distinct tool lists whose dummy-prefix render is k
 _RENDER_CACHE_ENTRIES = 2048
 _RENDER_CACHE_TOKENS = 1 << 20  # ids kept in all; ~36 bytes each (tuple slot + int), so ~38 MiB
 _JSON_SCALARS = frozenset({str, int, bool, type(None)})  # with finite floats: tools rendered as is
+_BATCH_ENCODE_CHARS = 4096  # longer texts go through encode_batch, which releases the GIL while it works
 
 
 class RenderStatistics(msgspec.Struct, frozen=True):
@@ -100,6 +108,18 @@ class ChatRenderer:
         self._vocab_size = len(tokenizer)  # ids below it have their single-id text kept in _token_texts
         self._token_texts: dict[int, str] = {}
         self._template_kwargs: dict[str, Any] = dict(tokenizer.special_tokens_map)  # as apply_chat_template
+        specials = {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+        specials |= {t for t in tokenizer.all_special_tokens if t}
+        self._specials = sorted(specials, key=len, reverse=True)  # texts that encode to a special id
+        self._special_re = re.compile("|".join(map(re.escape, self._specials))) if specials else None
+        # encodes special-token text as plain text
+        self._text_encoder: Any = _text_encoder(self._encoder) or (
+            lambda text: list(tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        )
+        # longest text one id stands for: n characters of text are at least n / this many tokens
+        self._max_token_chars = max(
+            [len(t) for t in tokenizer.get_vocab()] + [len(t) for t in specials] + [1]
+        )
         # tools given? -> the compiled template for that case; empty: render with apply_chat_template
         self._templates: dict[bool, jinja2.Template] = {}
         if _plain_json(list(self._template_kwargs.values())):
@@ -135,24 +155,79 @@ class ChatRenderer:
             slow_renders=self._slow_renders,
         )
 
+    def min_tokens(self, chars: int) -> int:
+        """A lower bound on the tokens of any text of ``chars`` characters."""
+        return chars // self._max_token_chars
+
     def render_full(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
     ) -> list[int]:
         """Ids of the whole conversation followed by the generation prompt; a new list the caller may change."""
+        key, ids = self.cached_render(messages, tools)
+        if ids is None:
+            ids = self.render_uncached(messages, tools)
+            self.remember_render(key, ids)
+        return ids
+
+    def cached_render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> tuple[bytes | None, list[int] | None]:
+        """``render_full``'s cache key for these messages (None: not cacheable) and its cached ids, if any."""
         normalized = normalize_messages(messages)
-        plain = _plain_tools(tools)
-        key = _digest(tools, normalized) if plain and self._cache_entries else None
+        key = _digest(tools, normalized) if _plain_tools(tools) and self._cache_entries else None
         if key is not None and (cached := self._render_cache.get(key)) is not None:
             self._render_cache.move_to_end(key)
             self._hits += 1
-            return list(cached)
+            return key, list(cached)
         self._misses += 1
-        ids = self._encode(self._template(normalized, tools, add_generation_prompt=True, plain_tools=plain))
+        return key, None
+
+    def render_uncached(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """``render_full`` without its cache; safe to call from another thread (it touches no cache)."""
+        normalized = normalize_messages(messages)
+        plain = _plain_tools(tools)
+        return self._render_ids(normalized, tools, plain, lambda text: text, add_generation_prompt=True)
+
+    def remember_render(self, key: bytes | None, ids: list[int]) -> None:
+        """Keep ``ids`` as ``render_full``'s result for ``key`` (from ``cached_render``)."""
         if key is not None and len(ids) <= self._cache_tokens:
             self._render_cache[key] = tuple(ids)
             self._cached_tokens += len(ids)
             while len(self._render_cache) > self._cache_entries or self._cached_tokens > self._cache_tokens:
                 self._cached_tokens -= len(self._render_cache.popitem(last=False)[1])
+
+    def _render_ids(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        plain: bool,
+        cut: Any,
+        add_generation_prompt: bool,
+    ) -> list[int]:
+        """Ids of ``cut(template text)``, with special-token text from messages and tools encoded as text.
+
+        Such text is swapped for a marker before rendering, and the marker for the text's plain ids after."""
+        if self._special_re is None or not _mentions(self._special_re, [messages, tools]):
+            return self._encode(cut(self._template(messages, tools, add_generation_prompt, plain)))
+        nonce = secrets.token_hex(8)
+        found: list[str] = []
+
+        def mark(match: re.Match[str]) -> str:
+            found.append(match.group())
+            return f"\ue000{nonce}{len(found) - 1}\ue001"
+
+        pattern = self._special_re
+        marked = _map_strings([messages, tools], lambda text: pattern.sub(mark, text))
+        text = cut(self._template(marked[0], marked[1], add_generation_prompt, plain))
+        ids: list[int] = []
+        pieces = re.split(f"\ue000{nonce}(\\d+)\ue001", text)
+        for i, piece in enumerate(pieces):
+            if i % 2:
+                ids += self._text_encoder(found[int(piece)])
+            elif piece:
+                ids += self._encode(piece)
         return ids
 
     def render_extension(
@@ -171,13 +246,16 @@ class ChatRenderer:
         new = normalize_messages(new_messages)
         plain = _plain_tools(tools)
         prefix = self._dummy_prefix(tools, plain)
-        text = self._template([*_DUMMY_PREFIX, *new], tools, add_generation_prompt=True, plain_tools=plain)
-        if not text.startswith(prefix):
-            raise ValueError("the chat template renders earlier turns differently once new messages follow")
-        delta = text[len(prefix) :]
-        if not previous_ended_with_eos:
-            delta = self._eos_text + delta
-        return self._encode(delta)
+
+        def cut(text: str) -> str:
+            if not text.startswith(prefix):
+                raise ValueError(
+                    "the chat template renders earlier turns differently once new messages follow"
+                )
+            delta = text[len(prefix) :]
+            return delta if previous_ended_with_eos else self._eos_text + delta
+
+        return self._render_ids([*_DUMMY_PREFIX, *new], tools, plain, cut, add_generation_prompt=True)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text (no template, no special tokens added)."""
@@ -252,8 +330,10 @@ class ChatRenderer:
             )
         prefix = text[: end + len(self._eos_text)]
         if key is not None:
-            if len(self._prefix_cache) >= _PREFIX_CACHE_ENTRIES:
-                self._prefix_cache.pop(next(iter(self._prefix_cache)))  # oldest first
+            # the render thread may add one at the same time: a lost or doubled eviction is harmless
+            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                if len(self._prefix_cache) >= _PREFIX_CACHE_ENTRIES:
+                    self._prefix_cache.pop(next(iter(self._prefix_cache)), None)  # oldest first
             self._prefix_cache[key] = prefix
         return prefix
 
@@ -326,6 +406,8 @@ class ChatRenderer:
             and backend.padding is None
             and backend.encode_special_tokens == self._tokenizer.split_special_tokens
         ):
+            if len(text) > _BATCH_ENCODE_CHARS:  # the same ids; the GIL is released meanwhile
+                return list(backend.encode_batch([text], add_special_tokens=False)[0].ids)
             return list(backend.encode(text, add_special_tokens=False).ids)
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
@@ -336,6 +418,46 @@ class ChatRenderer:
         if not isinstance(text, str):
             raise TypeError(f"decode returned {type(text).__name__}, not str")
         return text
+
+
+def _mentions(pattern: re.Pattern[str], value: Any) -> bool:
+    """Whether any string (key or value) in a JSON-like value matches ``pattern``."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if pattern.search(item):
+                return True
+        elif isinstance(item, dict):
+            stack.extend(k for k in item if isinstance(k, str))
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+    return False
+
+
+def _map_strings(value: Any, fn: Any) -> Any:
+    """A copy of a JSON-like value with ``fn`` applied to every string, keys included."""
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, dict):
+        return {(fn(k) if isinstance(k, str) else k): _map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_map_strings(v, fn) for v in value]
+    return value
+
+
+def _text_encoder(backend: Any) -> Any:
+    """A function encoding text with special-token text taken as plain text (a private copy of the backend)."""
+    if backend is None:
+        return None
+    from tokenizers import Tokenizer
+
+    plain = Tokenizer.from_str(backend.to_str())
+    plain.encode_special_tokens = True
+    plain.no_truncation()
+    plain.no_padding()
+    return lambda text: list(plain.encode(text, add_special_tokens=False).ids)
 
 
 def _plain_tools(tools: Any) -> bool:

@@ -9,8 +9,10 @@ Admin (127.0.0.1:``router.admin_port``): sessions, engines (add, drain, resume, 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import msgspec
@@ -19,10 +21,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gyre.engine.http import sse_event
 from gyre.errors import EngineRequestError, GyreError
 from gyre.records import Role
 from gyre.router.core import ROLES, Router
-from gyre.router.openai_types import ChatRequest, CompletionRequest, RouterError
+from gyre.router.openai_types import (
+    AddEngineRequest,
+    ChatRequest,
+    CompletionRequest,
+    OpenSessionRequest,
+    RouterError,
+)
+from gyre.router.pool import CallControl
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -64,6 +74,7 @@ class AgentApp:
     def __init__(self, router: Router) -> None:
         self.router = router
         self.limit = int(router.cfg.max_body_mib * 2**20)
+        self.body_timeout_s = router.cfg.body_timeout_s
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -73,26 +84,27 @@ class AgentApp:
             return
         if scope["type"] != "http":
             return
+        reply = _Reply(send)
         try:
-            await self._dispatch(scope, receive, send)
-        except RouterError as exc:
-            await _send(send, exc.status, msgspec.json.encode(exc.body()))
-        except EngineRequestError as exc:
-            await _send(send, exc.status, msgspec.json.encode(RouterError(str(exc), exc.status).body()))
+            await self._dispatch(scope, receive, reply)
         except Exception as exc:
-            log.exception("unexpected error in %s", scope.get("path"))
-            body = RouterError(f"internal error: {exc!r}", 500, "server_error").body()
-            await _send(send, 500, msgspec.json.encode(body))
+            if isinstance(exc, RouterError):
+                error = exc
+            elif isinstance(exc, EngineRequestError):
+                error = RouterError(str(exc), exc.status)
+            else:
+                log.exception("unexpected error in %s", scope.get("path"))
+                error = RouterError(f"internal error: {exc!r}", 500, "server_error")
+            if reply.started:  # mid-stream: the status is sent; the stream ends with an error event
+                await reply.end_stream(error)
+            else:  # a body left unread (too large, too slow) closes the connection
+                await reply.json(error.status, error.body(), close=error.status in (408, 413))
 
-    async def _dispatch(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def _dispatch(self, scope: dict[str, Any], receive: Any, reply: _Reply) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
         if path == "/health" and method == "GET":
-            await _send(
-                send,
-                200,
-                msgspec.json.encode({"status": "ok", "engines": self.router.pool.statistics().engines}),
-            )
+            await reply.json(200, {"status": "ok", "engines": self.router.pool.statistics().engines})
             return
         token, role, op = self._parse(path, scope["headers"])
         expected = "GET" if op in ("models", "gyre/records") else "POST"
@@ -102,43 +114,40 @@ class AgentApp:
         router.session(token)  # 401 before reading the body
         if op == "models":
             model = {"id": router.model_name, "object": "model", "created": 0, "owned_by": "gyre"}
-            await _send(send, 200, msgspec.json.encode({"object": "list", "data": [model]}))
+            await reply.json(200, {"object": "list", "data": [model]})
             return
         if op == "gyre/records":
-            await _send(send, 200, msgspec.json.encode({"records": router.records(token)}))
+            await reply.json(200, {"records": router.records(token)})
             return
         raw = await self._read_body(receive)
-        if op == "completions":
-            creq = _decode(raw, CompletionRequest)
-            if creq.stream:
-                raise RouterError(
-                    "streaming completions are not supported; use chat/completions", 422, param="stream"
-                )
-            await _send(send, 200, msgspec.json.encode(await router.complete(token, creq, role)))
-            return
-        req = _decode(raw, ChatRequest)
-        if not req.stream:
-            await _send(send, 200, msgspec.json.encode(await router.chat(token, req, role)))
-            return
-        chunks = router.chat_stream(token, req, role)
-        first = await anext(chunks)  # errors surface as a status code before the stream starts
-        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send(
-            {
-                "type": "http.response.body",
-                "body": b"data: " + msgspec.json.encode(first) + b"\n\n",
-                "more_body": True,
-            }
-        )
-        try:
+        control = CallControl()
+        async with _abort_on_disconnect(receive, control):
+            if op == "completions":
+                creq = _decode(raw, CompletionRequest)
+                del raw  # a large body is not kept for the length of the call
+                if creq.stream:
+                    raise RouterError(
+                        "streaming completions are not supported; use chat/completions", 422, param="stream"
+                    )
+                await reply.json(200, await router.complete(token, creq, role, control))
+                return
+            req = _decode(raw, ChatRequest)
+            del raw
+            if not req.stream:
+                await reply.json(200, await router.chat(token, req, role, control))
+                return
+            await self._stream(reply, router.chat_stream(token, req, role, control))
+
+    @staticmethod
+    async def _stream(reply: _Reply, chunks: AsyncIterator[dict[str, Any]]) -> None:
+        """Stream a chat call's chunks as server-sent events; to its end, even when the client has gone."""
+        async with contextlib.aclosing(chunks):  # type: ignore[type-var]  # an async generator
+            first = await anext(chunks)  # errors surface as a status code before the stream starts
+            await reply.start_stream()
+            await reply.event(msgspec.json.encode(first))
             async for chunk in chunks:
-                data = b"data: " + msgspec.json.encode(chunk) + b"\n\n"
-                await send({"type": "http.response.body", "body": data, "more_body": True})
-        except GyreError as exc:
-            err = b"data: " + msgspec.json.encode(RouterError(str(exc), 500, "server_error").body()) + b"\n\n"
-            await send({"type": "http.response.body", "body": err, "more_body": True})
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+                await reply.event(msgspec.json.encode(chunk))
+        await reply.event(b"[DONE]", last=True)
 
     def _parse(self, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[str, Role, str]:
         """``/s/{token}[/{role}]/v1/{op}`` or ``/v1/{op}`` with a bearer token -> (token, role, op)."""
@@ -175,21 +184,78 @@ class AgentApp:
 
     async def _read_body(self, receive: Any) -> bytes:
         parts, size = [], 0
-        while True:
-            message = await receive()
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                raise RouterError(f"the request body is larger than the limit of {self.limit} bytes", 413)
-            parts.append(chunk)
-            if not message.get("more_body"):
-                return b"".join(parts)
+        try:
+            async with asyncio.timeout(self.body_timeout_s):  # a half-sent body must not hold its connection
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise RouterError("the client disconnected before sending the whole body", 400)
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.limit:
+                        raise RouterError(
+                            f"the request body is larger than the limit of {self.limit} bytes", 413
+                        )
+                    parts.append(chunk)
+                    if not message.get("more_body"):
+                        return b"".join(parts)
+        except TimeoutError:
+            raise RouterError(
+                f"the request body did not arrive within {self.body_timeout_s:g} s (router.body_timeout_s)",
+                408,
+            ) from None
 
 
-async def _send(send: Any, status: int, body: bytes) -> None:
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+class _Reply:
+    """The response side of one agent request: knows whether the response has started."""
+
+    def __init__(self, send: Any) -> None:
+        self._send = send
+        self.started = False
+
+    async def json(self, status: int, data: Any, close: bool = False) -> None:
+        """A whole JSON response."""
+        body = msgspec.json.encode(data)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        if close:
+            headers.append((b"connection", b"close"))
+        self.started = True
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+        await self._send({"type": "http.response.body", "body": body})
+
+    async def start_stream(self) -> None:
+        """Status 200 and the headers of a server-sent event stream."""
+        headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+        self.started = True
+        await self._send({"type": "http.response.start", "status": 200, "headers": headers})
+
+    async def event(self, payload: bytes, last: bool = False) -> None:
+        """One event (a client that went away is not an error: the server drops what is sent to it)."""
+        await self._send({"type": "http.response.body", "body": sse_event(payload), "more_body": not last})
+
+    async def end_stream(self, error: RouterError) -> None:
+        """End a started stream with an error event, then ``[DONE]``."""
+        with contextlib.suppress(Exception):
+            await self.event(msgspec.json.encode(error.body()))
+            await self.event(b"[DONE]", last=True)
+
+
+@contextlib.asynccontextmanager
+async def _abort_on_disconnect(receive: Any, control: CallControl) -> AsyncIterator[None]:
+    """While the block runs, a client that disconnects aborts the call (it then ends with what it generated)."""
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        await control.abort()
+
+    watcher = asyncio.ensure_future(watch())  # owned by this block: cancelled when it ends
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
 
 
 def _decode(raw: bytes, type_: type[T]) -> T:
@@ -199,6 +265,8 @@ def _decode(raw: bytes, type_: type[T]) -> T:
         raise RouterError(f"invalid request: {exc}", 400) from None
     except msgspec.DecodeError as exc:
         raise RouterError(f"the body is not valid JSON: {exc}", 400) from None
+    except RecursionError:
+        raise RouterError("the body is nested too deeply", 400) from None
 
 
 def build_agent_app(router: Router) -> AgentApp:
@@ -209,10 +277,25 @@ def build_agent_app(router: Router) -> AgentApp:
 def build_admin_app(router: Router) -> Starlette:
     """Sessions, engines and statistics: for the driver and operators, never for agents."""
 
+    timeout_s, limit = router.cfg.body_timeout_s, 2**20  # admin bodies are small
+
+    async def body(request: Request, type_: type[T]) -> T:
+        size, parts = 0, []
+        try:
+            async with asyncio.timeout(timeout_s):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise RouterError(f"the request body is larger than the limit of {limit} bytes", 413)
+                    parts.append(chunk)
+        except TimeoutError:
+            raise RouterError(f"the request body did not arrive within {timeout_s:g} s", 408) from None
+        raw = b"".join(parts)
+        return _decode(raw if raw.strip() else b"{}", type_)
+
     async def open_session(request: Request) -> Response:
-        raw = await request.body()
-        data = msgspec.json.decode(raw) if raw.strip() else {}
-        token = router.open_session(data.get("execution_id") if isinstance(data, dict) else None)
+        data = await body(request, OpenSessionRequest)
+        token = router.open_session(data.execution_id)
         host, port = router.cfg.host, router.cfg.port
         return _json({"token": token, "base_url": f"http://{host}:{port}/s/{token}/v1"})
 
@@ -231,10 +314,8 @@ def build_admin_app(router: Router) -> Starlette:
         return _json(router.pool.statistics())
 
     async def add_engine(request: Request) -> Response:
-        data = msgspec.json.decode(await request.body())
-        if not isinstance(data, dict) or not isinstance(data.get("url"), str):
-            raise RouterError('body must be {"url": "http://host:port", "name": optional}', 400)
-        engine = router.pool.add(data["url"], data.get("name"))
+        data = await body(request, AddEngineRequest)
+        engine = router.pool.add(data.url, data.name)
         return _json({"name": engine.name, "url": engine.url})
 
     async def drain(request: Request) -> Response:

@@ -23,7 +23,7 @@ from gyre.journal import Journal
 from gyre.records import ApiCallRecord, CallTiming, Role
 from gyre.router.core import Router
 from gyre.router.openai_types import ChatRequest, CompletionRequest, RouterError
-from gyre.router.pool import EnginePool
+from gyre.router.pool import CallControl, EnginePool
 from gyre.router.sessions import SessionStore
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -55,12 +55,14 @@ class UpstreamRouter(Router):
         if self.journal is not None:
             self.journal.close()
 
-    async def chat(self, token: str, req: ChatRequest, role: Role = "main") -> dict[str, Any]:
+    async def chat(
+        self, token: str, req: ChatRequest, role: Role = "main", control: CallControl | None = None
+    ) -> dict[str, Any]:
         """One ``chat.completion`` from the outside model."""
         return await self._call(token, "chat/completions", req, role)
 
     async def chat_stream(
-        self, token: str, req: ChatRequest, role: Role = "main"
+        self, token: str, req: ChatRequest, role: Role = "main", control: CallControl | None = None
     ) -> AsyncIterator[dict[str, Any]]:
         """The call made whole upstream, then handed out as chunks (content, tool calls, finish, usage)."""
         body = await self._call(token, "chat/completions", msgspec.structs.replace(req, stream=False), role)
@@ -76,7 +78,9 @@ class UpstreamRouter(Router):
         if (req.stream_options or {}).get("include_usage") and body.get("usage"):
             yield {**base, "choices": [], "usage": body["usage"]}
 
-    async def complete(self, token: str, req: CompletionRequest, role: Role = "main") -> dict[str, Any]:
+    async def complete(
+        self, token: str, req: CompletionRequest, role: Role = "main", control: CallControl | None = None
+    ) -> dict[str, Any]:
         """One ``text_completion`` from the outside model."""
         return await self._call(token, "completions", req, role)
 

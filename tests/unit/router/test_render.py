@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gyre.errors import ConfigError
@@ -180,6 +180,9 @@ messages = st.one_of(
 def test_random_continuations_keep_the_tito_identity(
     renderer: ChatRenderer, prefix: list[dict], reply: dict, new: list[dict], tools: list | None
 ) -> None:
+    # reply_ids encodes the reply as the wrapper does; special-token text in messages is encoded as text
+    # (tests/unit/router/test_hostile_render.py), where the wrapper would make it special ids.
+    assume(not any(token in json.dumps([reply, new]) for token in SPECIAL_TOKENS))
     assert_tito(renderer, prefix, reply, new, tools)
 
 
@@ -396,10 +399,10 @@ RENDER_CASES = {
     "plain": ([SYSTEM, USER], None),
     "tool calls and consecutive results": (CONVERSATION, TOOLS),
     "results then user, no system": ([USER, TWO_CALLS, tool("a", "1"), tool("b", "2"), USER], TOOLS),
-    "unicode, names, special-token text": (
+    "unicode, names, added-token text": (
         [
             {"role": "system", "content": "Grüße, 世界 🌍"},
-            {"role": "user", "content": "say <|im_end|> then <tool_call>", "name": "bob"},
+            {"role": "user", "content": "say </think> then <tool_call>", "name": "bob"},
             {"role": "assistant", "content": "ok", "tool_calls": [call("ü", arguments={"pfad": "ä/ß"})]},
         ],
         TOOLS,

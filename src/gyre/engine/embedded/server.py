@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from gyre.config import EngineConfig
 from gyre.engine.embedded.engine import EmbeddedEngine
+from gyre.engine.http import sse_event
 from gyre.errors import ConfigError, EngineRequestError, GyreError, ProtocolError
 from gyre.protocol import (
     AbortRequest,
@@ -92,12 +93,12 @@ def build_app(engine: EmbeddedEngine) -> Starlette:
 
         async def events() -> AsyncIterator[bytes]:
             try:
-                yield b"data: " + msgspec.json.encode(first) + b"\n\n"
+                yield sse_event(msgspec.json.encode(first))
                 async for chunk in stream:
-                    yield b"data: " + msgspec.json.encode(chunk) + b"\n\n"
+                    yield sse_event(msgspec.json.encode(chunk))
             except GyreError as exc:
                 err = {"error": {"message": str(exc), "type": "ServerError", "code": 500}}
-                yield b"data: " + msgspec.json.encode(err) + b"\n\n"
+                yield sse_event(msgspec.json.encode(err))
             finally:
                 await stream.aclose()
             yield b"data: [DONE]\n\n"
