@@ -22,6 +22,7 @@ key from this module's memory can still forge a report; these checks make the kn
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import hmac
 import importlib
@@ -29,9 +30,11 @@ import inspect
 import json
 import os
 import sys
+import types
 from typing import Any
 
 import pytest
+from _pytest.assertion.rewrite import rewrite_asserts
 
 _write, _open, _read, _close, _getpid = (
     os.write,
@@ -110,6 +113,17 @@ class _Grader:
         self.allowed_conftests = {
             os.path.realpath(os.path.join(_CONFIG["rootdir"], p)) for p in _CONFIG["conftests"]
         }
+        # the hidden test files as they were before any code of the agent's ran: what their tests' code must be
+        self.sources: dict[str, bytes] = {}
+        for rel in _CONFIG["tests"]:
+            path = os.path.realpath(os.path.join(_CONFIG["rootdir"], rel))
+            try:
+                with open(path, "rb") as f:
+                    self.sources[path] = f.read()
+            except OSError:
+                continue
+        self.pristine: dict[str, dict[tuple[str, int], list[types.CodeType]]] = {}
+        self.config: Any = None
         self.tripped: set[str] = set()
         self.phases: dict[str, str] = {}  # nodeid -> the worst outcome of its phases so far
         self.code: dict[str, object] = {}  # nodeid -> its test function's code, at collection
@@ -190,6 +204,40 @@ class _Grader:
                 if function not in before and not self._trusted(function):
                     self.trip(f"a hook implementation of the agent's was added to {hook}")
 
+    def _pristine(self, path: str) -> dict[tuple[str, int], list[types.CodeType]]:
+        """The code objects of a hidden test file compiled from its source as pytest compiles it (asserts rewritten
+        or not), by (qualified name, first line)."""
+        if path not in self.pristine:
+            table: dict[tuple[str, int], list[types.CodeType]] = {}
+            for rewrite in (True, False):
+                tree = ast.parse(self.sources[path], filename=path)
+                if rewrite:
+                    rewrite_asserts(tree, self.sources[path], path, self.config)
+                stack = [compile(tree, path, "exec", dont_inherit=True)]
+                while stack:
+                    code = stack.pop()
+                    table.setdefault((_qualname(code), code.co_firstlineno), []).append(code)
+                    stack += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+            self.pristine[path] = table
+        return self.pristine[path]
+
+    def check_test(self, item: pytest.Item) -> None:
+        """Trip when a hidden test's function is not what its file's source compiles to (or its module's ``pytest``
+        is not pytest)."""
+        path = os.path.realpath(str(item.path))
+        if path not in self.sources:
+            return
+        module = getattr(getattr(item, "module", None), "__dict__", {})
+        if module.get("pytest", pytest) is not pytest:
+            self.trip(f"the name pytest in {item.nodeid.split('::')[0]} is not pytest")
+        function = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        code = getattr(function, "__code__", None)
+        if not isinstance(code, types.CodeType):
+            return
+        candidates = self._pristine(path).get((_qualname(code), code.co_firstlineno), [])
+        if not any(_same_code(code, c) for c in candidates):
+            self.trip(f"the code of {item.nodeid[:200]} is not its hidden source's")
+
     def report(self, rep: pytest.TestReport) -> None:
         """Fold one phase's report into its test's outcome; a test's event goes out after its teardown."""
         if type(rep) is not pytest.TestReport:
@@ -205,6 +253,28 @@ class _Grader:
             self.emit("test", id=rep.nodeid[:MAX_ID_CHARS], outcome=self.phases.pop(rep.nodeid))
 
 
+def _qualname(code: types.CodeType) -> str:
+    return getattr(code, "co_qualname", code.co_name)
+
+
+def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
+    """The same bytecode, names and constants (nested code compared alike)."""
+    if (a.co_code, a.co_names, a.co_varnames, len(a.co_consts)) != (
+        b.co_code,
+        b.co_names,
+        b.co_varnames,
+        len(b.co_consts),
+    ):
+        return False
+    for x, y in zip(a.co_consts, b.co_consts, strict=True):
+        if isinstance(x, types.CodeType) or isinstance(y, types.CodeType):
+            if not (isinstance(x, types.CodeType) and isinstance(y, types.CodeType) and _same_code(x, y)):
+                return False
+        elif type(x) is not type(y) or (x != y and x == x):  # NaN constants compare unequal to themselves
+            return False
+    return True
+
+
 _grader = _Grader()
 
 
@@ -212,6 +282,7 @@ _grader = _Grader()
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     """Watch the plugins from here on, then put the task's import paths (the workspace's) on sys.path."""
     _grader.watch(early_config.pluginmanager)
+    _grader.config = early_config
     for path in reversed(_CONFIG["pythonpath"]):
         sys.path.insert(0, path)
 
@@ -224,6 +295,7 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
         _grader.code[item.nodeid] = getattr(getattr(item, "obj", None), "__code__", None)
+        _grader.check_test(item)
     _grader.check()
 
 
@@ -242,7 +314,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def pytest_runtest_call(item: pytest.Item) -> None:
     code = getattr(getattr(item, "obj", None), "__code__", None)
     if item.nodeid in _grader.code and code is not _grader.code[item.nodeid]:
-        _grader.trip(f"the code of {item.nodeid} was replaced")
+        _grader.trip(f"the code of {item.nodeid[:200]} was replaced")
+    _grader.check_test(item)
 
 
 @pytest.hookimpl(tryfirst=True)

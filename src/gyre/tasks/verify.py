@@ -289,6 +289,7 @@ def _write_grader(task: Task, spec: VerifierSpec, grader: Path, shown_workspace:
                 "pythonpath": [os.path.normpath(f"{shown_workspace}/{p}") for p in pythonpath]
                 + [shown_workspace],
                 "conftests": hidden_conftests,
+                "tests": sorted(_hidden_test_paths(task)),
             }
         ),
     }
@@ -322,6 +323,8 @@ def _prepare(task: Task, spec: VerifierSpec, graded: Path) -> None:
     """Remove what the grader supplies or replaces from the copy, then put the hidden files in (blocking)."""
     hidden_dirs = {PurePosixPath(p).parts[0] for p in task.hidden_files if len(PurePosixPath(p).parts) > 1}
     patterns = [*spec.remove, *sorted(hidden_dirs), REPORT_DIR]
+    if _pytest_graded(spec):  # no bytecode of the agent's making stands in for a hidden test's source
+        patterns.append("**/__pycache__")
     if spec.report_path and not spec.report_path.startswith("/"):
         patterns.append(spec.report_path)
     _remove_matching(graded, patterns)
