@@ -6,7 +6,9 @@ What a command sees and may do:
   true`` shares the host's), no process of the host, hostname ``gyre``;
 - uid 0 inside, which on the host is never a privileged uid: under a root driver each sandbox runs as an
   unprivileged uid of its own (``setpriv`` before bwrap, see `gyre.sandbox.limits.own_uid`), which owns its
-  workspace and ``/tmp``; otherwise the driver's uid;
+  workspace and ``/tmp`` while it is open (a given workspace gets its owners back at close); otherwise the
+  driver's uid. Paths that uid cannot reach (under ``/root``, say) are bound first in a mount namespace of the
+  launcher's own, where it can;
 - no capabilities (``--cap-drop ALL``), no_new_privs, and no nested user namespaces (``--disable-userns``);
 - a seccomp filter (`gyre.sandbox.seccomp`): no setuid/setgid bits or device nodes, no kernel keyrings (the
   driver's session keyring is inherited), no io_uring, bpf or userfaultfd;
@@ -28,6 +30,7 @@ plain subprocess (issue 4's target: overhead p50 <= 10 ms); about 4 ms of it is 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fnmatch
 import functools
 import logging
@@ -38,12 +41,11 @@ import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import ClassVar
 
 from gyre.config import SandboxConfig
-from gyre.errors import SandboxError
 from gyre.sandbox import limits, seccomp
 from gyre.sandbox.base import WORKSPACE
 from gyre.sandbox.workspace import SYSTEM_PATH, HostSandbox
@@ -178,36 +180,45 @@ class BwrapSandbox(HostSandbox):
     WORKSPACE = WORKSPACE
     _kill_children_first = True  # bwrap reaps its child (the command, pid 1 of the namespace) and exits
 
+    def __init__(
+        self, cfg: SandboxConfig, workspace: Path | None = None, binds: Sequence[tuple[str, str, bool]] = ()
+    ) -> None:
+        super().__init__(cfg, workspace, binds)
+        self._staged: dict[str, str] = {}  # host path -> where the launcher binds it for the sandbox's uid
+        self._owners: dict[tuple[int, int], tuple[int, int]] = {}  # a given workspace's, before: see _remove
+
     def _prepare(self) -> None:
         system_binds()  # the first call copies /etc: here, in a thread, not on the loop
         if seccomp.filter_file() is None:
             _warn_no_seccomp()
         if not limits.own_uid(self.isolated):
             return
-        # Its own unprivileged uid: never host root (and RLIMIT_NPROC holds). The sandbox's files must be that
-        # uid's, and bwrap, running as it, must reach their paths (it resolves even fds given to it back to paths).
-        for parent in [self.root, *self.root.parents, *([self.workspace, *self.workspace.parents])]:
-            if not parent.stat().st_mode & stat.S_IXOTH:
-                if parent == self.root:
-                    parent.chmod(0o711)
-                    continue
-                raise SandboxError(
-                    f"a root driver runs each sandbox as its own unprivileged uid, which needs every directory "
-                    f"above the workspace searchable by other users, and {parent} is not (chmod o+x {parent}, or "
-                    f"set sandbox.workspace_root elsewhere)"
-                )
+        # Its own unprivileged uid: never host root (and RLIMIT_NPROC holds). Its files must be that uid's, so
+        # that it can write them; a given workspace gets its owners back at close.
         uid = random.randrange(100_000_000, 2_000_000_000)
+        if self._given_workspace is not None:
+            self._owners = _owners(self.workspace)
         for top in (self.workspace, self.root / "tmp"):
-            os.chown(top, uid, uid)
-            for dirpath, dirnames, filenames in os.walk(top):
-                for name in dirnames + filenames:
-                    os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
+            _chown_tree(top, uid)
         self._owner = uid
+        # bwrap, running as that uid, must reach every path it binds (it resolves even fds given to it back to
+        # paths): those behind a directory others cannot search are bound first at a mount point it can reach.
+        self.root.chmod(0o711)
+        for host in [str(self.workspace), str(self.root / "tmp"), *(h for h, _, _ in self.binds)]:
+            real = os.path.realpath(host)
+            if host not in self._staged and not _reachable(real):
+                point = _stage_root() / f"{self.id}-{len(self._staged)}"
+                if os.path.isdir(real):
+                    point.mkdir()
+                else:
+                    point.touch()
+                self._staged[host] = str(point)
 
     def _launcher_prefix(self) -> list[str]:
         files = self._cgroup.procs_files if self._cgroup is not None else []
         memory_in_cgroup = self._cgroup is not None and self._cgroup.memory_limited
-        prefix = limits.join_argv(files, seccomp.filter_file())
+        staged = [(os.path.realpath(h), p) for h, p in self._staged.items()]
+        prefix = limits.join_argv(files, seccomp.filter_file(), staged)
         prefix += limits.prlimit_argv(self.cfg, self.containment, memory_in_cgroup)
         if self._owner is not None:  # setpriv rather than Popen(user=...), which uvloop does not support
             prefix += limits.setpriv_argv(self._owner)
@@ -217,10 +228,75 @@ class BwrapSandbox(HostSandbox):
         self, argv: list[str], env: dict[str, str], cwd: str | None
     ) -> tuple[list[str], dict[str, str], str]:
         fd = _SECCOMP_FD if seccomp.filter_file() is not None else None
-        inner = bwrap_argv(
-            self.cfg, str(self.workspace), str(self.root / "tmp"), argv, env, cwd, self.binds, fd
-        )
+        workspace, tmp = (self._staged.get(str(p), str(p)) for p in (self.workspace, self.root / "tmp"))
+        binds = [(self._staged.get(h, h), inside, writable) for h, inside, writable in self.binds]
+        inner = bwrap_argv(self.cfg, workspace, tmp, argv, env, cwd, binds, fd)
         return self._launcher_prefix() + inner, {"PATH": SYSTEM_PATH}, "/"
+
+    def _remove(self) -> None:
+        try:
+            if self._owner is not None and self._given_workspace is not None:
+                _restore_owners(self._given_workspace, self._owners)
+            for point in self._staged.values():  # a mount point only in launchers' namespaces
+                with contextlib.suppress(OSError):
+                    if os.path.isdir(point):
+                        os.rmdir(point)
+                    else:
+                        os.unlink(point)
+        finally:
+            super()._remove()
+
+
+def _reachable(path: str) -> bool:
+    """Whether a uid of its own (no group of the path's) may search every directory above ``path``."""
+    return all(os.stat(p).st_mode & stat.S_IXOTH for p in Path(path).parents)
+
+
+@functools.cache
+def _stage_root() -> Path:
+    """Where paths a sandbox's uid cannot reach are bound for it (once per process; removed at its exit)."""
+    root = Path(tempfile.mkdtemp(prefix=f"gyre-stage-{os.getpid()}-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    root.chmod(0o711)
+    return root
+
+
+def _owners(top: Path) -> dict[tuple[int, int], tuple[int, int]]:
+    """(device, inode) -> (uid, gid) of every entry of a tree, ``top`` included."""
+    out = {}
+    for path in _entries(top):
+        st = os.lstat(path)
+        out[st.st_dev, st.st_ino] = st.st_uid, st.st_gid
+    return out
+
+
+def _entries(top: Path) -> Iterator[str]:
+    """``top`` and every path below it (symlinks are listed, never followed)."""
+    yield str(top)
+    for dirpath, dirnames, filenames in os.walk(top):
+        for name in dirnames + filenames:
+            yield os.path.join(dirpath, name)
+
+
+def _chown_tree(top: Path, uid: int) -> None:
+    """Give a tree to ``uid`` (as its gid too), except files with other hard links: those may also lie outside
+    the tree, where the sandbox must not gain the right to write them."""
+    for path in _entries(top):
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) or st.st_nlink == 1:
+            os.chown(path, uid, uid, follow_symlinks=False)
+
+
+def _restore_owners(top: Path, owners: dict[tuple[int, int], tuple[int, int]]) -> None:
+    """Give each entry of a given workspace its owner from before the sandbox (new entries: the workspace's)."""
+    st = os.lstat(top)
+    default = owners.get((st.st_dev, st.st_ino), (st.st_uid, st.st_gid))
+    for path in _entries(top):
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            uid, gid = owners.get((st.st_dev, st.st_ino), default)
+            if (st.st_uid, st.st_gid) != (uid, gid):
+                os.chown(path, uid, gid, follow_symlinks=False)
 
 
 @functools.cache

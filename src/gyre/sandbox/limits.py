@@ -32,6 +32,7 @@ import logging
 import os
 import shlex
 import shutil
+from collections.abc import Sequence
 from typing import Literal
 
 from gyre.config import SandboxConfig
@@ -41,7 +42,9 @@ from gyre.sandbox import cgroups
 log = logging.getLogger(__name__)
 
 Containment = Literal["cgroup", "uid", "rlimit"]
-JOIN_FAILED_EXIT = 125  # the launcher's exit code when it could not join the sandbox's cgroups
+JOIN_FAILED_EXIT = (
+    125  # the launcher's exit code when it could not join the sandbox's cgroups (or bind a path)
+)
 MIB = 1 << 20
 
 
@@ -136,9 +139,15 @@ def prlimit_argv(cfg: SandboxConfig, mode: Containment, memory_in_cgroup: bool) 
     return [*argv, "--"]
 
 
-def join_argv(procs_files: list[str], fd3: str | None = None) -> list[str]:
+def join_argv(
+    procs_files: list[str], fd3: str | None = None, staged: Sequence[tuple[str, str]] = ()
+) -> list[str]:
     """The launcher's ``bash``: it closes every descriptor above stderr, joins the cgroups whose ``cgroup.procs``
-    files are given, opens ``fd3`` (if any) read-only on descriptor 3, then execs its arguments."""
+    files are given, opens ``fd3`` (if any) read-only on descriptor 3, then execs its arguments.
+
+    ``staged``: (host path, mount point) pairs bound in a mount namespace of the launcher's own (``unshare``, so
+    the host sees nothing), for a backend running as a uid that cannot reach the host paths themselves.
+    """
     # {n}>&- closes the descriptor numbered $n (any number: sh only knows 0-9); the glob's own, already closed
     # descriptor fails quietly.
     script = "for f in /proc/self/fd/*; do n=${f##*/}; ((n > 2)) && { exec {n}>&-; } 2>/dev/null; done; "
@@ -146,8 +155,14 @@ def join_argv(procs_files: list[str], fd3: str | None = None) -> list[str]:
         joins = " && ".join(f"echo $$ > {shlex.quote(f)}" for f in procs_files)
         failed = f"{{ echo 'gyre: cannot join the sandbox cgroup' >&2; exit {JOIN_FAILED_EXIT}; }}"
         script += f"{{ {joins}; }} 2>/dev/null || {failed}; "
+    for host, point in staged:
+        mount = f"{shlex.quote(tool('mount'))} --rbind -- {shlex.quote(host)} {shlex.quote(point)}"
+        script += (
+            f"{mount} || {{ echo 'gyre: cannot bind {shlex.quote(host)}' >&2; exit {JOIN_FAILED_EXIT}; }}; "
+        )
     script += 'exec "$@"' + (f" 3<{shlex.quote(fd3)}" if fd3 is not None else "")
-    return [tool("bash"), "-c", script, "bash"]
+    unshare = [tool("unshare"), "--mount", "--propagation", "private", "--"] if staged else []
+    return [*unshare, tool("bash"), "-c", script, "bash"]
 
 
 _MEMORY_WORDS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")

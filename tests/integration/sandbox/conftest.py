@@ -1,7 +1,8 @@
 """Sandbox fixtures: a config with small limits per test, its workspaces in a directory of the test's own.
 
-Under a root driver every sandbox runs as its own unprivileged uid, which must reach its workspace: the directory
-is made in the system temp dir and traversable by others (pytest's own tmp_path is private to its user).
+That directory is in the system temp dir, traversable by others, as workspaces are by default; under pytest's own
+tmp_path (private to its user) a root driver's sandboxes reach them through bind mounts of the launcher
+(`test_paths_behind_private_directories_are_still_bound`).
 """
 
 from __future__ import annotations

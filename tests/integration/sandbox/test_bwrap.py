@@ -198,7 +198,7 @@ def test_a_given_workspace_is_bound_and_kept(cfg: SandboxConfig, scratch: Path) 
     assert (ws / "README").read_text() == "mine" and (ws / "made").exists()
 
 
-def test_uid_containment_runs_as_its_own_user(cfg: SandboxConfig, tmp_path: Path) -> None:
+def test_uid_containment_runs_as_its_own_user(cfg: SandboxConfig) -> None:
     if os.geteuid() != 0:
         pytest.skip("uid containment needs root")
     uid_cfg = msgspec.structs.replace(cfg, containment="uid")
@@ -211,10 +211,24 @@ def test_uid_containment_runs_as_its_own_user(cfg: SandboxConfig, tmp_path: Path
             assert r.ok and r.stdout == "0\nx1\n", r
             owner = (sb.workspace / "d/f.txt").stat().st_uid
             assert owner not in (0, os.getuid()) and (sb.workspace / "d").stat().st_uid == owner
-        private = msgspec.structs.replace(cfg, workspace_root=str(tmp_path))  # pytest's: 0700 directories
-        with pytest.raises(SandboxError, match="searchable by other users"):
-            async with make_sandbox(private):
-                pass
+
+    asyncio.run(go())
+
+
+def test_paths_behind_private_directories_are_still_bound(cfg: SandboxConfig, tmp_path: Path) -> None:
+    # pytest's tmp_path lies under a 0700 directory, as /root does: a root driver's sandbox uid cannot search it
+    private = msgspec.structs.replace(cfg, workspace_root=str(tmp_path / "sandboxes"))
+    (tmp_path / "tools").mkdir()
+    (tmp_path / "tools" / "hello").write_text("echo hello from a private dir\n")
+    ws = tmp_path / "given"
+    ws.mkdir()
+
+    async def go() -> None:
+        binds = [(str(tmp_path / "tools"), "/opt/tools", False)]
+        async with make_sandbox(private, binds=binds) as sb, make_sandbox(private, workspace=ws) as given:
+            r = await sb.exec("sh /opt/tools/hello; echo x > f; cat f; touch /tmp/t; touch /opt/tools/no")
+            assert r.stdout == "hello from a private dir\nx\n" and "Read-only" in r.stderr, r
+            assert (await given.exec("echo y > made && cat made")).stdout == "y\n"
 
     asyncio.run(go())
 

@@ -263,3 +263,33 @@ def test_mounts_namespaces_host_processes_and_hard_links_stay_out_of_reach(
             assert "no such process" in r.stdout, r
 
     asyncio.run(go())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="owners change only where the driver is root")
+def test_a_given_workspace_keeps_its_owners_and_its_hard_links_stay_read_only(scratch: Path) -> None:
+    outside = scratch / "outside.txt"  # a host file outside the workspace, hard-linked into it
+    outside.write_text("host data\n")
+    os.chown(outside, 1234, 1234)
+    outside.chmod(0o644)
+    ws = scratch / "repo"
+    ws.mkdir()
+    os.chown(ws, 4321, 4321)
+    (ws / "mine.txt").write_text("mine\n")
+    os.chown(ws / "mine.txt", 4321, 4321)
+    os.link(outside, ws / "linked.txt")
+    cfg = SandboxConfig(workspace_root=str(scratch))
+
+    async def go() -> None:
+        async with make_sandbox(cfg, workspace=ws) as sb:
+            r = await sb.exec("echo more >> mine.txt; echo new > new.txt; mkdir d; echo pwned >> linked.txt")
+            assert "linked.txt: Permission denied" in r.stderr, r
+            assert (sb.workspace / "new.txt").stat().st_uid not in (0, 4321)  # the sandbox's while it runs
+
+    asyncio.run(go())
+    assert outside.read_text() == "host data\n" and (outside.stat().st_uid, outside.stat().st_gid) == (
+        1234,
+        1234,
+    )
+    assert (ws / "mine.txt").read_text() == "mine\nmore\n"
+    for name in (".", "mine.txt", "new.txt", "d"):  # as before; new entries: the workspace's owner
+        assert ((ws / name).stat().st_uid, (ws / name).stat().st_gid) == (4321, 4321), name
