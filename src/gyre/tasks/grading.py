@@ -83,6 +83,9 @@ class Channel:
     key: bytes = field(default_factory=lambda: os.urandom(KEY_BYTES))
     data: bytearray = field(default_factory=bytearray)
     overflowed: bool = False
+    written_early: bool = (
+        False  # something was in a pipe before its command started (an earlier command's code)
+    )
     _fds: list[int] = field(default_factory=list)
 
     @property
@@ -94,17 +97,18 @@ class Channel:
         return self.directory / f"report-{self.index}"
 
     def open(self) -> None:
-        """Make the FIFOs and hold both ends open (blocking, quick): the key waits in its pipe for the plugin."""
+        """Make the FIFOs and hold both ends open, read-write: never an EOF, never a blocked open (blocking, quick)."""
         for path, mode in ((self.key_path, 0o644), (self.report_path, 0o622)):
             os.mkfifo(path, 0o600)
             path.chmod(mode)  # a sandbox running as its own uid reads the key and writes the report
-            self._fds.append(
-                os.open(path, os.O_RDWR | os.O_NONBLOCK)
-            )  # read-write: never an EOF, never blocks
-        os.write(self._fds[0], self.key)
+            self._fds.append(os.open(path, os.O_RDWR | os.O_NONBLOCK))
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Read the events as they are written (the pipe holds 64 KiB; a writer must never wait on the host)."""
+        """Just before the command: empty both pipes (what an earlier command's code left there is tampering), put
+        the key in, and read the events as they are written (a writer must never wait on the host)."""
+        for fd in self._fds:
+            self.written_early |= bool(_read_all(fd))
+        os.write(self._fds[0], self.key)
         loop.add_reader(self._fds[1], self.drain)
 
     def drain(self) -> None:
@@ -131,6 +135,18 @@ class Channel:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds.clear()
+
+
+def _read_all(fd: int) -> bytes:
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return out
+        if not chunk:
+            return out
+        out += chunk
 
 
 @dataclass

@@ -278,7 +278,9 @@ def _open_channels(grader: Path, channels: list[grading.Channel]) -> None:
 def _write_grader(task: Task, spec: VerifierSpec, grader: Path, shown_workspace: str) -> None:
     """The grader plugin, the task's pytest configuration and what the plugin needs to know (blocking)."""
     name, text, pythonpath = grading.task_config(task)
-    hidden_conftests = sorted(p for p in task.hidden_files if PurePosixPath(p).name == "conftest.py")
+    conftests = sorted(
+        p for p in {**task.files, **task.hidden_files} if PurePosixPath(p).name == "conftest.py"
+    )
     files = {
         f"{grading.PLUGIN_MODULE}.py": grading.PLUGIN_SOURCE.read_text(),
         name: text,
@@ -288,7 +290,7 @@ def _write_grader(task: Task, spec: VerifierSpec, grader: Path, shown_workspace:
                 # the task's import paths, then the workspace (what `python -m pytest` would have given)
                 "pythonpath": [os.path.normpath(f"{shown_workspace}/{p}") for p in pythonpath]
                 + [shown_workspace],
-                "conftests": hidden_conftests,
+                "conftests": conftests,
                 "tests": sorted(_hidden_test_paths(task)),
             }
         ),
@@ -323,12 +325,17 @@ def _prepare(task: Task, spec: VerifierSpec, graded: Path) -> None:
     """Remove what the grader supplies or replaces from the copy, then put the hidden files in (blocking)."""
     hidden_dirs = {PurePosixPath(p).parts[0] for p in task.hidden_files if len(PurePosixPath(p).parts) > 1}
     patterns = [*spec.remove, *sorted(hidden_dirs), REPORT_DIR]
-    if _pytest_graded(spec):  # no bytecode of the agent's making stands in for a hidden test's source
-        patterns.append("**/__pycache__")
+    if _pytest_graded(
+        spec
+    ):  # no bytecode or conftest of the agent's making: the task's conftests are put back
+        patterns += ["**/__pycache__", "**/conftest.py"]
     if spec.report_path and not spec.report_path.startswith("/"):
         patterns.append(spec.report_path)
     _remove_matching(graded, patterns)
-    for path, text in task.hidden_files.items():
+    supplied = dict(task.hidden_files)
+    if _pytest_graded(spec):
+        supplied |= {p: t for p, t in task.files.items() if PurePosixPath(p).name == "conftest.py"}
+    for path, text in supplied.items():
         paths.write_file(graded, path, str(graded), text.encode())
 
 
@@ -388,6 +395,8 @@ def _score_pytest(
         run = grading.read_events(bytes(channel.data), channel.key)
         if channel.overflowed:
             run.tampering.append(f"more than {grading.MAX_EVENT_BYTES} bytes of report")
+        if channel.written_early:
+            run.tampering.append("its key or report pipe was written before it started")
         grading.judge_unfinished(run, result.exit_code, result.timed_out)
         tampering += [f"command {channel.index}: {why}" for why in run.tampering]
         sessions += run.started

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import tempfile
 import textwrap
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gyre.config import SandboxConfig
@@ -27,13 +29,13 @@ def task() -> Task:
     return next(t for t in resolve_suite("nl2repo-mini") if t.id == "number-words")
 
 
-def grade(tmp_path: Path, files: dict[str, str]) -> Verdict:
+def grade(tmp_path: Path, files: dict[str, str], graded: Task | None = None) -> Verdict:
     root = tmp_path / "ws"
     root.mkdir(parents=True)
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
-    return asyncio.run(Verifier(SandboxConfig(), retries=0).verify(task(), root))
+    return asyncio.run(Verifier(SandboxConfig(), retries=0).verify(graded or task(), root))
 
 
 def assert_caught(verdict: Verdict, *, tampered: bool) -> None:
@@ -190,6 +192,55 @@ def test_test_functions_replaced_before_collection_are_tampered(tmp_path: Path) 
     assert_caught(grade(tmp_path, {**STUBS, "numwords/__init__.py": payload}), tampered=True)
 
 
+def test_a_tracer_jumping_over_assertions_is_tampered(tmp_path: Path) -> None:
+    # a trace function jumps over asserts that are not a test's last line (number-words' tests mostly have one: this
+    # gained nothing on 38de5e8, but a tracer installed by the agent's code is caught whatever it does)
+    payload = textwrap.dedent(
+        """
+        import linecache, sys
+
+        def local(frame, event, arg):
+            if event == "line":
+                line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+                if line.startswith("assert ") and linecache.getline(frame.f_code.co_filename, frame.f_lineno + 1).strip():
+                    try:
+                        frame.f_lineno += 1
+                    except ValueError:
+                        pass
+            return local
+
+        def tracer(frame, event, arg):
+            return local if "/tests/test_" in frame.f_code.co_filename else None
+
+        sys.settrace(tracer)
+        """
+    )
+    assert_caught(grade(tmp_path, {**STUBS, "numwords/__init__.py": payload}), tampered=True)
+
+
+def test_a_report_written_ahead_for_a_later_command_is_tampered(tmp_path: Path) -> None:
+    # with two commands, the first one's code writes the second one's report in advance
+    commands = ("pytest tests/test_roman.py", "pytest tests/test_cardinal.py tests/test_compact.py")
+    original = task()
+    assert original.verifier is not None
+    two = msgspec.structs.replace(
+        original, verifier=msgspec.structs.replace(original.verifier, commands=commands)
+    )
+    payload = FORGE + textwrap.dedent(
+        """
+        import atexit
+        report = os.environ.get("GYRE_GRADER_REPORT", "")
+        if report.endswith("-0"):
+            os.environ["GYRE_GRADER_REPORT"] = report[:-1] + "1"
+            forge()
+            os.environ["GYRE_GRADER_REPORT"] = report
+        elif not report:
+            atexit.register(forge)
+        """
+    )
+    assert_caught(grade(tmp_path, {"numwords/__init__.py": payload}, two), tampered=True)
+
+
 def test_killing_the_pytest_process_or_its_parent_scores_0(tmp_path: Path) -> None:
     # not a way to a score, but it must be a 0 (a crash of the agent's code), not a dropped execution
     for i, target in enumerate(("os.getpid()", "os.getppid()")):
@@ -218,25 +269,51 @@ def test_startup_hooks_and_conftest_plugins_never_run(tmp_path: Path) -> None:
     assert_caught(asyncio.run(Verifier(retries=0).verify(task(), tmp_path / "ws2")), tampered=False)
 
 
-def test_a_workspace_nested_1200_deep_is_graded(tmp_path: Path) -> None:
-    # Python's recursive walk and rmtree raised RecursionError out of the verifier, which took the runtime down
-    root = tmp_path / "ws"
-    deep = root
-    for _ in range(1200):  # one level at a time: pathlib's mkdir(parents=True) recurses too
-        deep /= "d"
-        deep.mkdir(parents=deep.parent == root)
-    (deep / "conftest.py").write_text("raise SystemExit(3)\n")  # the agent's conftest, removed at any depth
-    for rel, text in task().solution_files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
+def test_a_workspace_nested_1200_deep_is_graded() -> None:
+    # Python's recursive walk and rmtree raised RecursionError out of the verifier, which took the runtime down.
+    # Outside pytest's tmp_path: its clean-up of old temporary directories recurses too.
+    root = Path(tempfile.mkdtemp(prefix="gyre-redteam-deep-"))
     try:
+        deep = root
+        for _ in range(1200):  # one level at a time: pathlib's mkdir(parents=True) recurses too
+            deep /= "d"
+            deep.mkdir()
+        (deep / "conftest.py").write_text(
+            "raise SystemExit(3)\n"
+        )  # the agent's conftest, removed at any depth
+        for rel, text in task().solution_files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
         verdict = asyncio.run(Verifier(SandboxConfig(), retries=0).verify(task(), root))
         assert (verdict.outcome, verdict.score) == ("scored", 1.0), verdict.detail
     finally:
-        subprocess.run(["rm", "-rf", str(root)], check=True)  # before pytest's own (recursive) clean-up
+        subprocess.run(["rm", "-rf", str(root)], check=True)
 
 
 # --- what the grader does not catch (README: "What the grader guarantees") ----------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason="code aimed at the grader plugin itself can read its key: not caught")
+def test_a_report_forged_with_the_key_read_from_the_plugin_is_not_caught(tmp_path: Path) -> None:
+    payload = textwrap.dedent(
+        """
+        import os, sys
+
+        grader = sys.modules["gyre_grader"]._grader
+        for i in range(166):
+            grader.emit("test", id=f"tests/test_roman.py::t{i}", outcome="passed")
+        grader.emit("finish", exitstatus=0)
+        os._exit(0)
+        """
+    )
+    assert grade(tmp_path, {"numwords/__init__.py": payload}).score < 0.1
+
+
+@pytest.mark.xfail(strict=True, reason="code reading the expected values out of a test's frame: not caught")
+def test_stubs_reading_the_expected_value_from_the_tests_frame_are_not_caught(tmp_path: Path) -> None:
+    peek = "import sys\n\n\ndef __getattr__(name):\n    return lambda *a, **k: sys._getframe(1).f_locals.get('expected')\n"
+    files = {f"numwords/{n}.py": peek for n in ("roman", "cardinal", "compact")}
+    assert grade(tmp_path, {**STUBS, **files}).score < 0.1
 
 
 @pytest.mark.xfail(
