@@ -10,6 +10,7 @@
     │   ├── EngineUnavailable      the engine cannot be reached, crashed, timed out or answered 5xx
     │   └── EngineCapacityError    the request can never fit (longer than the context or the KV cache)
     ├── SandboxError           a sandbox could not be created, used or cleaned up
+    │   └── WorkspaceLimitExceeded a workspace passed its disk, inode or copy-time limit (recorded on its execution)
     ├── AgentError             an agent broke its contract (recorded on the execution)
     ├── TaskError              a task directory or task suite is malformed; says which file and field
     ├── TrainerError           the core trainer refused a request or did not answer; says which and why
@@ -58,6 +59,20 @@ class EngineCapacityError(EngineRequestError):
 
 class SandboxError(GyreError):
     """A sandbox could not be created, used or cleaned up."""
+
+
+class WorkspaceLimitExceeded(SandboxError):
+    """A workspace passed one of its limits: ``resource`` ("disk", "inodes" or "time"), ``limit``, ``seen``."""
+
+    def __init__(self, resource: str, limit: float, seen: float) -> None:
+        if resource == "disk":
+            what = f"holds more than {limit / 2**20:g} MiB of files (sandbox.disk_quota_mib)"
+        elif resource == "inodes":
+            what = f"holds more than {int(limit)} files, directories and links (sandbox.max_inodes)"
+        else:
+            what = f"took longer than {limit:g} s to copy (sandbox.copy_timeout_s)"
+        super().__init__(f"the workspace {what}")
+        self.resource, self.limit, self.seen = resource, limit, seen
 
 
 class AgentError(GyreError):

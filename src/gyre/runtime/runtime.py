@@ -1,25 +1,26 @@
 """Dispatches executions (a task, a group index, an agent spec) and keeps the counters the elastic controller reads.
 
-Each execution gets a router session and a sandbox, runs its agent under its wall-clock budget, and ends as data:
-``done``, ``budget_exceeded``, ``crashed`` or ``cancelled``. Then, whatever the status (cancelled aside), the task's
-verifier scores the workspace it left (`gyre.tasks.verify`). Its result (records, status, verdict, timings, error)
-is journaled before anything downstream sees it. An exception inside one execution is recorded on it and never reaches
-the others; cancelling the runtime cancels every execution and their sandboxes are cleaned up.
+Each execution gets a router session and a sandbox, runs its agent under its wall-clock budget and its workspace's
+disk and inode quotas, and ends as data: ``done``, ``budget_exceeded``, ``resource_exceeded`` (a quota: the agent is
+stopped, the workspace is not scored, the verdict is ``dropped``), ``crashed`` or ``cancelled``. Then, whatever the
+status (cancelled and over quota aside), the workspace loses its set-id bits and device files and the task's verifier
+scores it (`gyre.tasks.verify`). Its result (records, status, verdict, timings, error) is journaled before anything
+downstream sees it. Anything one execution raises, its verification and clean-up included, is recorded on it and
+never reaches the others; cancelling the runtime cancels every execution and their sandboxes are cleaned up. A
+command agent reaches the router only through its own socket, which serves its own session only (`sockets`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import os
-import shutil
 import sys
-import tempfile
 import time
 import traceback
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -31,17 +32,18 @@ from gyre.agents.builtin import BuiltinAgent, BuiltinAgentConfig
 from gyre.agents.client import InProcessModelClient
 from gyre.agents.command import SOCKET_DIR
 from gyre.config import SandboxConfig
-from gyre.errors import TaskError
+from gyre.errors import SandboxError, TaskError, WorkspaceLimitExceeded
 from gyre.journal import Journal
 from gyre.records import ApiCallRecord, CallRecord
 from gyre.router.core import Router
-from gyre.sandbox import make_sandbox
-from gyre.sandbox.workspace import make_scratch
+from gyre.runtime.sockets import session_socket
+from gyre.sandbox import Sandbox, make_sandbox, tree
+from gyre.sandbox.workspace import HostSandbox, make_scratch, workspace_limits
 from gyre.tasks.base import Task
 from gyre.tasks.verify import Verdict, Verifier
 
 log = logging.getLogger(__name__)
-ExecutionStatus = Literal["done", "budget_exceeded", "crashed", "cancelled"]
+ExecutionStatus = Literal["done", "budget_exceeded", "resource_exceeded", "crashed", "cancelled"]
 
 
 class BuiltinAgentSpec(msgspec.Struct, frozen=True, kw_only=True, tag="builtin"):
@@ -82,7 +84,7 @@ class ExecutionResult(msgspec.Struct, frozen=True, kw_only=True):
     group_index: int
     status: ExecutionStatus
     agent: AgentResult | None  # None when the agent did not finish by itself
-    error: str | None  # what went wrong, for crashed executions
+    error: str | None  # what went wrong: a crash, the quota passed, a failed verification or clean-up
     records: list[CallRecord]  # every model call, in order, token-exact (deltas on the calls they extend)
     prompt_tokens: int  # new input tokens over all calls
     completion_tokens: int
@@ -115,6 +117,7 @@ class RuntimeStatistics(msgspec.Struct, frozen=True):
     by_status: dict[str, int]
     burst: int = 0  # which burst these counters are of
     in_flight: int = 0  # executions dispatched and not finished, of every burst (overlapping bursts included)
+    internal_errors: int = 0  # verifications and clean-ups that raised, recorded on their executions
 
 
 @dataclass
@@ -146,10 +149,7 @@ class Runtime:
         self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self._bursts: dict[int, _Burst] = {0: _Burst()}
         self._burst = 0  # the burst new executions join
-        self._socket_dir: str | None = None
-        self._socket_lock = asyncio.Lock()
-        self._socket_server: Any = None
-        self._socket_task: asyncio.Future[None] | None = None
+        self._internal_errors = 0
 
     def statistics(self, burst: int | None = None) -> RuntimeStatistics:
         """The counters of ``burst`` (default: the current one) now."""
@@ -166,6 +166,7 @@ class Runtime:
             by_status=dict(b.by_status),
             burst=number,
             in_flight=sum(x.dispatched - x.finished for x in self._bursts.values()),
+            internal_errors=self._internal_errors,
         )
 
     def new_burst(self) -> int:
@@ -203,7 +204,7 @@ class Runtime:
         token = self.router.open_session(execution_id)
         status: ExecutionStatus = "crashed"
         agent_result: AgentResult | None = None
-        error: str | None = None
+        errors: list[str] = []
         scratch: Path | None = None
         verdict: Verdict | None = None
         try:
@@ -218,15 +219,27 @@ class Runtime:
                 status = "done"
             except TimeoutError:
                 status = "budget_exceeded"
+            except WorkspaceLimitExceeded as exc:
+                status = "resource_exceeded"
+                errors.append(str(exc))
             except Exception as exc:  # a failed execution is data, never raised to its neighbours
-                error = "".join(traceback.format_exception_only(exc)).strip()
-                log.info("execution %s crashed: %s", execution_id, error)
+                errors.append(_describe(exc))
+                log.info("execution %s crashed: %s", execution_id, errors[-1])
             if self._slots is not None:  # verification needs no model: free the slot for the next execution
                 self._slots.release()
                 held = False
+            workspace = scratch / "workspace" if scratch is not None and ready.is_set() else None
+            if workspace is not None and status != "resource_exceeded":
+                try:  # the last word on the quota, and nothing privileged leaves the sandbox
+                    await asyncio.to_thread(_settle, workspace, workspace_limits(self.sandbox_cfg))
+                except WorkspaceLimitExceeded as exc:
+                    status = "resource_exceeded"
+                    errors.append(str(exc))
+                except (OSError, SandboxError) as exc:
+                    errors.append(f"the workspace could not be checked: {_describe(exc)}")
+                    workspace = None
             if self.verifier is not None:
-                workspace = scratch / "workspace" if scratch is not None and ready.is_set() else None
-                verdict = await self.verifier.verify(spec.task, workspace)
+                verdict = await self._verify(spec, workspace, status, errors)
         except asyncio.CancelledError:
             self._finish(
                 spec, burst, execution_id, token, "cancelled", None, "cancelled", dispatched, started, None
@@ -236,10 +249,43 @@ class Runtime:
             if self._slots is not None and held:
                 self._slots.release()
             if scratch is not None:
-                await _remove(scratch)
+                cleanup = await self._remove(scratch)
+        if scratch is not None and cleanup is not None:
+            errors.append(cleanup)
+        error = "\n".join(errors) or None
         return self._finish(
             spec, burst, execution_id, token, status, agent_result, error, dispatched, started, verdict
         )
+
+    async def _verify(
+        self, spec: ExecutionSpec, workspace: Path | None, status: ExecutionStatus, errors: list[str]
+    ) -> Verdict:
+        """The verifier's verdict; ``dropped`` over quota or when verifying raised (recorded in ``errors``)."""
+        assert self.verifier is not None
+        if status == "resource_exceeded":
+            return Verdict(outcome="dropped", detail=errors[-1])
+        try:
+            return await self.verifier.verify(spec.task, workspace)
+        except Exception as exc:  # the verifier's bug or a hostile workspace: this execution's, no one else's
+            self._internal_errors += 1
+            errors.append(f"verification failed: {_describe(exc)}")
+            log.warning("verification of %s raised: %s", spec.task.id, errors[-1])
+            return Verdict(outcome="dropped", detail=errors[-1])
+
+    async def _remove(self, scratch: Path) -> str | None:
+        """Delete an execution's scratch directory off the loop (a cancellation still waits for it); what went wrong,
+        if anything."""
+        removing = asyncio.ensure_future(asyncio.to_thread(tree.remove, scratch))
+        try:
+            await asyncio.shield(removing)
+        except asyncio.CancelledError:
+            await asyncio.wait([removing])
+            raise
+        except Exception as exc:
+            self._internal_errors += 1
+            log.warning("cannot remove %s: %s", scratch, exc)
+            return f"clean-up failed: {_describe(exc)}"
+        return None
 
     def _make_scratch(self) -> Path:
         """A private directory holding the execution's workspace, which outlives its sandbox until it is scored."""
@@ -250,13 +296,17 @@ class Runtime:
     async def _run_agent(
         self, spec: ExecutionSpec, execution_id: str, token: str, workspace: Path, ready: asyncio.Event
     ) -> AgentResult:
-        agent = self._agent(spec)
-        binds: list[tuple[str, str, bool]] = []
-        if isinstance(spec.agent, CommandAgentSpec):
-            binds.append((await self._router_socket(), SOCKET_DIR, True))
-            if spec.agent.python_env:
-                binds += [(p, p, False) for p in sorted({sys.prefix, sys.base_prefix})]
-        async with make_sandbox(self.sandbox_cfg, workspace=workspace, binds=binds) as sandbox:
+        async with contextlib.AsyncExitStack() as stack:
+            binds: list[tuple[str, str, bool]] = []
+            if isinstance(spec.agent, CommandAgentSpec):
+                # its own socket, read-only, for its session only: no other sandbox sees it, no other token works
+                socket_dir = await stack.enter_async_context(session_socket(self.router, token))
+                binds.append((socket_dir, SOCKET_DIR, False))
+                if spec.agent.python_env:
+                    binds += [(p, p, False) for p in sorted({sys.prefix, sys.base_prefix})]
+            sandbox = await stack.enter_async_context(
+                make_sandbox(self.sandbox_cfg, workspace=workspace, binds=binds)
+            )
             for path, text in spec.task.files.items():
                 await sandbox.write_file(path, text)
             ready.set()
@@ -269,49 +319,27 @@ class Runtime:
                 api_key=token,
                 model=self.router.model_name,
             )
-            return await agent.run(ctx)
+            return await self._within_quota(self._agent(spec).run(ctx), sandbox)
+        raise AssertionError("unreachable")  # for mypy: the exit stack does not swallow exceptions
 
-    async def _router_socket(self) -> str:
-        """The directory holding a Unix socket that serves the router's agent API (started on first use: once,
-        however many executions ask at the same moment)."""
-        async with self._socket_lock:
-            return self._socket_dir or await self._start_router_socket()
-
-    async def _start_router_socket(self) -> str:
-        import uvicorn
-
-        from gyre.router.server import KEEP_ALIVE_S, build_agent_app
-
-        directory = tempfile.mkdtemp(prefix="gyre-router-")
-        os.chmod(directory, 0o755)
-        path = os.path.join(directory, "router.sock")
-        server = uvicorn.Server(
-            uvicorn.Config(
-                build_agent_app(self.router),
-                uds=path,
-                log_level="warning",
-                timeout_keep_alive=KEEP_ALIVE_S,
-            )
-        )
-        self._socket_server = server
-        self._socket_task = asyncio.ensure_future(server.serve())  # supervised here; stopped by aclose()
-        while not server.started:
-            if self._socket_task.done():
-                self._socket_task.result()
-            await asyncio.sleep(0.01)
-        os.chmod(path, 0o777)  # sandboxes may run as their own uid
-        self._socket_dir = directory
-        return self._socket_dir
+    async def _within_quota(self, run: Coroutine[Any, Any, AgentResult], sandbox: Sandbox) -> AgentResult:
+        """Run the agent while measuring its workspace (and /tmp) every ``quota_check_s``: past a quota, the agent
+        is stopped and `WorkspaceLimitExceeded` raised."""
+        roots = [sandbox.workspace]
+        if isinstance(sandbox, HostSandbox):
+            roots.append(sandbox.root / "tmp")
+        limits = workspace_limits(self.sandbox_cfg)
+        try:
+            async with asyncio.TaskGroup() as group:
+                agent = group.create_task(run)
+                watch = group.create_task(_watch_quota(roots, limits, self.sandbox_cfg.quota_check_s))
+                agent.add_done_callback(lambda _: watch.cancel())
+        except ExceptionGroup as failed:  # the agent's own failure or the quota's, as it was raised
+            raise failed.exceptions[0] from None
+        return agent.result()
 
     async def aclose(self) -> None:
-        """Stop the agent socket (if one was started) and close the journal."""
-        if self._socket_server is not None and self._socket_task is not None:
-            self._socket_server.should_exit = True
-            await self._socket_task
-            self._socket_server = self._socket_task = None
-        if self._socket_dir is not None:
-            shutil.rmtree(self._socket_dir, ignore_errors=True)
-            self._socket_dir = None
+        """Close the journal (each command agent's socket already went with its execution)."""
         if self.journal is not None:
             self.journal.close()
 
@@ -382,11 +410,26 @@ class Runtime:
         return result
 
 
-async def _remove(path: Path) -> None:
-    """Delete an execution's scratch directory off the loop; a cancellation still waits for it."""
-    removing = asyncio.ensure_future(asyncio.to_thread(shutil.rmtree, path, True))
-    try:
-        await asyncio.shield(removing)
-    except asyncio.CancelledError:
-        await asyncio.wait([removing])
-        raise
+async def _watch_quota(roots: list[Path], limits: tree.Limits, every_s: float) -> None:
+    """Measure ``roots`` together every ``every_s`` until cancelled; `WorkspaceLimitExceeded` once past ``limits``."""
+    while True:
+        await asyncio.sleep(every_s)
+        await asyncio.to_thread(_measure, roots, limits)
+
+
+def _measure(roots: list[Path], limits: tree.Limits) -> tree.Usage:
+    """The usage of ``roots`` together (blocking); `WorkspaceLimitExceeded` past ``limits``."""
+    used = tree.Usage()
+    for root in roots:
+        tree.usage(root, limits, used)
+    return used
+
+
+def _settle(workspace: Path, limits: tree.Limits) -> None:
+    """A finished execution's workspace made safe for the host (no set-id bits, no devices), and its quota checked."""
+    tree.sanitize(workspace)
+    tree.usage(workspace, limits)
+
+
+def _describe(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(exc)).strip()

@@ -12,17 +12,15 @@ import asyncio
 import contextlib
 import itertools
 import os
-import shutil
-import sys
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from gyre.config import SandboxConfig
 from gyre.errors import SandboxError
-from gyre.sandbox import limits, paths
+from gyre.sandbox import limits, paths, tree
 from gyre.sandbox.base import ExecResult, Sandbox, Snapshot
 from gyre.sandbox.cgroups import SandboxCgroup, support
 from gyre.sandbox.process import LAUNCHER_EXIT_S, Running, exit_status, run_process
@@ -154,7 +152,7 @@ class HostSandbox(Sandbox):
                 self._cgroup = None
         finally:
             if self._root is not None:
-                _rmtree(self._root)
+                tree.remove(self._root)
                 self._root = None
             self._workspace = None
 
@@ -250,8 +248,15 @@ class HostSandbox(Sandbox):
         src = self.root / "snapshots" / snapshot.name
         if snapshot.sandbox_id != self._id or not await asyncio.to_thread(src.is_dir):
             raise SandboxError(f"snapshot {snapshot.name} was not taken in sandbox {self._id}")
-        await asyncio.to_thread(_empty_dir, self.workspace)
+        await asyncio.to_thread(tree.empty, self.workspace)
         await copy_tree(src, self.workspace)
+
+
+def workspace_limits(cfg: SandboxConfig) -> tree.Limits:
+    """The quotas of one workspace, and of one copy of it out of its sandbox (`gyre.sandbox.tree`)."""
+    return tree.Limits(
+        max_bytes=cfg.disk_quota_mib * limits.MIB, max_entries=cfg.max_inodes, timeout_s=cfg.copy_timeout_s
+    )
 
 
 def make_scratch(workspace_root: str, prefix: str) -> Path:
@@ -275,35 +280,3 @@ async def copy_tree(src: Path, dest: Path) -> None:
         raise SandboxError(
             f"cannot copy the workspace {src} to {dest}: {err.decode(errors='replace').strip()}"
         )
-
-
-def _empty_dir(path: Path) -> None:
-    """Delete everything inside ``path`` (symlinks are removed, never followed)."""
-    with os.scandir(path) as entries:
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                _rmtree(Path(entry.path))
-            else:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(entry.path)
-
-
-def _rmtree(path: Path) -> None:
-    """Remove a directory tree, even parts a command left without write or search permission."""
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(path, onexc=_force_writable)
-    else:
-        shutil.rmtree(path, onerror=lambda f, p, info: _force_writable(f, p, info[1]))
-
-
-def _force_writable(func: Any, path: str, exc: BaseException) -> None:
-    """rmtree's retry for an entry it could not remove (matters when the driver is not root)."""
-    if isinstance(exc, FileNotFoundError):
-        return
-    parent = os.path.dirname(path)
-    with contextlib.suppress(OSError):
-        os.chmod(parent, 0o700)
-    with contextlib.suppress(OSError):
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, 0o700)
-    func(path)

@@ -1,0 +1,108 @@
+"""Each command-agent execution's own door to the router: a Unix socket that serves that execution's session only.
+
+The socket lives in a directory the driver creates and owns (``gyre-router-*`` in the system temp dir, mode 0755,
+the socket 0666 for sandboxes that run as their own uid), bound read-only into that execution's sandbox alone, at
+``/run/gyre``: no sandbox can rename, replace or even see another execution's socket. Every request on it must name
+that execution's session token: any other, even a live token learnt elsewhere, is refused with 401, so a token is
+worth nothing outside its own sandbox. The socket, its connections and its directory go when the execution ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import os
+import tempfile
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+from gyre.router.core import Router
+from gyre.sandbox import tree
+
+SOCKET_NAME = "router.sock"
+_REFUSED = {"message": "this socket serves another session", "type": "authentication_error", "code": 401}
+CLOSE_S = 5.0  # how long closing a socket waits for its connections' tasks once they are cancelled
+
+
+class _OwnSession:
+    """The agent API restricted to one session: a request that names another token is refused before it runs."""
+
+    def __init__(self, app: Any, token: str) -> None:
+        self.app, self.token = app, token.encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            named = _token(scope)
+            if named is not None and not hmac.compare_digest(named, self.token):
+                body = msgspec.json.encode({"error": _REFUSED})
+                headers = [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                ]
+                await send({"type": "http.response.start", "status": 401, "headers": headers})
+                await send({"type": "http.response.body", "body": body})
+                return
+        await self.app(scope, receive, send)
+
+
+def _token(scope: dict[str, Any]) -> bytes | None:
+    """The session token a request names (``/s/{token}/...`` first, then a bearer token), as the router reads it."""
+    parts = scope["path"].split("/", 3)
+    if len(parts) >= 4 and parts[1] == "s":
+        return bytes(parts[2], "utf-8", "surrogateescape")
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            scheme, _, credential = value.partition(b" ")
+            if scheme.lower() == b"bearer" and credential.strip():
+                return credential.strip()
+    return None
+
+
+@contextlib.asynccontextmanager
+async def session_socket(router: Router, token: str) -> AsyncIterator[str]:
+    """A new directory holding `SOCKET_NAME`, serving ``router``'s agent API for ``token`` only, while in use."""
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from gyre.router.server import KEEP_ALIVE_S, build_agent_app
+
+    directory = await asyncio.to_thread(tempfile.mkdtemp, prefix="gyre-router-")
+    try:
+        # the sandbox's own uid (uid containment) traverses it; only the driver writes in it
+        os.chmod(directory, 0o755)
+        path = os.path.join(directory, SOCKET_NAME)
+        config = uvicorn.Config(
+            _OwnSession(build_agent_app(router), token),
+            uds=path,
+            log_config=None,
+            log_level="warning",
+            lifespan="off",
+            proxy_headers=False,
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
+        config.load()
+        state = ServerState()
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(config=config, server_state=state, app_state={})  # type: ignore[call-arg]
+
+        server = await asyncio.get_running_loop().create_unix_server(protocol, path=path)
+        try:
+            # connecting needs write permission on the socket, whatever uid the sandbox runs as
+            os.chmod(path, 0o666)
+            yield directory
+        finally:
+            server.close()
+            for connection in list(state.connections):
+                connection.shutdown()
+            for task in list(state.tasks):  # calls of an execution that is over: abandoned
+                task.cancel()
+            if state.tasks:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(CLOSE_S):
+                        await asyncio.wait(list(state.tasks))
+    finally:
+        await asyncio.shield(asyncio.to_thread(tree.remove, directory))

@@ -1,0 +1,216 @@
+"""Executions whose sandboxes attack the runtime (issue 14): each must end only itself, and reach only its session."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fakes import ScriptedEngine
+from gyre.config import RouterConfig, SandboxConfig
+from gyre.models import load_tokenizer
+from gyre.router.core import Router
+from gyre.runtime import CommandAgentSpec, ExecutionResult, ExecutionSpec, Runtime
+from gyre.runtime import runtime as runtime_module
+from gyre.runtime.runtime import RuntimeStatistics
+from gyre.sandbox import tree
+from gyre.tasks import Task
+from gyre.tasks.base import VerifierSpec
+from gyre.tasks.verify import Verifier
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model: Path) -> Any:
+    return load_tokenizer(tiny_model)
+
+
+@pytest.fixture
+def tmp_dir() -> Iterator[Path]:
+    """A workspace root that sandboxes running as their own uid can reach (pytest's tmp_path is private)."""
+    tmp = Path(tempfile.mkdtemp(prefix="gyre-test-"))
+    tmp.chmod(0o711)
+    try:
+        yield tmp
+    finally:
+        tree.remove(tmp)  # iterative: whatever a failed test left, however deep
+
+
+def run(
+    tiny_model: Path,
+    tokenizer: Any,
+    specs: Callable[[Router], list[ExecutionSpec]],
+    sandbox: SandboxConfig,
+    after: Callable[[], None] = lambda: None,
+) -> tuple[list[ExecutionResult], RuntimeStatistics]:
+    """Run the specs ``specs(router)`` makes; ``after`` runs once they are done, before the runtime closes."""
+
+    async def go(url: str) -> tuple[list[ExecutionResult], RuntimeStatistics]:
+        router = Router(RouterConfig(model_path=str(tiny_model), engines=[url]))
+        runtime = Runtime(router, sandbox, verifier=Verifier(sandbox, retries=0, python_env=False))
+        try:
+            results = await runtime.run(specs(router))
+            after()
+            return results, runtime.statistics()
+        finally:
+            await runtime.aclose()
+            await router.aclose()
+
+    with ScriptedEngine(tokenizer, lambda ids: "hello from the model") as fake:
+        return asyncio.run(go(fake.url))
+
+
+def command(task_id: str, script: str, check: str = "true", **env: str) -> ExecutionSpec:
+    """A command agent running the bash ``script``, its task scored by the exit code of ``check``."""
+    task = Task(id=task_id, instruction="attack", verifier=VerifierSpec(commands=(check,)))
+    agent = CommandAgentSpec(argv=["bash", "-c", script], env=env, python_env=False)
+    return ExecutionSpec(task=task, agent=agent)
+
+
+def left_behind(root: Path) -> list[str]:
+    return sorted(p.name for p in root.iterdir()) if root.exists() else []
+
+
+def test_a_deeply_nested_workspace_ends_only_its_own_execution(
+    tiny_model: Path, tokenizer: Any, tmp_dir: Path
+) -> None:
+    """1,300 nested directories once raised RecursionError out of the verifier's walk and the clean-up's rmtree,
+    which cancelled every other execution and left their directories behind."""
+    deep_path = "/".join(["d"] * 1300)
+    deep = command("deep", f"mkdir -p {deep_path} && echo bottom > {deep_path}/leaf")
+    neighbours = [command(f"n{i}", "sleep 2; echo ok > out.txt", check="test -f out.txt") for i in range(2)]
+    root = tmp_dir / "ws"
+    results, stats = run(
+        tiny_model, tokenizer, lambda _: [deep, *neighbours], SandboxConfig(workspace_root=str(root))
+    )
+    by_task = {r.task_id: r for r in results}
+    # recorded on it, whatever it is (scored, or dropped with the reason the workspace could not be scored)
+    assert by_task["deep"].verdict is not None and by_task["deep"].status != "cancelled"
+    for r in results[1:]:
+        assert r.status == "done" and r.verdict is not None and r.verdict.score == 1.0, (r.error, r.verdict)
+    assert stats.finished == 3
+    assert not [n for n in left_behind(root) if n.startswith(("gyre-execution-", "gyre-sandbox-"))]
+
+
+def test_a_workspace_over_its_quota_stops_that_execution_only(
+    tiny_model: Path, tokenizer: Any, tmp_dir: Path
+) -> None:
+    """Past its disk quota while it runs (checked every quota_check_s), or past its inode quota when it ends, an
+    execution is ``resource_exceeded`` with a dropped verdict; its neighbour is scored as usual."""
+    cfg = SandboxConfig(
+        workspace_root=str(tmp_dir / "ws"), disk_quota_mib=4, max_inodes=300, quota_check_s=0.2
+    )
+    specs = [
+        command("disk", "head -c 12M /dev/zero > big && sleep 60"),  # stopped long before its sleep ends
+        command(
+            "inodes", "mkdir many && cd many && touch $(seq 500)"
+        ),  # exits at once: the last check sees it
+        command("fine", "head -c 1M /dev/zero > small && mkdir a && touch a/b", check="test -f a/b"),
+    ]
+    results, stats = run(tiny_model, tokenizer, lambda _: specs, cfg)
+    disk, inodes, fine = results
+    assert disk.status == "resource_exceeded" and "disk_quota_mib" in (disk.error or ""), disk.error
+    assert disk.finished_s - disk.started_s < 30
+    assert inodes.status == "resource_exceeded" and "max_inodes" in (inodes.error or ""), inodes.error
+    for over in (disk, inodes):
+        assert over.verdict is not None and over.verdict.outcome == "dropped" and not over.trainable
+    assert fine.status == "done" and fine.verdict is not None and fine.verdict.score == 1.0, fine.verdict
+    assert stats.by_status == {"resource_exceeded": 2, "done": 1}
+    assert left_behind(tmp_dir / "ws") == []
+
+
+def test_set_id_bits_never_leave_a_workspace(tiny_model: Path, tokenizer: Any, tmp_dir: Path) -> None:
+    """A set-uid file an agent made reaches the verifier (and the host) without its set-id bits. Bubblewrap here
+    refuses set-id bits already; the local backend runs commands as the driver: its set-uid file is set-uid root."""
+    spec = command(
+        "setuid",
+        "cp /bin/true su && chmod u+s,g+s su && mkdir d && chmod g+s d",
+        check="test ! -u su -a ! -g su",
+    )
+    cfg = SandboxConfig(workspace_root=str(tmp_dir / "ws"), backend="local")
+    (result,), _ = run(tiny_model, tokenizer, lambda _: [spec], cfg)
+    assert result.status == "done", result.error
+    assert result.verdict is not None and result.verdict.score == 1.0, result.verdict
+
+
+# Run inside the sandbox with the system python3: tries to take over the shared socket, then to use a stolen token.
+ATTACK = r"""
+import json, os, sys, urllib.request, urllib.error, glob
+out = {}
+for name, attempt in [("rename", lambda: os.rename("/run/gyre/router.sock", "/run/gyre/mine")),
+                      ("create", lambda: open("/run/gyre/evil.sock", "w"))]:
+    try:
+        attempt()
+        out[name] = "succeeded"
+    except OSError:
+        out[name] = "refused"
+out["listing"] = sorted(os.listdir("/run/gyre"))
+out["others"] = glob.glob("/tmp/gyre-router-*")
+def status(path, token=None):
+    headers = {"authorization": "Bearer " + token} if token else {}
+    try:
+        return urllib.request.urlopen(urllib.request.Request("http://127.0.0.1:8000" + path, headers=headers)).status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+own, stolen = os.environ["OPENAI_API_KEY"], os.environ["STOLEN"]
+out["own"] = status(f"/s/{own}/v1/models")
+out["stolen_path"] = status(f"/s/{stolen}/v1/models")
+out["stolen_bearer"] = status("/v1/models", stolen)
+out["stolen_records"] = status(f"/s/{stolen}/v1/gyre/records")
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_a_command_agent_reaches_only_its_own_session(
+    tiny_model: Path, tokenizer: Any, tmp_dir: Path
+) -> None:
+    """The router socket used to be one writable directory shared by every sandbox: one could replace it and read
+    others' tokens, and any live token worked from any sandbox. Now each execution has its own read-only socket
+    that serves its own session only."""
+    stolen: list[str] = []
+
+    def specs(router: Router) -> list[ExecutionSpec]:
+        stolen.append(router.open_session("victim"))  # a live session of another execution
+        attack = Task(id="attack", instruction="attack", files={"attack.py": ATTACK})
+        agent = CommandAgentSpec(argv=["python3", "attack.py"], env={"STOLEN": stolen[0]}, python_env=False)
+        return [ExecutionSpec(task=attack, agent=agent), command("victim", "sleep 1")]
+
+    results, _ = run(tiny_model, tokenizer, specs, SandboxConfig(workspace_root=str(tmp_dir / "ws")))
+    attack, victim = results
+    assert attack.agent is not None and victim.status == "done", (attack.error, victim.error)
+    line = next(x for x in attack.agent.detail.splitlines() if x.startswith("RESULT "))
+    seen = json.loads(line.removeprefix("RESULT "))
+    assert seen["rename"] == seen["create"] == "refused"
+    assert seen["listing"] == ["router.sock"] and seen["others"] == []
+    assert seen["own"] == 200
+    assert seen["stolen_path"] == seen["stolen_bearer"] == seen["stolen_records"] == 401
+
+
+def test_concurrent_command_agents_leave_no_socket_directories(
+    tiny_model: Path, tokenizer: Any, tmp_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Command agents starting together each get their own socket directory, and it goes with its execution."""
+    sockets: list[str] = []
+    make_sandbox = runtime_module.make_sandbox
+
+    def recording(cfg: SandboxConfig, workspace: Path | None = None, binds: Any = ()) -> Any:
+        sockets.extend(host for host, inside, _ in binds if inside == "/run/gyre")
+        return make_sandbox(cfg, workspace=workspace, binds=binds)
+
+    monkeypatch.setattr(runtime_module, "make_sandbox", recording)
+    specs = [command(f"c{i}", "test -S /run/gyre/router.sock", check="true") for i in range(4)]
+    left: list[str] = []
+
+    def after() -> None:  # the executions are over, the runtime not yet closed
+        left.extend(s for s in sockets if Path(s).exists())
+
+    cfg = SandboxConfig(workspace_root=str(tmp_dir / "ws"))
+    results, _ = run(tiny_model, tokenizer, lambda _: specs, cfg, after)
+    for r in results:
+        assert r.status == "done" and r.agent is not None and r.agent.status == "finished", r.agent
+    assert len(set(sockets)) == 4  # one each
+    assert left == []

@@ -1,0 +1,113 @@
+"""Iterative tree walks over hostile shapes: deeper than Python's recursion limit and than the fds one walk keeps."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from gyre.errors import WorkspaceLimitExceeded
+from gyre.sandbox import tree
+
+DEPTH = 3 * tree.MAX_OPEN_FDS + 1500  # past the recursion limit, and reopening levels through ".."
+
+
+def chain(root: Path, depth: int = DEPTH) -> None:
+    """``depth`` nested directories ``d``, a file ``f`` at every 100th level (paths past PATH_MAX at the bottom)."""
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for i in range(depth):
+        os.mkdir("d" * 3, dir_fd=fd)
+        if i % 100 == 0:
+            os.close(os.open("f", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+        inner = os.open("d" * 3, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.symlink("/etc", "out", dir_fd=fd)
+    os.close(fd)
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_deep_trees_are_measured_copied_pruned_and_removed(tmp_path: Path) -> None:
+    fds = open_fds()
+    try:
+        chain(tmp_path / "src")
+        files = (DEPTH + 99) // 100
+        assert tree.usage(tmp_path / "src") == tree.Usage(bytes=0, entries=DEPTH + files + 1)
+        copied = tree.copy(tmp_path / "src", tmp_path / "dest")
+        assert copied == tree.usage(tmp_path / "dest") == tree.usage(tmp_path / "src")
+        assert tree.prune(tmp_path / "dest", lambda rel: rel.count("/") == 50 and rel.endswith("ddd")) == 1
+        assert (
+            tree.usage(tmp_path / "dest").entries == 50 + 1
+        )  # the 50 levels above the cut, and the top file
+    finally:  # never leave pytest a tree its own (recursive) clean-up cannot remove
+        tree.remove(tmp_path / "src")
+        tree.remove(tmp_path / "dest")
+    assert sorted(os.listdir(tmp_path)) == []
+    assert open_fds() == fds
+
+
+def test_limits_stop_a_walk_as_soon_as_they_are_passed(tmp_path: Path) -> None:
+    (tmp_path / "ws").mkdir()
+    for i in range(20):
+        (tmp_path / "ws" / str(i)).write_bytes(b"x" * 1000)
+    with pytest.raises(WorkspaceLimitExceeded, match="max_inodes") as inodes:
+        tree.usage(tmp_path / "ws", tree.Limits(max_entries=10))
+    assert inodes.value.resource == "inodes" and inodes.value.seen == 11
+    with pytest.raises(WorkspaceLimitExceeded, match="disk_quota_mib"):
+        tree.copy(tmp_path / "ws", tmp_path / "out", tree.Limits(max_bytes=5000))
+    with pytest.raises(WorkspaceLimitExceeded, match="copy_timeout_s"):
+        tree.copy(tmp_path / "ws", tmp_path / "out2", tree.Limits(timeout_s=1e-9))
+    used = tree.Usage()
+    tree.usage(tmp_path / "ws", None, used)
+    tree.usage(tmp_path / "ws", None, used)  # two roots against one budget
+    assert used == tree.Usage(bytes=40_000, entries=40)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making device files needs root")
+def test_set_id_bits_and_devices_never_leave_a_tree(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "sub").mkdir(parents=True)
+    (ws / "sub" / "su").write_bytes(b"#!/bin/sh\n")
+    (ws / "sub" / "su").chmod(0o6755)
+    (ws / "sub").chmod(0o2755)
+    os.mknod(ws / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    os.mkfifo(ws / "fifo")
+    copied = tree.copy(ws, tmp_path / "out")
+    assert sorted(os.listdir(tmp_path / "out")) == ["sub"] and copied.entries == 2  # no device, no fifo
+    assert stat.S_IMODE((tmp_path / "out" / "sub" / "su").stat().st_mode) == 0o755
+    assert tree.sanitize(ws) == 3  # su, sub, null
+    assert sorted(os.listdir(ws)) == ["fifo", "sub"]
+    assert not (ws / "sub" / "su").stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
+    assert not (ws / "sub").stat().st_mode & stat.S_ISGID
+
+
+def test_symlinks_are_never_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("mine")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "link").symlink_to(outside)
+    (ws / "file_link").symlink_to(outside / "keep")
+    assert tree.usage(ws).entries == 2
+    tree.copy(ws, tmp_path / "out")
+    assert os.readlink(tmp_path / "out" / "link") == str(outside)
+    tree.chown(ws, os.getuid(), os.getgid())
+    tree.remove(ws)
+    assert (outside / "keep").read_text() == "mine" and not ws.exists()
+
+
+def test_removal_gets_past_directories_without_permissions(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    (ws / "a" / "b").mkdir(parents=True)
+    (ws / "a" / "b" / "f").write_text("x")
+    (ws / "a" / "b").chmod(0)
+    (ws / "a").chmod(0o500)
+    tree.remove(ws)
+    assert not ws.exists()
