@@ -277,11 +277,18 @@ def test_a_given_workspace_keeps_its_owners_and_its_hard_links_stay_read_only(sc
     (ws / "mine.txt").write_text("mine\n")
     os.chown(ws / "mine.txt", 4321, 4321)
     os.link(outside, ws / "linked.txt")
+    fd = os.open(ws, os.O_RDONLY)
+    for _ in range(1200):  # deeper than Python's recursion limit
+        os.mkdir("d", dir_fd=fd)
+        fd, parent = os.open("d", os.O_RDONLY, dir_fd=fd), fd
+        os.close(parent)
+    os.close(fd)
+    deep = ws.joinpath(*["d"] * 1200)
     cfg = SandboxConfig(workspace_root=str(scratch))
 
     async def go() -> None:
         async with make_sandbox(cfg, workspace=ws) as sb:
-            r = await sb.exec("echo more >> mine.txt; echo new > new.txt; mkdir d; echo pwned >> linked.txt")
+            r = await sb.exec("echo more >> mine.txt; echo new > new.txt; mkdir e; echo pwned >> linked.txt")
             assert "linked.txt: Permission denied" in r.stderr, r
             assert (sb.workspace / "new.txt").stat().st_uid not in (0, 4321)  # the sandbox's while it runs
 
@@ -291,5 +298,6 @@ def test_a_given_workspace_keeps_its_owners_and_its_hard_links_stay_read_only(sc
         1234,
     )
     assert (ws / "mine.txt").read_text() == "mine\nmore\n"
-    for name in (".", "mine.txt", "new.txt", "d"):  # as before; new entries: the workspace's owner
+    assert deep.stat().st_uid == 0  # made by this (root) process
+    for name in (".", "mine.txt", "new.txt", "e"):  # as before; new entries: the workspace's owner
         assert ((ws / name).stat().st_uid, (ws / name).stat().st_gid) == (4321, 4321), name
