@@ -9,7 +9,7 @@ The channel: the host writes a 32-byte key into the FIFO ``$GYRE_GRADER_KEY``; t
 command reads it at import (a later one finds none and stays silent), so afterwards it lives only in this process's
 memory. Each event is one line on the FIFO ``$GYRE_GRADER_REPORT``, which the host reads as it arrives:
 ``<hmac> <json>``, the JSON numbered from 0 (``n``) and the HMAC-SHA256 of the JSON under the key. Events: ``start``,
-``collect_error`` (a collector that failed), ``test`` (a test's outcome after its teardown), ``tampered`` (a
+``collect_error`` (a collector that failed), ``collected`` (with ``--collect-only``), ``test`` (a test's outcome after its teardown), ``tampered`` (a
 tripwire below fired) and ``finish``. The host treats a line it cannot authenticate, a gap in the numbering, or
 anything after ``finish`` as tampering: a report rewritten at exit or forged without the key is caught.
 
@@ -308,6 +308,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
         _grader.code[item.nodeid] = getattr(getattr(item, "obj", None), "__code__", None)
         _grader.check_test(item)
+        if session.config.option.collectonly:  # the host's own clean collection (see gyre.tasks.verify)
+            _grader.emit("collected", id=item.nodeid[:MAX_ID_CHARS])
     _grader.check()
 
 

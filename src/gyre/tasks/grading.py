@@ -26,6 +26,7 @@ import json
 import os
 import shlex
 import tomllib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -158,6 +159,7 @@ class GradedRun:
     exitstatus: int | None = None
     tests: dict[str, str] = field(default_factory=dict)  # node id -> passed, failed or skipped
     collect_errors: list[str] = field(default_factory=list)  # node ids of collectors that failed
+    collected: list[str] = field(default_factory=list)  # node ids a --collect-only run collected
     tampering: list[str] = field(default_factory=list)  # why not to believe it; empty: believed
 
 
@@ -192,6 +194,8 @@ def read_events(raw: bytes, key: bytes) -> GradedRun:
                 run.tests[event["id"]] = event["outcome"]
             case "collect_error":
                 run.collect_errors.append(event["id"])
+            case "collected":
+                run.collected.append(event["id"])
             case "tampered":
                 run.tampering.append(f"the grader plugin's tripwire: {event['why']}")
             case "finish":
@@ -211,6 +215,21 @@ def judge_unfinished(run: GradedRun, exit_code: int, timed_out: bool) -> None:
         run.tampering.append(
             f"pytest exited (status {exit_code}) without finishing its session: code in the process ended it"
         )
+
+
+def unexpected(reported: list[str], expected: list[str]) -> list[str]:
+    """Reported test ids that the host's own collection does not account for: a test function it never collected,
+    or more instances of one than it collected (parametrized ids are compared by function, since an id can show
+    an object of the implementation under test)."""
+    allowed = Counter(i.split("[", 1)[0] for i in expected)
+    seen: Counter[str] = Counter()
+    out = []
+    for test in reported:
+        base = test.split("[", 1)[0]
+        seen[base] += 1
+        if seen[base] > allowed[base]:
+            out.append(test)
+    return out
 
 
 def in_hidden(node_id: str, hidden: frozenset[str]) -> bool:

@@ -125,6 +125,8 @@ class Verifier:
         )
         self._outcomes: Counter[str] = Counter()
         self._retries = 0
+        self._expected: dict[str, list[str] | None] = {}  # task id -> the test ids of its clean collection
+        self._collecting: dict[str, asyncio.Lock] = {}
 
     def statistics(self) -> VerifierStatistics:
         """Verdicts so far, by outcome, and the retries they took."""
@@ -162,9 +164,10 @@ class Verifier:
             )
         start = time.monotonic()
         failures: list[str] = []
+        expected = await self._expected_ids(task)
         for attempt in range(1, self.retries + 2):
             try:
-                verdict = await self._attempt(task, task.verifier, workspace)
+                verdict = await self._attempt(task, task.verifier, workspace, expected=expected)
             except Exception as exc:  # anything it raises is this execution's, never its neighbours'
                 failures.append(f"attempt {attempt}: {type(exc).__name__}: {exc}"[:2000])
                 known = isinstance(exc, VerifierFailure | SandboxError | OSError)
@@ -182,7 +185,43 @@ class Verifier:
             duration_s=time.monotonic() - start,
         )
 
-    async def _attempt(self, task: Task, spec: VerifierSpec, workspace: Path) -> Verdict:
+    async def _expected_ids(self, task: Task) -> list[str] | None:
+        """The test ids pytest collects of the hidden tests over the task's reference solution, in a clean run under
+        the grader's control (once per task); None without a solution, or when that run fails."""
+        spec = task.verifier
+        if spec is None or not _pytest_graded(spec) or not task.solution_files:
+            return None
+        async with self._collecting.setdefault(task.id, asyncio.Lock()):
+            if task.id not in self._expected:
+                scratch = await asyncio.to_thread(
+                    make_scratch, self.sandbox_cfg.workspace_root, "gyre-collect-"
+                )
+                try:
+                    solved = {**task.files, **task.solution_files}
+                    await asyncio.to_thread(_write_tree, scratch / "solved", solved)
+                    collected: list[str] = []
+                    await self._attempt(task, spec, scratch / "solved", collect=collected)
+                    self._expected[task.id] = collected or None
+                except (
+                    Exception
+                ) as exc:  # without it, the reported ids are checked against the hidden files only
+                    log.warning("cannot collect the hidden tests of %s over its solution: %r", task.id, exc)
+                    self._expected[task.id] = None
+                finally:
+                    await remove_tree(scratch)
+        return self._expected[task.id]
+
+    async def _attempt(
+        self,
+        task: Task,
+        spec: VerifierSpec,
+        workspace: Path,
+        *,
+        expected: list[str] | None = None,
+        collect: list[str] | None = None,
+    ) -> Verdict:
+        """One run of the verifier. Under the pytest grader, reported test ids must be among ``expected`` (when
+        known); a ``collect`` list makes it a ``--collect-only`` run whose test ids go there (its verdict is moot)."""
         scratch = await asyncio.to_thread(_make_scratch, self.sandbox_cfg.workspace_root)
         channels: list[grading.Channel] = []
         try:
@@ -203,13 +242,16 @@ class Verifier:
             async with self._factory(self.sandbox_cfg, graded, binds) as sandbox:
                 if channels:
                     await asyncio.to_thread(_write_grader, task, spec, grader, sandbox.WORKSPACE)
-                    env = _grader_env(task, spec, env, shown_grader, sandbox.WORKSPACE)
+                    env = _grader_env(task, spec, env, shown_grader, sandbox.WORKSPACE, collect is not None)
                 results = await _run_commands(sandbox, spec, env, channels, shown_grader)
                 codes = [r.exit_code for r in results]
                 timed_out = len(results) < len(spec.commands) or any(r.timed_out for r in results)
                 tail = (results[-1].stdout + results[-1].stderr)[-2000:] if results else ""
+                if collect is not None:
+                    collect += _collected(channels, results, tail)
+                    return Verdict(outcome="unscored", detail="a collection")
                 if channels:
-                    return _score_pytest(task, spec, channels, results, timed_out, tail)
+                    return _score_pytest(task, spec, channels, results, timed_out, tail, expected)
                 return await asyncio.to_thread(
                     _score, task, spec, graded, logs, sandbox.WORKSPACE, codes, timed_out, tail
                 )
@@ -301,13 +343,25 @@ def _write_grader(task: Task, spec: VerifierSpec, grader: Path, shown_workspace:
 
 
 def _grader_env(
-    task: Task, spec: VerifierSpec, env: dict[str, str], shown_grader: str, shown_workspace: str
+    task: Task,
+    spec: VerifierSpec,
+    env: dict[str, str],
+    shown_grader: str,
+    shown_workspace: str,
+    collect_only: bool = False,
 ) -> dict[str, str]:
     """The commands' environment under the grader's control (see `gyre.tasks.grading`)."""
     config = f"{shown_grader}/{grading.task_config(task)[0]}"
     plugins = [a for p in (grading.PLUGIN_MODULE, *spec.pytest_plugins) for a in ("-p", p)]
     opts = ["-c", config, f"--rootdir={shown_workspace}", f"--confcutdir={shown_workspace}"]
-    opts += ["-o", "pythonpath=", "-p", "no:cacheprovider", *plugins]
+    opts += [
+        "-o",
+        "pythonpath=",
+        "-p",
+        "no:cacheprovider",
+        *plugins,
+        *(["--collect-only"] if collect_only else []),
+    ]
     return {
         **env,
         "PYTEST_ADDOPTS": shlex.join(opts)
@@ -375,6 +429,28 @@ async def remove_tree(path: Path) -> None:
         await asyncio.to_thread(_rm, path.parent, [os.fsencode(path.name)])
 
 
+def _write_tree(root: Path, files: dict[str, str]) -> None:
+    """Write ``files`` (relative path -> text) into a new directory ``root`` (blocking)."""
+    root.mkdir()
+    for rel, text in files.items():
+        paths.write_file(root, rel, str(root), text.encode())
+
+
+def _collected(channels: list[grading.Channel], results: list[ExecResult], tail: str) -> list[str]:
+    """The test ids of a clean ``--collect-only`` run; `VerifierFailure` unless every command collected cleanly."""
+    if len(results) < len(channels) or any(r.timed_out for r in results):
+        raise VerifierFailure("the clean collection ran out of the verifier's time")
+    ids: list[str] = []
+    for channel in channels:
+        run = grading.read_events(bytes(channel.data), channel.key)
+        if run.tampering or run.collect_errors or (run.started and run.exitstatus != grading.EXIT_OK):
+            raise VerifierFailure(
+                f"the clean collection failed: {run.tampering or run.collect_errors}; {tail}"
+            )
+        ids += run.collected
+    return ids
+
+
 def _score_pytest(
     task: Task,
     spec: VerifierSpec,
@@ -382,6 +458,7 @@ def _score_pytest(
     results: list[ExecResult],
     timed_out: bool,
     tail: str,
+    expected: list[str] | None = None,
 ) -> Verdict:
     """The verdict of the grader plugin's events (see `gyre.tasks.grading`); `VerifierFailure` when none came."""
     codes = [r.exit_code for r in results]
@@ -400,7 +477,13 @@ def _score_pytest(
         grading.judge_unfinished(run, result.exit_code, result.timed_out)
         tampering += [f"command {channel.index}: {why}" for why in run.tampering]
         sessions += run.started
-        outcomes.update({i: o for i, o in run.tests.items() if not hidden or i.split("::", 1)[0] in hidden})
+        reported = [i for i in run.tests if not hidden or i.split("::", 1)[0] in hidden]
+        if expected is not None:
+            tampering += [
+                f"command {channel.index}: test {i[:200]} is not one the grader collected from the hidden tests"
+                for i in grading.unexpected(reported, expected)
+            ]
+        outcomes.update({i: run.tests[i] for i in reported})
         collect_errors.update(i for i in run.collect_errors if not hidden or grading.in_hidden(i, hidden))
     if tampering:
         return Verdict(
