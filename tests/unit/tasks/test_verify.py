@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from gyre.config import SandboxConfig
@@ -205,3 +206,31 @@ def test_the_agents_workspace_is_left_as_it_was(tmp_path: Path) -> None:
     ws = workspace(tmp_path, SOLVED)
     verify(load_task(DATA / "gyre-add"), ws)
     assert sorted(p.name for p in ws.iterdir()) == ["calc.py"]
+
+
+def test_anything_the_verifier_raises_is_that_executions_dropped_verdict(tmp_path: Path) -> None:
+    def deep(cfg: SandboxConfig, ws: Path, binds: Sequence[tuple[str, str, bool]]) -> Sandbox:
+        raise RecursionError("maximum recursion depth exceeded")  # as a walk of a 1,200-deep workspace did
+
+    verifier = Verifier(retries=0, sandbox_factory=deep)
+    verdict = verify(load_task(DATA / "gyre-add"), workspace(tmp_path, SOLVED), verifier)
+    assert (verdict.outcome, verdict.trainable) == ("dropped", False)
+    assert "RecursionError" in verdict.detail and verifier.statistics().by_outcome == {"dropped": 1}
+
+
+def test_only_the_pytest_plugins_a_task_declares_are_loaded(tmp_path: Path) -> None:
+    inner = (
+        "def test_inner(pytester):\n"
+        "    pytester.makepyfile('def test_ok():\\n    assert True\\n')\n"
+        "    pytester.runpytest().assert_outcomes(passed=1)\n"
+    )
+    spec = VerifierSpec(commands=("pytest tests",), result="junit", declared_test_count=1)
+    task = Task(id="p", instruction="x", hidden_files={"tests/test_p.py": inner}, verifier=spec)
+    undeclared = verify(task, workspace(tmp_path / "a", {"a": "1"}))
+    assert (undeclared.outcome, undeclared.score) == ("scored", 0.0)
+    assert "fixture 'pytester' not found" in undeclared.detail
+    declared = msgspec.structs.replace(
+        task, verifier=msgspec.structs.replace(spec, pytest_plugins=("pytester",))
+    )
+    verdict = verify(declared, workspace(tmp_path / "b", {"a": "1"}))
+    assert (verdict.outcome, verdict.score) == ("scored", 1.0), verdict.detail
