@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import httpx
 import msgspec
 
-from gyre.engine.http import HttpPool, HttpResponse, sse_lines
+from gyre.engine.http import HttpPool, HttpResponse, LocalResourceError, local_cause, sse_lines
 from gyre.errors import EngineCapacityError, EngineRequestError, EngineUnavailable, ProtocolError
 from gyre.protocol import (
     GenerateRequest,
@@ -71,6 +71,8 @@ class EngineClient:
         except httpx.TimeoutException as exc:
             raise EngineUnavailable(f"{self.base_url}{path} timed out: {exc!r}") from exc
         except httpx.TransportError as exc:
+            if local_cause(exc) is not None:
+                raise LocalResourceError(f"cannot open a connection to {self.base_url}: {exc!r}") from exc
             raise EngineUnavailable(f"{self.base_url}{path} unreachable: {exc!r}") from exc
         _raise_for_status(resp, f"{self.base_url}{path}")
         return resp
@@ -146,6 +148,8 @@ class EngineClient:
         except httpx.TimeoutException as exc:
             raise EngineUnavailable(f"{url} timed out: {exc!r}") from exc
         except httpx.TransportError as exc:
+            if local_cause(exc) is not None:
+                raise LocalResourceError(f"cannot open a connection to {url}: {exc!r}") from exc
             raise EngineUnavailable(f"{url} failed mid-stream: {exc!r}") from exc
 
     async def abort(self, rid: str = "", abort_all: bool = False) -> None:

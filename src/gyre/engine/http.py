@@ -8,6 +8,7 @@ out idle connections in O(1) and parses responses with plain stream reads. Strea
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 from collections import deque
 from dataclasses import dataclass
@@ -33,6 +34,27 @@ class HttpResponse:
     def json(self) -> Any:
         """The body parsed as JSON."""
         return json.loads(self.content)
+
+
+# A connection the router's own process cannot open (out of descriptors, buffers or local ports) says nothing about
+# the engine: under a burst of thousands of calls these errors marked a healthy engine gone (issue 14).
+LOCAL_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL})
+
+
+class LocalResourceError(EngineUnavailable):
+    """This process could not open a connection to the engine for want of its own resources; retry later."""
+
+
+def local_cause(exc: BaseException) -> OSError | None:
+    """The local-resource OSError behind ``exc`` (itself or a cause), if any."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and seen.errno in LOCAL_ERRNOS:
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 # UTF-8 of the characters Python's str.splitlines (and so many SSE readers) takes as line ends besides CR and LF.
@@ -150,6 +172,10 @@ class HttpPool:
                     asyncio.open_connection(self.host, self.port, limit=2**24), self.connect_timeout_s
                 )
         except (OSError, TimeoutError) as exc:
+            if local_cause(exc) is not None:
+                raise LocalResourceError(
+                    f"cannot open a connection to {self.host}:{self.port}: {exc!r}"
+                ) from exc
             raise EngineUnavailable(f"{self.host}:{self.port} unreachable: {exc!r}") from exc
         return _Connection(reader, writer), False
 

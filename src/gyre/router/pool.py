@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from gyre.engine.client import EngineClient
+from gyre.engine.http import LocalResourceError
 from gyre.errors import EngineCapacityError, EngineError, EngineRequestError, EngineUnavailable, ProtocolError
 from gyre.protocol import GenerateResponse, SamplingParams, parse_weight_version
 from gyre.records import RecordSource
@@ -144,6 +145,7 @@ class PoolStatistics(msgspec.Struct, frozen=True):
     moved_calls: int  # continuations started after a drain or failure
     kv_handovers: int
     engine_failures: int
+    local_connect_failures: int = 0  # connections this process could not open (descriptors, ports): retried
 
 
 @dataclass
@@ -186,6 +188,7 @@ class EnginePool:
         self._moved = 0
         self._handovers = 0
         self._failures = 0
+        self._local_failures = 0  # connections this process could not open (descriptors, ports)
 
     # ---- membership -----------------------------------------------------------------------------------------
     def add(self, url: str, name: str | None = None, managed: bool = False) -> Engine:
@@ -256,6 +259,7 @@ class EnginePool:
             moved_calls=self._moved,
             kv_handovers=self._handovers,
             engine_failures=self._failures,
+            local_connect_failures=self._local_failures,
         )
 
     def _notify(self) -> None:
@@ -365,12 +369,18 @@ class EnginePool:
         source: RecordSource = "policy"
         first_token_s: float | None = None
         failures = 0
+        pressure_until: float | None = None  # while this process lacks descriptors or ports: retry until then
+        pressure_retries = 0
+        backoff_s = 0.0
         previous: Engine | None = None
         limit = params.max_new_tokens
         control = control or CallControl()
         resp: GenerateResponse | None = None
         engine: Engine | None = None
         while True:
+            if backoff_s:
+                await asyncio.sleep(backoff_s)
+                backoff_s = 0.0
             if control.aborted:  # between attempts: end with what the engines produced so far
                 if engine is None or not (engines or out):
                     raise CallAborted("the caller aborted the call before an engine answered")
@@ -392,6 +402,7 @@ class EnginePool:
             engine.calls += 1
             resp = None
             finished = False
+            reached = True  # the request may have reached the engine
             control.begin(engine, rid)
             try:
                 if stream:
@@ -422,6 +433,21 @@ class EnginePool:
                 finished = True
             except (EngineCapacityError, EngineRequestError):
                 raise
+            except LocalResourceError as exc:
+                # Our own process is out of descriptors or local ports (a burst of connections): the engine is
+                # fine, so it is not marked gone; the call retries once some are freed, within the engine wait.
+                now = time.monotonic()
+                pressure_until = pressure_until or now + self.wait_for_engine_s
+                if now >= pressure_until:
+                    raise NoCapacity(f"could not connect for {self.wait_for_engine_s:g} s: {exc}") from exc
+                self._local_failures += 1
+                pressure_retries += 1
+                log.warning(
+                    "no connection to engine %s for lack of local resources; retrying: %s", engine.name, exc
+                )
+                previous, reached = None, False
+                backoff_s = min(0.05 * 2**pressure_retries, 1.0)
+                continue
             except (EngineUnavailable, ProtocolError) as exc:
                 # An engine whose answer cannot be recorded is misconfigured, not the caller's problem: its
                 # tokens of this attempt are dropped (tokens of earlier chunks, recorded correctly, are kept)
@@ -441,7 +467,7 @@ class EnginePool:
                 control.end()
                 engine.inflight.discard(rid)
                 engine.outstanding_tokens -= cost
-                if not finished and engine.state is not EngineState.GONE:  # the caller went away mid-call
+                if not finished and reached and engine.state is not EngineState.GONE:  # the caller went away
                     with contextlib.suppress(Exception):
                         async with asyncio.timeout(5):
                             await engine.client.abort(rid)

@@ -7,7 +7,10 @@ is still generating when its client goes away.
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -365,3 +368,47 @@ def test_stop_strings_are_cut_from_the_content_but_kept_in_the_record(
     tokenizer = load_tokenizer(tiny_model)
     for record in records[1:3]:  # the record keeps the sampled tokens, stop string included
         assert stop in tokenizer.decode(record["output_ids"])
+
+
+# ---- burst load: the engine marked gone --------------------------------------------------------------------------
+# Diagnosis: under a burst of thousands of calls the router's own process ran out of file descriptors (each waiting
+# call holds a socket; each sandbox command its pipes). socket() failing with EMFILE was taken for the engine being
+# unreachable: the engine was marked gone, then revived by the next health probe once descriptors were free again.
+OUT_OF_DESCRIPTORS = """
+import asyncio, json, os, resource, sys
+from gyre.protocol import SamplingParams
+from gyre.router.pool import EnginePool
+
+async def main() -> None:
+    pool = EnginePool(wait_for_engine_s=20.0)
+    pool.add(sys.argv[1])
+    params = SamplingParams(max_new_tokens=4)
+    await pool.generate([1, 2, 3], params)  # one pooled connection
+    hog = []
+    while True:  # take every descriptor left
+        try:
+            hog.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            break
+    calls = [asyncio.ensure_future(pool.generate([1, 2, 3], params)) for _ in range(4)]
+    while getattr(pool.statistics(), "local_connect_failures", 0) + pool.statistics().engine_failures == 0:
+        await asyncio.sleep(0.01)  # until a call has met the shortage
+    for fd in hog:
+        os.close(fd)
+    done = await asyncio.gather(*calls, return_exceptions=True)
+    stats = pool.statistics()
+    print(json.dumps({"ok": sum(not isinstance(d, BaseException) for d in done),
+                      "engine_failures": stats.engine_failures, "states": stats.engines}))
+
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+asyncio.run(main())
+"""
+
+
+def test_running_out_of_descriptors_does_not_mark_the_engine_gone(scripted: ScriptedEngine) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", OUT_OF_DESCRIPTORS, scripted.url], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {"ok": 4, "engine_failures": 0, "states": {"engine-0": "serving"}}, proc.stderr[-2000:]
