@@ -15,10 +15,11 @@ anything after ``finish`` as tampering: a report rewritten at exit or forged wit
 
 Tripwires, captured at import and checked at every test report and at the end of the session: the functions that
 run tests and build their reports, the registered plugins and the hook implementations of the reporting hooks (only
-the grader's installation and the task's own conftest files may add any), the import system's finders, the
-builtins, trace and profile functions, and each hidden test's code against what its source (read at import)
-compiles to. Code of the agent's runs in this process, so a determined attacker aiming at this plugin (reading the
-key from its memory, disarming its checks) can still forge a report; these checks make the known routes visible.
+the grader's installation and the task's own conftest files may add any), the builtins (between tests: a test may
+monkeypatch them), trace and profile functions, and the code of each hidden test and of each function, fixture and
+method of its file against what its source (read at import) compiles to. Code of the agent's runs in this process,
+so a determined attacker aiming at this plugin (reading the key from its memory, disarming its checks) can still
+forge a report; these checks make the known routes visible.
 """
 
 from __future__ import annotations
@@ -110,7 +111,6 @@ class _Grader:
         self.n = 0
         self.finished = False
         self.guarded = _snapshot()
-        self.finders = list(sys.meta_path)
         self.builtins = dict(vars(builtins))
         # where the grader's interpreter, pytest and the declared plugins live (read-only to the sandbox)
         self.trusted_dirs = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix)})
@@ -132,6 +132,7 @@ class _Grader:
         self.phases: dict[str, str] = {}  # nodeid -> the worst outcome of its phases so far
         self.code: dict[str, object] = {}  # nodeid -> its test function's code, at collection
         self.current: str | None = None  # the test whose run protocol is under way
+        self.modules: list[types.ModuleType] = []  # the collected test modules
         self.pm: Any = None
         self.start_plugins: set[int] = set()
         self.start_impls: dict[str, list[object]] = {}
@@ -187,8 +188,9 @@ class _Grader:
         file = os.path.realpath(getattr(module, "__file__", None) or "/")
         return file in self.allowed_conftests or file.startswith(self.trusted_dirs)
 
-    def check(self) -> None:
-        """Fire the tripwires that something changed since import."""
+    def check(self, between_tests: bool) -> None:
+        """Fire the tripwires that something changed since import (``between_tests``: no test's fixtures are set up,
+        so the builtins a test may monkeypatch must be back)."""
         for module, path, original in self.guarded:
             try:
                 now = _resolve(module, path)
@@ -196,10 +198,8 @@ class _Grader:
                 now = None
             if now is not original:
                 self.trip(f"{module}.{path} was replaced")
-        if list(sys.meta_path) != self.finders:
-            self.trip("the import system's finders (sys.meta_path) were changed")
         now = vars(builtins)
-        for name, original in self.builtins.items():
+        for name, original in self.builtins.items() if between_tests else ():
             if now.get(name) is not original:
                 self.trip(f"builtins.{name} was replaced")
         tracers = (sys.gettrace(), sys.getprofile(), threading.gettrace(), threading.getprofile())
@@ -250,6 +250,31 @@ class _Grader:
         if not any(_same_code(code, c) for c in candidates):
             self.trip(f"the code of {item.nodeid[:200]} is not its hidden source's")
 
+    def check_module(self, module: types.ModuleType) -> None:
+        """Trip when a function, fixture or method a hidden test file defines is not what its source compiles to."""
+        path = os.path.realpath(getattr(module, "__file__", None) or "/")
+        if path not in self.sources:
+            return
+        defined = self._defined(path)
+        for name, value in list(vars(module).items()):
+            for function in _functions(value, module.__name__):
+                code = function.__code__
+                if os.path.realpath(code.co_filename) != path:
+                    if name in defined:
+                        self.trip(f"{name} in {os.path.basename(path)} was replaced")
+                    continue
+                candidates = self._pristine(path).get((_qualname(code), code.co_firstlineno), [])
+                if not any(_same_code(code, c) for c in candidates):
+                    self.trip(
+                        f"the code of {_qualname(code)} in {os.path.basename(path)} is not its source's"
+                    )
+
+    def _defined(self, path: str) -> set[str]:
+        """The names a hidden file's source binds with ``def`` or ``class`` at its top level."""
+        tree = ast.parse(self.sources[path])
+        kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+        return {node.name for node in tree.body if isinstance(node, kinds)}
+
     def report(self, rep: pytest.TestReport) -> None:
         """Fold one phase's report into its test's outcome; a test's event goes out after its teardown."""
         if type(rep) is not pytest.TestReport:
@@ -263,6 +288,17 @@ class _Grader:
         self.phases[rep.nodeid] = outcome
         if rep.when == "teardown":
             self.emit("test", id=rep.nodeid[:MAX_ID_CHARS], outcome=self.phases.pop(rep.nodeid))
+
+
+def _functions(value: object, module: str) -> list[types.FunctionType]:
+    """The plain functions behind a module global: itself, a fixture's function, a class's methods (its own)."""
+    if isinstance(value, type):
+        if value.__module__ != module:
+            return []
+        return [f for v in vars(value).values() for f in _functions(getattr(v, "__func__", v), module)]
+    value = getattr(value, "_fixture_function", value)  # pytest's fixture definition
+    value = inspect.unwrap(value) if callable(value) else value
+    return [value] if isinstance(value, types.FunctionType) else []
 
 
 def _qualname(code: types.CodeType) -> str:
@@ -305,12 +341,19 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    modules = {}
     for item in session.items:
         _grader.code[item.nodeid] = getattr(getattr(item, "obj", None), "__code__", None)
         _grader.check_test(item)
+        module = getattr(item, "module", None)
+        if isinstance(module, types.ModuleType):
+            modules[id(module)] = module
         if session.config.option.collectonly:  # the host's own clean collection (see gyre.tasks.verify)
             _grader.emit("collected", id=item.nodeid[:MAX_ID_CHARS])
-    _grader.check()
+    _grader.modules = list(modules.values())
+    for module in _grader.modules:
+        _grader.check_module(module)
+    _grader.check(between_tests=True)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -334,13 +377,18 @@ def pytest_runtest_call(item: pytest.Item) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _grader.check()
+    between_tests = report.when == "teardown"
+    _grader.check(between_tests)
+    for module in _grader.modules if between_tests else ():
+        _grader.check_module(module)
     _grader.report(report)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _grader.check()
+    _grader.check(between_tests=True)
+    for module in _grader.modules:
+        _grader.check_module(module)
     _grader.emit("finish", exitstatus=int(exitstatus))
     _grader.finished = True
     if _grader.fd >= 0:

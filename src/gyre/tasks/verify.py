@@ -385,6 +385,9 @@ def _prepare(task: Task, spec: VerifierSpec, graded: Path) -> None:
         patterns += ["**/__pycache__", "**/conftest.py"]
     if spec.report_path and not spec.report_path.startswith("/"):
         patterns.append(spec.report_path)
+    # the owner may read, write and search everything: a tree the commands cannot enter is the agent's 0, not an
+    # infrastructure failure (which would drop the execution from training)
+    subprocess.run(["chmod", "-R", "u+rwX", "--", str(graded)], capture_output=True, check=False)
     _remove_matching(graded, patterns)
     supplied = dict(task.hidden_files)
     if _pytest_graded(spec):

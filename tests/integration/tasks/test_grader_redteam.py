@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from gyre.config import SandboxConfig
-from gyre.tasks import Task, Verdict, Verifier, resolve_suite
+from gyre.tasks import Task, Verdict, Verifier, VerifierSpec, resolve_suite
 
 pytestmark = pytest.mark.slow
 
@@ -239,6 +239,46 @@ def test_a_report_written_ahead_for_a_later_command_is_tampered(tmp_path: Path) 
         """
     )
     assert_caught(grade(tmp_path, {"numwords/__init__.py": payload}, two), tampered=True)
+
+
+def test_a_helper_of_the_hidden_tests_replaced_at_import_is_tampered(tmp_path: Path) -> None:
+    # the test checks through a helper of its file: a profiler swaps the helper as the module finishes, then leaves
+    hidden = "from calc import add\n\n\ndef check(a, b, expected):\n    assert add(a, b) == expected\n\n\n"
+    hidden += "def test_add():\n    check(2, 3, 5)\n"
+    spec = VerifierSpec(commands=("python -m pytest tests",), result="junit", declared_test_count=1)
+    helper_task = Task(
+        id="helper", instruction="x", hidden_files={"tests/test_calc.py": hidden}, verifier=spec
+    )
+    payload = textwrap.dedent(
+        """
+        import sys
+
+        def add(a, b):
+            raise NotImplementedError
+
+        def swap(frame, event, arg):
+            if event == "return" and frame.f_code.co_name == "<module>" and "test_" in frame.f_code.co_filename:
+                frame.f_globals["check"] = lambda *args: None
+                sys.setprofile(None)
+
+        sys.setprofile(swap)
+        """
+    )
+    assert_caught(grade(tmp_path, {"calc.py": payload}, helper_task), tampered=True)
+
+
+def test_a_workspace_its_commands_cannot_enter_scores_0_not_dropped(tmp_path: Path) -> None:
+    # a dropped execution leaves its group: a policy that fails could escape its 0 by locking the grader out
+    root = tmp_path / "ws"
+    (root / "numwords").mkdir(parents=True)
+    (root / "numwords").chmod(0)
+    root.chmod(0)
+    try:
+        verdict = asyncio.run(Verifier(SandboxConfig(), retries=0).verify(task(), root))
+    finally:
+        root.chmod(0o755)
+        (root / "numwords").chmod(0o755)
+    assert_caught(verdict, tampered=False)
 
 
 def test_killing_the_pytest_process_or_its_parent_scores_0(tmp_path: Path) -> None:
