@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
+import io
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 
 _READ_CHUNK = 1 << 20  # bytes per read of a command's pipe
@@ -174,6 +176,50 @@ async def terminate(proc: asyncio.subprocess.Process, children_first: bool) -> N
     await proc.wait()
 
 
+def _pipe() -> tuple[int, int]:
+    """A pipe (read end, write end) for a command's standard stream that it may reopen by path, as it does with
+    /dev/stdout (/proc/self/fd/1): a command running as a sandbox's own uid must pass the pipe's permission check.
+    Mode 0666 lets no one else in: reaching the pipe by path takes access to the command's /proc entry."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    os.fchmod(r, 0o666)  # both ends are one inode
+    return r, w
+
+
+@contextlib.asynccontextmanager
+async def _streams(
+    files: list[io.FileIO],
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamReader, asyncio.StreamWriter | None]]:
+    """Streams over the driver's ends of the pipes (stdout, stderr[, stdin]); their transports close on exit.
+
+    Pipes of our own rather than asyncio's: uvloop makes socket pairs, which a command cannot reopen by path. A
+    file handed to a transport is the transport's to close (uvloop closes its descriptor later, asynchronously:
+    closing it here too could close a reused descriptor number)."""
+    loop = asyncio.get_running_loop()
+    transports: list[asyncio.BaseTransport] = []
+    try:
+        readers = []
+        for f in files[:2]:
+            reader = asyncio.StreamReader(limit=_READ_CHUNK)
+            transport, _ = await loop.connect_read_pipe(
+                functools.partial(asyncio.StreamReaderProtocol, reader), f
+            )
+            transports.append(transport)
+            readers.append(reader)
+        writer = None
+        if len(files) == 3:
+            wt, wp = await loop.connect_write_pipe(
+                lambda: asyncio.StreamReaderProtocol(asyncio.StreamReader()), files[2]
+            )
+            transports.append(wt)
+            writer = asyncio.StreamWriter(wt, wp, None, loop)
+        yield readers[0], readers[1], writer
+    finally:
+        for t in transports:
+            t.close()
+        for f in files[len(transports) :]:  # never handed to a transport
+            f.close()
+
+
 async def _feed(stream: asyncio.StreamWriter, data: bytes) -> None:
     """Write ``data`` to the command's stdin and close it; a command that stops reading is not an error."""
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):
@@ -204,25 +250,40 @@ async def run_process(
     """
     out, err = Capture(output_limit_bytes), Capture(output_limit_bytes)
     start = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=dict(env),
-        cwd=cwd,
-        start_new_session=True,
-        limit=_READ_CHUNK,
-    )
+    out_r, out_w = _pipe()
+    err_r, err_w = _pipe()
+    in_r, in_w = _pipe() if stdin is not None else (None, None)
+    ours = [
+        io.FileIO(out_r, "r"),
+        io.FileIO(err_r, "r"),
+        *([io.FileIO(in_w, "w")] if in_w is not None else []),
+    ]
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=in_r if in_r is not None else asyncio.subprocess.DEVNULL,
+            stdout=out_w,
+            stderr=err_w,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+        )
+    except BaseException:
+        for f in ours:
+            f.close()
+        raise
+    finally:
+        for fd in (out_w, err_w, in_r):
+            if fd is not None:
+                os.close(fd)
     running = Running() if running is None else running
     running.add(proc)
     timed_out = False
     try:
-        assert proc.stdout is not None and proc.stderr is not None
-        async with asyncio.TaskGroup() as tg:
-            readers = [tg.create_task(out.drain(proc.stdout)), tg.create_task(err.drain(proc.stderr))]
-            if stdin is not None and proc.stdin is not None:
-                tg.create_task(_feed(proc.stdin, stdin))
+        async with _streams(ours) as (stdout, stderr, stdin_writer), asyncio.TaskGroup() as tg:
+            readers = [tg.create_task(out.drain(stdout)), tg.create_task(err.drain(stderr))]
+            if stdin is not None and stdin_writer is not None:
+                tg.create_task(_feed(stdin_writer, stdin))
             try:
                 async with asyncio.timeout(timeout_s):
                     await proc.wait()

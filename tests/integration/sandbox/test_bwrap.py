@@ -333,3 +333,21 @@ def test_network_true_shares_the_hosts_network_explicitly(cfg: SandboxConfig) ->
         asyncio.run(go())
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_standard_streams_can_be_reopened_by_path(cfg: SandboxConfig, loop: str) -> None:
+    # /dev/stdout is /proc/self/fd/1: reopening it fails on a socket (uvloop's pipes were socket pairs) and on a
+    # pipe the sandbox's own uid may not open (the driver's, mode 0600)
+    run = pytest.importorskip("uvloop").run if loop == "uvloop" else asyncio.run
+    modes = ["cgroup", "uid"] if os.geteuid() == 0 else ["rlimit"]
+
+    async def go() -> None:
+        for mode in modes:
+            async with make_sandbox(msgspec.structs.replace(cfg, containment=mode)) as sb:
+                r = await sb.exec("echo out > /dev/stdout; echo err > /dev/stderr; cat /dev/stdin", stdin="in")
+                assert (r.exit_code, r.stdout, r.stderr) == (0, "out\nin", "err\n"), (mode, r)
+                r = await sb.exec("tee /dev/stderr", stdin="both")
+                assert (r.stdout, r.stderr) == ("both", "both"), (mode, r)
+
+    run(go())
