@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from gyre.tasks.base import Task
+from gyre.tasks.base import Task, VerifierSpec
 
 PLUGIN_SOURCE = Path(__file__).with_name("grader_plugin.py")
 PLUGIN_MODULE = "gyre_grader"
@@ -73,6 +73,77 @@ def task_config(task: Task) -> tuple[str, str, list[str]]:
             continue  # pytest would refuse it too; the grader's default configuration runs instead
         return name, text, paths
     return "pytest.ini", "[pytest]\n", []
+
+
+def open_channels(grader: Path, channels: list[Channel]) -> None:
+    """The grader directory (the plugin's files come once the sandbox's workspace path is known) and its FIFOs."""
+    grader.mkdir(mode=0o755)
+    grader.chmod(0o755)
+    for channel in channels:
+        channel.open()
+
+
+def write_grader(task: Task, spec: VerifierSpec, grader: Path, shown_workspace: str) -> None:
+    """The grader plugin, the task's pytest configuration and what the plugin needs to know (blocking)."""
+    name, text, pythonpath = task_config(task)
+    conftests = sorted(
+        p for p in {**task.files, **task.hidden_files} if PurePosixPath(p).name == "conftest.py"
+    )
+    files = {
+        f"{PLUGIN_MODULE}.py": PLUGIN_SOURCE.read_text(),
+        name: text,
+        "grader.json": json.dumps(
+            {
+                "rootdir": shown_workspace,
+                # the task's import paths, then the workspace (what `python -m pytest` would have given)
+                "pythonpath": [os.path.normpath(f"{shown_workspace}/{p}") for p in pythonpath]
+                + [shown_workspace],
+                "conftests": conftests,
+                "tests": sorted(hidden_tests(task)),
+            }
+        ),
+    }
+    for file, content in files.items():
+        (grader / file).write_text(content)
+        (grader / file).chmod(0o644)
+
+
+def environment(
+    task: Task,
+    spec: VerifierSpec,
+    env: dict[str, str],
+    shown_grader: str,
+    shown_workspace: str,
+    collect_only: bool = False,
+) -> dict[str, str]:
+    """The commands' environment under the grader's control (see the module)."""
+    config = f"{shown_grader}/{task_config(task)[0]}"
+    plugins = [a for p in (PLUGIN_MODULE, *spec.pytest_plugins) for a in ("-p", p)]
+    opts = ["-c", config, f"--rootdir={shown_workspace}", f"--confcutdir={shown_workspace}"]
+    opts += [
+        "-o",
+        "pythonpath=",
+        "-p",
+        "no:cacheprovider",
+        *plugins,
+        *(["--collect-only"] if collect_only else []),
+    ]
+    return {
+        **env,
+        "PYTEST_ADDOPTS": shlex.join(opts)
+        + (f" {env['PYTEST_ADDOPTS']}" if env.get("PYTEST_ADDOPTS") else ""),
+        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+        "PYTEST_PLUGINS": "",
+        "PYTHONPATH": shown_grader,  # the grader plugin, and nothing of the workspace's at start-up
+        "PYTHONSAFEPATH": "1",  # neither the working directory nor a script's directory first on sys.path
+        "PYTHONNOUSERSITE": "1",  # no user site (HOME is the workspace): no .pth or usercustomize of the agent's
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+def hidden_tests(task: Task) -> frozenset[str]:
+    """The hidden test files (workspace-relative); empty: count every test."""
+    return frozenset(p for p in (*task.hidden_files, *task.missing_hidden_files) if p.endswith(".py"))
 
 
 @dataclass

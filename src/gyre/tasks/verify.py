@@ -23,11 +23,9 @@ on Python's stack (a workspace may nest thousands of directories): ``find`` and 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -236,13 +234,15 @@ class Verifier:
                 env.setdefault("PATH", f"{sys.prefix}/bin:{SYSTEM_PATH}")
             if _pytest_graded(spec):
                 channels = [grading.Channel(grader, i) for i in range(len(spec.commands))]
-                await asyncio.to_thread(_open_channels, grader, channels)
+                await asyncio.to_thread(grading.open_channels, grader, channels)
                 binds.append((str(grader), grading.GRADER_DIR, False))  # read-only: FIFOs still pass data
             shown_grader = grading.GRADER_DIR if bwrap else str(grader)
             async with self._factory(self.sandbox_cfg, graded, binds) as sandbox:
                 if channels:
-                    await asyncio.to_thread(_write_grader, task, spec, grader, sandbox.WORKSPACE)
-                    env = _grader_env(task, spec, env, shown_grader, sandbox.WORKSPACE, collect is not None)
+                    await asyncio.to_thread(grading.write_grader, task, spec, grader, sandbox.WORKSPACE)
+                    env = grading.environment(
+                        task, spec, env, shown_grader, sandbox.WORKSPACE, collect is not None
+                    )
                 results = await _run_commands(sandbox, spec, env, channels, shown_grader)
                 codes = [r.exit_code for r in results]
                 timed_out = len(results) < len(spec.commands) or any(r.timed_out for r in results)
@@ -307,72 +307,6 @@ async def _run_commands(
 def _pytest_graded(spec: VerifierSpec) -> bool:
     """Whether the commands' pytest runs under the grader's control (JUnit without a report of the task's own)."""
     return spec.result == "junit" and not spec.report_path
-
-
-def _open_channels(grader: Path, channels: list[grading.Channel]) -> None:
-    """The grader directory (the plugin's files come once the sandbox's workspace path is known) and its FIFOs."""
-    grader.mkdir(mode=0o755)
-    grader.chmod(0o755)
-    for channel in channels:
-        channel.open()
-
-
-def _write_grader(task: Task, spec: VerifierSpec, grader: Path, shown_workspace: str) -> None:
-    """The grader plugin, the task's pytest configuration and what the plugin needs to know (blocking)."""
-    name, text, pythonpath = grading.task_config(task)
-    conftests = sorted(
-        p for p in {**task.files, **task.hidden_files} if PurePosixPath(p).name == "conftest.py"
-    )
-    files = {
-        f"{grading.PLUGIN_MODULE}.py": grading.PLUGIN_SOURCE.read_text(),
-        name: text,
-        "grader.json": json.dumps(
-            {
-                "rootdir": shown_workspace,
-                # the task's import paths, then the workspace (what `python -m pytest` would have given)
-                "pythonpath": [os.path.normpath(f"{shown_workspace}/{p}") for p in pythonpath]
-                + [shown_workspace],
-                "conftests": conftests,
-                "tests": sorted(_hidden_test_paths(task)),
-            }
-        ),
-    }
-    for file, content in files.items():
-        (grader / file).write_text(content)
-        (grader / file).chmod(0o644)
-
-
-def _grader_env(
-    task: Task,
-    spec: VerifierSpec,
-    env: dict[str, str],
-    shown_grader: str,
-    shown_workspace: str,
-    collect_only: bool = False,
-) -> dict[str, str]:
-    """The commands' environment under the grader's control (see `gyre.tasks.grading`)."""
-    config = f"{shown_grader}/{grading.task_config(task)[0]}"
-    plugins = [a for p in (grading.PLUGIN_MODULE, *spec.pytest_plugins) for a in ("-p", p)]
-    opts = ["-c", config, f"--rootdir={shown_workspace}", f"--confcutdir={shown_workspace}"]
-    opts += [
-        "-o",
-        "pythonpath=",
-        "-p",
-        "no:cacheprovider",
-        *plugins,
-        *(["--collect-only"] if collect_only else []),
-    ]
-    return {
-        **env,
-        "PYTEST_ADDOPTS": shlex.join(opts)
-        + (f" {env['PYTEST_ADDOPTS']}" if env.get("PYTEST_ADDOPTS") else ""),
-        "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-        "PYTEST_PLUGINS": "",
-        "PYTHONPATH": shown_grader,  # the grader plugin, and nothing of the workspace's at start-up
-        "PYTHONSAFEPATH": "1",  # neither the working directory nor a script's directory first on sys.path
-        "PYTHONNOUSERSITE": "1",  # no user site (HOME is the workspace): no .pth or usercustomize of the agent's
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
 
 
 def _prepare(task: Task, spec: VerifierSpec, graded: Path) -> None:
@@ -466,7 +400,7 @@ def _score_pytest(
     """The verdict of the grader plugin's events (see `gyre.tasks.grading`); `VerifierFailure` when none came."""
     codes = [r.exit_code for r in results]
     detail = f"the verifier ran out of its {spec.timeout_s:g} s" if timed_out else ""
-    hidden = _hidden_test_paths(task)
+    hidden = grading.hidden_tests(task)
     outcomes: dict[str, str] = {}
     collect_errors: set[str] = set()
     tampering: list[str] = []
@@ -608,11 +542,6 @@ def _read_artifact(graded: Path, logs: Path, shown: str, path: str) -> bytes | N
     if len(data) > MAX_REPORT_BYTES:
         raise VerifierFailure(f"the artifact {path} is {len(data)} bytes, over {MAX_REPORT_BYTES}")
     return data
-
-
-def _hidden_test_paths(task: Task) -> frozenset[str]:
-    """The hidden test files (workspace-relative); empty: count every test."""
-    return frozenset(p for p in (*task.hidden_files, *task.missing_hidden_files) if p.endswith(".py"))
 
 
 def _hidden_test_stems(task: Task) -> frozenset[str]:
