@@ -1,18 +1,25 @@
 """The host's side of grading with pytest: the grader's own configuration, its channel, and what its events mean.
 
-A JUnit verifier without a ``report_path`` runs its commands' pytest under the grader's control (`PytestGrader`):
+A JUnit verifier without a ``report_path`` runs its commands' pytest under the grader's control:
 
-- configuration from outside the workspace: ``-c`` names a copy of the task's own pytest configuration (from its
-  hidden files, else its starting files; never the agent's) in a read-only grader directory, ``--rootdir`` and
-  ``--confcutdir`` are the workspace, plugin autoload is off and only ``-p gyre_grader`` and the task's declared
-  ``pytest_plugins`` load; the interpreter adds neither the working directory nor a user site to ``sys.path``, and
-  the task's import paths (``pythonpath``) are added by the grader plugin after every plugin is loaded;
+- configuration from outside the workspace (`write_grader`, `environment`): ``-c`` names a copy of the task's own
+  pytest configuration (from its hidden files, else its starting files; never the agent's) in a read-only grader
+  directory, ``--rootdir`` and ``--confcutdir`` are the workspace, plugin autoload is off and only ``-p gyre_grader``
+  and the task's declared ``pytest_plugins`` load; the interpreter adds neither the working directory nor a user
+  site to ``sys.path``, and the task's import paths (``pythonpath``) are added by the grader plugin after every
+  plugin is loaded; the only conftest files are the task's;
 - the report is not a file: the grader plugin (`gyre.tasks.grader_plugin`) writes authenticated events into a FIFO
-  the host reads while the command runs, each command with its own key and FIFO (`Channel`);
+  the host reads while the command runs, each command with its own key and FIFO, keyed just before it starts
+  (`Channel`);
 - `read_events` checks them against what the host expects; `GradedRun.tampering` says why a run is not to be
   believed (a line the key does not authenticate, a gap, anything after the session finished, a tripwire of the
   plugin, an exit status that contradicts the outcomes, a session that ended without finishing while nothing
-  killed it).
+  killed it); `unexpected` finds reported tests the host's own clean collection (over the task's reference
+  solution, when it has one) does not account for.
+
+None of this stops code that runs inside the graded process from lying once it aims at the grader plugin itself
+(its key is in that process's memory), nor objects that lie to assertions: see the red-team suite
+(``tests/integration/tasks/test_grader_redteam.py``), whose strict xfails are the known gaps.
 """
 
 from __future__ import annotations
