@@ -15,7 +15,8 @@ What a command sees and may do:
 - no descriptor of the driver's but stdin, stdout and stderr (the launcher closes the rest);
 - the system read-only: ``/usr``, the ``/bin`` and ``/lib*`` links, and a curated copy of ``/etc`` (no shadow
   files, host keys or package credentials); a read-only root, fresh ``/proc`` with ``/proc/sys`` and the other
-  kernel knobs in it read-only, a minimal ``/dev``; every mount nosuid and nodev;
+  kernel knobs in it read-only, a minimal read-only ``/dev`` (its ``/dev/shm`` writable, as large as the
+  sandbox's memory); every mount nosuid and nodev;
 - the workspace read-write at ``/workspace`` (its home and default cwd), and the sandbox's own ``/tmp`` (a host
   directory private to the sandbox, so that files there last from one command to the next);
 - a scrubbed environment: PATH, HOME, LANG, TERM, TMPDIR and what the caller passes, nothing of the driver's.
@@ -160,10 +161,18 @@ def bwrap_argv(
         name
     ) in _PROC_READ_ONLY:  # the host's /proc/sys shows the reader's own namespaces, as a fresh one does
         out += ["--ro-bind-try", f"/proc/{name}", f"/proc/{name}"]
-    out += ["--dev", "/dev", "--bind", workspace, WORKSPACE, "--bind", tmp, "/tmp"]
+    # /dev/shm: its own tmpfs, as large as the sandbox's memory (tmpfs pages escape RLIMIT_AS); the rest of /dev
+    # read-only below, or a command could fill the host's memory through it
+    out += ["--dev", "/dev", "--size", str(cfg.memory_mib * limits.MIB), "--tmpfs", "/dev/shm"]
+    out += ["--bind", workspace, WORKSPACE, "--bind", tmp, "/tmp"]
     for host, inside, writable in binds:
         out += ["--bind" if writable else "--ro-bind", host, inside]
-    out += ["--remount-ro", "/"]  # the root bwrap builds: no stray writes that vanish after the command
+    out += [
+        "--remount-ro",
+        "/",
+        "--remount-ro",
+        "/dev",
+    ]  # tmpfs bwrap builds: no stray writes (or memory use)
     if seccomp_fd is not None:
         out += ["--seccomp", str(seccomp_fd)]
     out.append("--clearenv")

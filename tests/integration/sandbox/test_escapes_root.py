@@ -301,3 +301,27 @@ def test_a_given_workspace_keeps_its_owners_and_its_hard_links_stay_read_only(sc
     assert deep.stat().st_uid == 0  # made by this (root) process
     for name in (".", "mine.txt", "new.txt", "e"):  # as before; new entries: the workspace's owner
         assert ((ws / name).stat().st_uid, (ws / name).stat().st_gid) == (4321, 4321), name
+
+
+@pytest.mark.parametrize("containment", _containments())
+def test_dev_is_read_only_and_dev_shm_is_bounded_by_the_sandboxs_memory(
+    cfg: SandboxConfig, containment: str
+) -> None:
+    small = msgspec.structs.replace(cfg, containment=containment, memory_mib=32)
+    shm = (
+        "from multiprocessing import shared_memory\n"
+        "s = shared_memory.SharedMemory(create=True, size=1 << 20); s.close(); s.unlink(); print('shm works')\n"
+    )
+
+    async def go() -> None:
+        async with make_sandbox(small) as sb:
+            r = await sb.exec("touch /dev/x; mkdir /dev/d; echo ok > /dev/null && echo null works")
+            assert r.stdout == "null works\n" and r.stderr.count("Read-only file system") == 2, r
+            r = await sb.exec(["python3", "-c", shm])
+            assert r.ok and r.stdout == "shm works\n", r
+            r = await sb.exec("df -B1 --output=size /dev/shm | tail -1")
+            assert int(r.stdout) == 32 << 20, r  # not half the host's memory, outside every limit
+            r = await sb.exec("head -c 64M /dev/zero > /dev/shm/fill")
+            assert r.exit_code != 0, r
+
+    asyncio.run(go())
