@@ -345,7 +345,9 @@ def test_standard_streams_can_be_reopened_by_path(cfg: SandboxConfig, loop: str)
     async def go() -> None:
         for mode in modes:
             async with make_sandbox(msgspec.structs.replace(cfg, containment=mode)) as sb:
-                r = await sb.exec("echo out > /dev/stdout; echo err > /dev/stderr; cat /dev/stdin", stdin="in")
+                r = await sb.exec(
+                    "echo out > /dev/stdout; echo err > /dev/stderr; cat /dev/stdin", stdin="in"
+                )
                 assert (r.exit_code, r.stdout, r.stderr) == (0, "out\nin", "err\n"), (mode, r)
                 r = await sb.exec("tee /dev/stderr", stdin="both")
                 assert (r.stdout, r.stderr) == ("both", "both"), (mode, r)
