@@ -43,6 +43,8 @@ from gyre.tasks.base import Task
 from gyre.tasks.verify import Verdict, Verifier
 
 log = logging.getLogger(__name__)
+# the most of a running execution's wall clock its quota checks may take (a thread walking its workspace)
+QUOTA_DUTY = 0.05
 ExecutionStatus = Literal["done", "budget_exceeded", "resource_exceeded", "crashed", "cancelled"]
 
 
@@ -411,10 +413,12 @@ class Runtime:
 
 
 async def _watch_quota(roots: list[Path], limits: tree.Limits, every_s: float) -> None:
-    """Measure ``roots`` together every ``every_s`` until cancelled; `WorkspaceLimitExceeded` once past ``limits``."""
+    """Measure ``roots`` together every ``every_s`` (or less often, so that measuring takes at most `QUOTA_DUTY` of
+    the time: a large workspace is walked less often) until cancelled; `WorkspaceLimitExceeded` past ``limits``."""
     while True:
-        await asyncio.sleep(every_s)
+        start = time.monotonic()
         await asyncio.to_thread(_measure, roots, limits)
+        await asyncio.sleep(max(every_s, (time.monotonic() - start) / QUOTA_DUTY))
 
 
 def _measure(roots: list[Path], limits: tree.Limits) -> tree.Usage:
@@ -426,9 +430,9 @@ def _measure(roots: list[Path], limits: tree.Limits) -> tree.Usage:
 
 
 def _settle(workspace: Path, limits: tree.Limits) -> None:
-    """A finished execution's workspace made safe for the host (no set-id bits, no devices), and its quota checked."""
-    tree.sanitize(workspace)
-    tree.usage(workspace, limits)
+    """A finished execution's workspace made safe for the host (no set-id bits, no devices) and measured against
+    its quotas, in one walk (blocking)."""
+    tree.sanitize(workspace, limits)
 
 
 def _describe(exc: BaseException) -> str:

@@ -234,10 +234,12 @@ def usage(root: Path | str, limits: Limits | None = None, used: Usage | None = N
     return used
 
 
-def sanitize(root: Path | str) -> int:
+def sanitize(root: Path | str, limits: Limits | None = None, used: Usage | None = None) -> int:
     """Strip set-user-id and set-group-id bits and delete device files under ``root`` (and the root's own bits):
-    nothing a sandbox wrote may become a privilege on the host. Returns how many entries it changed."""
+    nothing a sandbox wrote may become a privilege on the host. Returns how many entries it changed. Measures the
+    tree on the way (into ``used``; `WorkspaceLimitExceeded` past ``limits``, the rest left unsanitized)."""
     changed = 0
+    used = used if used is not None else Usage()
     fd = _open_root(root)
     try:
         mode = os.fstat(fd).st_mode
@@ -247,7 +249,10 @@ def sanitize(root: Path | str) -> int:
     finally:
         os.close(fd)
     for stack, name, st in _walk(root):
-        if st is None or stat.S_ISLNK(st.st_mode):
+        if st is None:
+            continue
+        used.add(st, limits)
+        if stat.S_ISLNK(st.st_mode):
             continue
         if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
             with contextlib.suppress(FileNotFoundError):

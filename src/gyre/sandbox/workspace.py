@@ -270,7 +270,8 @@ def make_scratch(workspace_root: str, prefix: str) -> Path:
 
 
 async def copy_tree(src: Path, dest: Path) -> None:
-    """Copy the directory ``src`` onto ``dest`` exactly (modes, owners, times, links), with ``cp -a``."""
+    """Copy the directory ``src`` onto ``dest`` (modes, owners, times, links) with ``cp -a``, then strip set-id
+    bits and device files from the copy (`tree.sanitize`): nothing privileged leaves a sandbox this way."""
     proc = await asyncio.create_subprocess_exec(
         "cp", "-a", "-T", "--reflink=auto", "--", str(src), str(dest),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
@@ -280,3 +281,4 @@ async def copy_tree(src: Path, dest: Path) -> None:
         raise SandboxError(
             f"cannot copy the workspace {src} to {dest}: {err.decode(errors='replace').strip()}"
         )
+    await asyncio.to_thread(tree.sanitize, dest)
