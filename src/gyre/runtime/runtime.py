@@ -209,6 +209,7 @@ class Runtime:
         errors: list[str] = []
         scratch: Path | None = None
         verdict: Verdict | None = None
+        unscorable = False  # the workspace could not be made safe for the host: never scored
         try:
             # set once the task's files are in: from then on there is something to score
             ready = asyncio.Event()
@@ -238,10 +239,11 @@ class Runtime:
                     status = "resource_exceeded"
                     errors.append(str(exc))
                 except (OSError, SandboxError) as exc:
+                    self._internal_errors += 1
                     errors.append(f"the workspace could not be checked: {_describe(exc)}")
-                    workspace = None
+                    unscorable = True
             if self.verifier is not None:
-                verdict = await self._verify(spec, workspace, status, errors)
+                verdict = await self._verify(spec, workspace, status, errors, unscorable)
         except asyncio.CancelledError:
             self._finish(
                 spec, burst, execution_id, token, "cancelled", None, "cancelled", dispatched, started, None
@@ -260,11 +262,17 @@ class Runtime:
         )
 
     async def _verify(
-        self, spec: ExecutionSpec, workspace: Path | None, status: ExecutionStatus, errors: list[str]
+        self,
+        spec: ExecutionSpec,
+        workspace: Path | None,
+        status: ExecutionStatus,
+        errors: list[str],
+        unscorable: bool,
     ) -> Verdict:
-        """The verifier's verdict; ``dropped`` over quota or when verifying raised (recorded in ``errors``)."""
+        """The verifier's verdict; ``dropped`` over quota, for a workspace that could not be made safe to score, or
+        when verifying raised (the reason is the last of ``errors``)."""
         assert self.verifier is not None
-        if status == "resource_exceeded":
+        if status == "resource_exceeded" or unscorable:
             return Verdict(outcome="dropped", detail=errors[-1])
         try:
             return await self.verifier.verify(spec.task, workspace)

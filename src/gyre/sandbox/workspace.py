@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from gyre.config import SandboxConfig
-from gyre.errors import SandboxError
+from gyre.errors import SandboxError, WorkspaceLimitExceeded
 from gyre.sandbox import limits, paths, tree
 from gyre.sandbox.base import ExecResult, Sandbox, Snapshot
 from gyre.sandbox.cgroups import SandboxCgroup, support
@@ -269,14 +269,29 @@ def make_scratch(workspace_root: str, prefix: str) -> Path:
     return scratch
 
 
-async def copy_tree(src: Path, dest: Path) -> None:
+async def copy_tree(src: Path, dest: Path, bounds: tree.Limits | None = None) -> None:
     """Copy the directory ``src`` onto ``dest`` (modes, owners, times, links) with ``cp -a``, then strip set-id
-    bits and device files from the copy (`tree.sanitize`): nothing privileged leaves a sandbox this way."""
+    bits and device files from the copy (`tree.sanitize`): nothing privileged leaves a sandbox this way.
+
+    ``bounds`` (`workspace_limits`): a source past its bytes or entries is refused before anything is copied, and
+    a copy that takes longer than its time is killed; both raise `WorkspaceLimitExceeded` (``dest`` may hold a
+    partial copy: the caller removes it).
+    """
+    if bounds is not None:
+        await asyncio.to_thread(tree.usage, src, bounds)  # stops as soon as it is over: bounded too
     proc = await asyncio.create_subprocess_exec(
         "cp", "-a", "-T", "--reflink=auto", "--", str(src), str(dest),
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
-    _, err = await proc.communicate()
+    try:
+        async with asyncio.timeout(None if bounds is None else bounds.timeout_s):
+            _, err = await proc.communicate()
+    except TimeoutError:
+        raise WorkspaceLimitExceeded("time", (bounds and bounds.timeout_s) or 0, 0) from None
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
     if proc.returncode != 0:
         raise SandboxError(
             f"cannot copy the workspace {src} to {dest}: {err.decode(errors='replace').strip()}"

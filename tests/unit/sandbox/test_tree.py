@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import stat
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from gyre.errors import WorkspaceLimitExceeded
 from gyre.sandbox import tree
+from gyre.sandbox.workspace import copy_tree
 
 DEPTH = 3 * tree.MAX_OPEN_FDS + 1500  # past the recursion limit, and reopening levels through ".."
 
@@ -111,3 +113,18 @@ def test_removal_gets_past_directories_without_permissions(tmp_path: Path) -> No
     (ws / "a").chmod(0o500)
     tree.remove(ws)
     assert not ws.exists()
+
+
+def test_the_verifiers_copy_is_bounded(tmp_path: Path) -> None:
+    """`copy_tree` (cp -a) refuses a source over its bytes or entries before copying, and stops at its time."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for i in range(50):
+        (ws / str(i)).write_bytes(b"x" * 10_000)
+    with pytest.raises(WorkspaceLimitExceeded, match="max_inodes"):
+        asyncio.run(copy_tree(ws, tmp_path / "a", tree.Limits(max_entries=49)))
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(WorkspaceLimitExceeded, match="copy_timeout_s"):
+        asyncio.run(copy_tree(ws, tmp_path / "b", tree.Limits(timeout_s=1e-6)))
+    asyncio.run(copy_tree(ws, tmp_path / "c", tree.Limits(max_bytes=500_000, max_entries=50, timeout_s=60)))
+    assert tree.usage(tmp_path / "c") == tree.Usage(bytes=500_000, entries=50)
