@@ -42,12 +42,12 @@ import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import ClassVar
 
 from gyre.config import SandboxConfig
-from gyre.sandbox import limits, seccomp
+from gyre.sandbox import limits, seccomp, tree
 from gyre.sandbox.base import WORKSPACE
 from gyre.sandbox.workspace import SYSTEM_PATH, HostSandbox
 
@@ -272,44 +272,33 @@ def _stage_root() -> Path:
 
 def _owners(top: Path) -> dict[tuple[int, int], tuple[int, int]]:
     """(device, inode) -> (uid, gid) of every entry of a tree, ``top`` included."""
-    return {(st.st_dev, st.st_ino): (st.st_uid, st.st_gid) for _, st in _entries(top)}
-
-
-def _entries(top: Path) -> Iterator[tuple[str, os.stat_result]]:
-    """``top`` and every entry below it with its lstat, iteratively (a workspace may be any depth). Symlinks
-    are listed, never followed; an entry whose path is too long to name (thousands of levels deep) is skipped:
-    it is left as it was (not the sandbox's: never more access than before)."""
-    pending = [str(top)]
-    with contextlib.suppress(OSError):
-        yield pending[0], os.lstat(pending[0])
-    while pending:
-        with contextlib.suppress(OSError), os.scandir(pending.pop()) as listing:
-            for entry in listing:
-                with contextlib.suppress(OSError):
-                    st = entry.stat(follow_symlinks=False)
-                    yield entry.path, st
-                    if stat.S_ISDIR(st.st_mode):
-                        pending.append(entry.path)
+    st = os.lstat(top)
+    out = {(st.st_dev, st.st_ino): (st.st_uid, st.st_gid)}
+    for entry in tree.walk(top):
+        out[entry.stat.st_dev, entry.stat.st_ino] = entry.stat.st_uid, entry.stat.st_gid
+    return out
 
 
 def _chown_tree(top: Path, uid: int) -> None:
     """Give a tree to ``uid`` (as its gid too), except files with other hard links: those may also lie outside
     the tree, where the sandbox must not gain the right to write them."""
-    for path, st in _entries(top):
-        if stat.S_ISDIR(st.st_mode) or st.st_nlink == 1:
-            with contextlib.suppress(OSError):
-                os.chown(path, uid, uid, follow_symlinks=False)
+    os.chown(top, uid, uid)
+    for entry in tree.walk(top):
+        if stat.S_ISDIR(entry.stat.st_mode) or entry.stat.st_nlink == 1:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(entry.name, uid, uid, dir_fd=entry.dir_fd, follow_symlinks=False)
 
 
 def _restore_owners(top: Path, owners: dict[tuple[int, int], tuple[int, int]]) -> None:
     """Give each entry of a given workspace its owner from before the sandbox (new entries: the workspace's)."""
     st = os.lstat(top)
     default = owners.get((st.st_dev, st.st_ino), (st.st_uid, st.st_gid))
-    for path, st in _entries(top):
-        uid, gid = owners.get((st.st_dev, st.st_ino), default)
-        if (st.st_uid, st.st_gid) != (uid, gid):
-            with contextlib.suppress(OSError):
-                os.chown(path, uid, gid, follow_symlinks=False)
+    os.chown(top, *default)
+    for entry in tree.walk(top):
+        uid, gid = owners.get((entry.stat.st_dev, entry.stat.st_ino), default)
+        if (entry.stat.st_uid, entry.stat.st_gid) != (uid, gid):
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(entry.name, uid, gid, dir_fd=entry.dir_fd, follow_symlinks=False)
 
 
 @functools.cache
