@@ -243,12 +243,33 @@ class _Grader:
         if module.get("pytest", pytest) is not pytest:
             self.trip(f"the name pytest in {item.nodeid.split('::')[0]} is not pytest")
         function = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
-        code = getattr(function, "__code__", None)
-        if not isinstance(code, types.CodeType):
-            return
-        candidates = self._pristine(path).get((_qualname(code), code.co_firstlineno), [])
-        if not any(_same_code(code, c) for c in candidates):
+        if isinstance(getattr(function, "__code__", None), types.CodeType) and not self._as_written(
+            function, path
+        ):
             self.trip(f"the code of {item.nodeid[:200]} is not its hidden source's")
+
+    def _as_written(self, function: Any, path: str) -> bool:
+        """Whether ``function`` is code the hidden file ``path`` compiles to, or a wrapper of it made by the grader's
+        installation (functools, unittest.mock, hypothesis...); any level of code of the agent's is not."""
+        for _ in range(32):
+            code = getattr(function, "__code__", None)
+            handle = getattr(function, "hypothesis", None)  # hypothesis's wrapper takes the test's file name
+            handle = handle if handle is not None and self._trusted(type(handle)) else None
+            if not isinstance(code, types.CodeType):
+                if not self._trusted(type(function)):  # a wrapper object (lru_cache): a library's, or not ok
+                    return False
+            elif os.path.realpath(code.co_filename) == path:
+                candidates = self._pristine(path).get((_qualname(code), code.co_firstlineno), [])
+                if any(_same_code(code, c) for c in candidates):
+                    return True
+                if handle is None:
+                    return False
+            elif not os.path.realpath(code.co_filename).startswith(self.trusted_dirs):
+                return False
+            function = getattr(function, "__wrapped__", None) or getattr(handle, "inner_test", None)
+            if function is None:
+                return True  # a library's function: nothing of the file's inside
+        return False
 
     def check_module(self, module: types.ModuleType) -> None:
         """Trip when a function, fixture or method a hidden test file defines is not what its source compiles to."""
@@ -256,18 +277,25 @@ class _Grader:
         if path not in self.sources:
             return
         defined = self._defined(path)
-        for name, value in list(vars(module).items()):
-            for function in _functions(value, module.__name__):
-                code = function.__code__
-                if os.path.realpath(code.co_filename) != path:
-                    if name in defined:
-                        self.trip(f"{name} in {os.path.basename(path)} was replaced")
-                    continue
-                candidates = self._pristine(path).get((_qualname(code), code.co_firstlineno), [])
-                if not any(_same_code(code, c) for c in candidates):
-                    self.trip(
-                        f"the code of {_qualname(code)} in {os.path.basename(path)} is not its source's"
-                    )
+        for name in defined:
+            if not self._vouch(vars(module).get(name), module.__name__, path):
+                self.trip(f"{name} in {os.path.basename(path)} is not what its source defines")
+
+    def _vouch(self, value: object, module: str, path: str) -> bool:
+        """Whether a name the hidden file binds with ``def`` or ``class`` still holds what its source made: its
+        function (or a fixture, a decorator's wrapper of it), or its class with the methods its body defines."""
+        if isinstance(value, type):
+            own = [getattr(v, "__func__", v) for v in vars(value).values()]
+            prefix = value.__qualname__ + "."
+            return value.__module__ == module and all(
+                self._as_written(f, path)
+                for f in own
+                if isinstance(f, types.FunctionType) and f.__qualname__.startswith(prefix)
+            )
+        function = getattr(value, "_fixture_function", value)  # pytest's fixture definition
+        if isinstance(function, types.FunctionType) or hasattr(function, "__wrapped__"):
+            return self._as_written(function, path)
+        return self._trusted(type(value))  # e.g. a functools.partial the source made
 
     def _defined(self, path: str) -> set[str]:
         """The names a hidden file's source binds with ``def`` or ``class`` at its top level."""
@@ -288,17 +316,6 @@ class _Grader:
         self.phases[rep.nodeid] = outcome
         if rep.when == "teardown":
             self.emit("test", id=rep.nodeid[:MAX_ID_CHARS], outcome=self.phases.pop(rep.nodeid))
-
-
-def _functions(value: object, module: str) -> list[types.FunctionType]:
-    """The plain functions behind a module global: itself, a fixture's function, a class's methods (its own)."""
-    if isinstance(value, type):
-        if value.__module__ != module:
-            return []
-        return [f for v in vars(value).values() for f in _functions(getattr(v, "__func__", v), module)]
-    value = getattr(value, "_fixture_function", value)  # pytest's fixture definition
-    value = inspect.unwrap(value) if callable(value) else value
-    return [value] if isinstance(value, types.FunctionType) else []
 
 
 def _qualname(code: types.CodeType) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -233,4 +234,49 @@ def test_only_the_pytest_plugins_a_task_declares_are_loaded(tmp_path: Path) -> N
         task, verifier=msgspec.structs.replace(spec, pytest_plugins=("pytester",))
     )
     verdict = verify(declared, workspace(tmp_path / "b", {"a": "1"}))
+    assert (verdict.outcome, verdict.score) == ("scored", 1.0), verdict.detail
+
+
+def test_library_decorated_tests_and_fixtures_are_not_mistaken_for_tampering(tmp_path: Path) -> None:
+    # hypothesis, functools.wraps and lru_cache wrap a test's or a helper's code: what they wrap is checked instead
+    tests = textwrap.dedent(
+        """
+        import functools
+        from unittest import mock
+
+        import pytest
+        from hypothesis import given, settings, strategies as st
+
+        from calc import add
+
+
+        @functools.lru_cache
+        def expected(a, b):
+            return a + b
+
+
+        @pytest.fixture
+        def two():
+            return 2
+
+
+        @settings(max_examples=5, database=None)
+        @given(st.integers(), st.integers())
+        def test_commutes(a, b):
+            assert add(a, b) == add(b, a)
+
+
+        @mock.patch("os.getcwd", lambda: "/")
+        def test_with_two(two):
+            assert add(two, 3) == expected(two, 3)
+
+
+        class TestAdd:
+            def test_zero(self):
+                assert add(0, 0) == 0
+        """
+    )
+    spec = VerifierSpec(commands=("pytest tests",), result="junit", declared_test_count=3)
+    task = Task(id="d", instruction="x", hidden_files={"tests/test_calc.py": tests}, verifier=spec)
+    verdict = verify(task, workspace(tmp_path, SOLVED))
     assert (verdict.outcome, verdict.score) == ("scored", 1.0), verdict.detail
