@@ -383,7 +383,9 @@ def main() -> None:
             log_path=tmp / "router.log",
         )  # fmt: skip
         with proc:
+            rss_start = rss_mib(proc.proc.pid)
             result = asyncio.run(fuzz(args, proc.url, admin))
+            result["router_rss_start_mib"] = rss_start
             result["router_rss_mib"] = rss_mib(proc.proc.pid)
         records = list(read_journal(tmp / "journal" / "calls.jsonl", CallRecord))
     result["journal_records"] = len(records)
@@ -402,7 +404,7 @@ def main() -> None:
     console.print(
         f"agent port {result['by_port'].get('agent', 0):,}, admin port {result['by_port'].get('admin', 0):,}; "
         f"statuses {result['codes']}; wall {result['wall_s']:.0f} s; polite p50 {result['polite_p50_s']:.3f} s; router RSS "
-        f"{result['router_rss_mib']:.0f} MiB; router alive: {result['router_alive']}"
+        f"{result['router_rss_start_mib']:.0f} -> {result['router_rss_mib']:.0f} MiB; router alive: {result['router_alive']}"
     )
     for example in result["server_error_examples"]:
         console.print(example)

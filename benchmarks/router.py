@@ -102,7 +102,7 @@ def pct(values: list[float], q: float) -> float:
 class _InstantPool(EnginePool):
     """An engine pool that answers every call at once with a fixed 16-token reply (no engine, no network)."""
 
-    async def generate(self, input_ids, params, affinity=None, top_logprobs_num=0):  # type: ignore[no-untyped-def]
+    async def generate(self, input_ids, params, affinity=None, top_logprobs_num=0, control=None):  # type: ignore[no-untyped-def]
         ids = list(range(100, 115)) + [258]
         return Generation(
             ids,
@@ -124,7 +124,8 @@ def turn_costs(model: Path, turns: list[int]) -> dict[str, dict[int, float]]:
     ``render``: matching the earlier call and rendering the new messages (``Router._prepare_chat``);
     ``call``: the whole in-process call, which also builds the full input ids and the record.
     """
-    router = Router(RouterConfig(model_path=str(model)), pool=_InstantPool())
+    # no engine bounds the conversation here: past the tiny model's context the router would refuse it (413)
+    router = Router(RouterConfig(model_path=str(model), context_length=1 << 24), pool=_InstantPool())
     token = router.open_session()
     messages: list[dict[str, object]] = [{"role": "system", "content": "You are a coding agent. " * 20}]
     samples: dict[str, dict[int, list[float]]] = {
@@ -134,10 +135,10 @@ def turn_costs(model: Path, turns: list[int]) -> dict[str, dict[int, float]]:
     prepare = router._prepare_chat
     spent: list[float] = []
 
-    def timed_prepare(*args, **kwargs):  # type: ignore[no-untyped-def]
+    async def timed_prepare(*args, **kwargs):  # type: ignore[no-untyped-def]
         start = time.perf_counter()
         try:
-            return prepare(*args, **kwargs)
+            return await prepare(*args, **kwargs)
         finally:
             spent.append(time.perf_counter() - start)
 

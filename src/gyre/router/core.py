@@ -535,6 +535,8 @@ def _text_chars(value: Any) -> int:
 
 def _model_context_length(model_path: str) -> int:
     """``max_position_embeddings`` of the model directory's config.json; 0 when there is none."""
+    if not model_path:
+        return 0
     try:
         with open(Path(model_path) / "config.json") as f:
             value = json.load(f).get("max_position_embeddings", 0)
