@@ -14,8 +14,8 @@ What a command sees and may do:
   driver's session keyring is inherited), no io_uring, bpf or userfaultfd;
 - no descriptor of the driver's but stdin, stdout and stderr (the launcher closes the rest);
 - the system read-only: ``/usr``, the ``/bin`` and ``/lib*`` links, and a curated copy of ``/etc`` (no shadow
-  files, host keys or package credentials); a read-only root, fresh ``/proc`` with ``/proc/sys`` and the other
-  kernel knobs in it read-only, a minimal read-only ``/dev`` (its ``/dev/shm`` writable, as large as the
+  files, host keys or package credentials); a read-only root, a fresh read-only ``/proc`` (``/proc/sys`` and the
+  other kernel knobs in it included), a minimal read-only ``/dev`` (its ``/dev/shm`` writable, as large as the
   sandbox's memory); every mount nosuid and nodev;
 - the workspace read-write at ``/workspace`` (its home and default cwd), and the sandbox's own ``/tmp`` (a host
   directory private to the sandbox, so that files there last from one command to the next);
@@ -70,12 +70,6 @@ _TOP_LEVEL = ("usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 # status. Not bwrap's own init: bwrap exits before reaping it, leaving a zombie for the host's init, which in a
 # container may be the driver itself, never reaping it. fd 3 carries stdin (sh gives a background job /dev/null).
 _INIT = 'exec 3<&0; "$@" <&3 3<&- & wait $!'
-_PROC_READ_ONLY = (
-    "sys",
-    "sysrq-trigger",
-    "irq",
-    "bus",
-)  # kernel knobs under /proc: sysctls, SysRq, IRQs, buses
 _SECCOMP_FD = 3  # where the launcher opens the seccomp filter for bwrap (which closes it)
 _SANDBOX_ENV = {"PATH": SYSTEM_PATH, "HOME": WORKSPACE, "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp"}
 
@@ -159,22 +153,15 @@ def bwrap_argv(
         out.append("--unshare-net")
     out += system_binds()
     out += ["--proc", "/proc"]
-    for (
-        name
-    ) in _PROC_READ_ONLY:  # the host's /proc/sys shows the reader's own namespaces, as a fresh one does
-        out += ["--ro-bind-try", f"/proc/{name}", f"/proc/{name}"]
     # /dev/shm: its own tmpfs, as large as the sandbox's memory (tmpfs pages escape RLIMIT_AS); the rest of /dev
     # read-only below, or a command could fill the host's memory through it
     out += ["--dev", "/dev", "--size", str(cfg.memory_mib * limits.MIB), "--tmpfs", "/dev/shm"]
     out += ["--bind", workspace, WORKSPACE, "--bind", tmp, "/tmp"]
     for host, inside, writable in binds:
         out += ["--bind" if writable else "--ro-bind", host, inside]
-    out += [
-        "--remount-ro",
-        "/",
-        "--remount-ro",
-        "/dev",
-    ]  # tmpfs bwrap builds: no stray writes (or memory use)
+    # Read-only: the tmpfs bwrap builds (no stray writes, no memory outside the limits), and /proc, whose sysctls
+    # and other kernel knobs no command may write (its own process's entries are read-only too).
+    out += ["--remount-ro", "/", "--remount-ro", "/dev", "--remount-ro", "/proc"]
     if seccomp_fd is not None:
         out += ["--seccomp", str(seccomp_fd)]
     out.append("--clearenv")

@@ -83,9 +83,10 @@ def test_proc_sys_and_other_kernel_knobs_are_read_only(cfg: SandboxConfig, conta
         async with make_sandbox(_with(cfg, containment)) as sb:
             r = await sb.exec(["python3", "-c", probe, *knobs])
             assert r.ok and "WRITABLE" not in r.stdout and r.stdout.count("refused") == len(knobs), r
-            r = await sb.exec("grep -E ' /proc/(sys|irq|bus) ' /proc/self/mountinfo")
-            mounts = r.stdout.splitlines()
-            assert len(mounts) == 3 and all(" ro," in m for m in mounts), r
+            r = await sb.exec("grep ' /proc ' /proc/self/mountinfo")
+            assert "ro" in r.stdout.split()[5].split(","), (
+                r
+            )  # all of it: its own entries are no way out either
 
     asyncio.run(go())
     assert Path("/proc/sys/kernel/core_pattern").read_text() == before
