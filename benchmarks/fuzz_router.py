@@ -4,10 +4,10 @@
 
 Starts the embedded engine on a fresh tiny model and ``gyre router`` in front of it (both their own processes), then
 sends seeded, generated requests to both ports: raw bytes, truncated and deeply nested JSON, every request field with
-values of the wrong type, bodies that cannot fit the context (7 MiB) or the body limit (9 MiB), special-token and
-Unicode line-break text, stop strings, token ids outside the vocabulary, bad paths, methods, tokens and roles; and on
-the admin port malformed session and engine bodies, engine URLs that are not URLs, unknown names. A few requests send
-half a body, or hang up mid-call or mid-stream. (Admin requests never drain or remove the one real engine, and add
+values of the wrong type, bodies that cannot fit the context (7 MiB, 150,000 messages) or the body limit (9 MiB),
+special-token and Unicode line-break text, stop strings, token ids outside the vocabulary, bad paths, methods, tokens
+and roles; and on the admin port malformed session and engine bodies, engine URLs that are not URLs, unknown names.
+A few requests send half a body, or hang up mid-call or mid-stream. (Admin requests never drain or remove the one real engine, and add
 no engine that parses: those are legitimate operations, not input the router must survive.)
 
 Side by side in the same run, one well-behaved session (the official ``openai`` client) holds a conversation, a
@@ -228,8 +228,14 @@ class Generator:
         return "admin", method, path, {}, self.raw()
 
     def big(self) -> tuple[str, str, str, dict[str, str], bytes]:
-        size = self.rng.choice([7, 9]) * 2**20
-        body = {"model": "default", "messages": [{"role": "user", "content": "x" * size}], "max_tokens": 1}
+        """7 MiB (fits the body limit, not the context), 9 MiB (over the limit), or 150,000 tiny messages."""
+        kind = self.rng.choice([7, 9, 0])
+        messages = (
+            [{"role": "user", "content": "x" * kind * 2**20}]
+            if kind
+            else [{"role": "user", "content": ""}] * 150_000
+        )
+        body = {"model": "default", "messages": messages, "max_tokens": 1}
         return "agent", "POST", f"/s/{self.token}/v1/chat/completions", {}, json.dumps(body).encode()
 
 
