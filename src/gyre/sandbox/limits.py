@@ -42,9 +42,7 @@ from gyre.sandbox import cgroups
 log = logging.getLogger(__name__)
 
 Containment = Literal["cgroup", "uid", "rlimit"]
-JOIN_FAILED_EXIT = (
-    125  # the launcher's exit code when it could not join the sandbox's cgroups (or bind a path)
-)
+JOIN_FAILED_EXIT = 125  # the launcher's exit code when it could not join the sandbox's cgroups or bind a path
 MIB = 1 << 20
 
 
@@ -157,9 +155,8 @@ def join_argv(
         script += f"{{ {joins}; }} 2>/dev/null || {failed}; "
     for host, point in staged:
         mount = f"{shlex.quote(tool('mount'))} --rbind -- {shlex.quote(host)} {shlex.quote(point)}"
-        script += (
-            f"{mount} || {{ echo 'gyre: cannot bind {shlex.quote(host)}' >&2; exit {JOIN_FAILED_EXIT}; }}; "
-        )
+        failed = f"{{ printf 'gyre: cannot bind %s\\n' {shlex.quote(host)} >&2; exit {JOIN_FAILED_EXIT}; }}"
+        script += f"{mount} || {failed}; "
     script += 'exec "$@"' + (f" 3<{shlex.quote(fd3)}" if fd3 is not None else "")
     unshare = [tool("unshare"), "--mount", "--propagation", "private", "--"] if staged else []
     return [*unshare, tool("bash"), "-c", script, "bash"]

@@ -97,3 +97,10 @@ def test_the_launcher_closes_every_descriptor_above_stderr(tmp_path: Path) -> No
         for fd in extra:
             os.close(fd)
     assert out.stdout.split() == ["0", "1", "2", "3", "for", "the", "backend"], out
+
+
+def test_the_launcher_binds_staged_paths_in_a_mount_namespace_of_its_own() -> None:
+    argv = join_argv([], None, [("/root/a b", "/tmp/stage/0")])
+    assert argv[0].endswith("/unshare") and argv[1:5] == ["--mount", "--propagation", "private", "--"]
+    assert "--rbind -- '/root/a b' /tmp/stage/0 ||" in argv[7]
+    assert join_argv([])[0].endswith("/bash")  # nothing to bind: no namespace
