@@ -102,6 +102,7 @@ class TrainSummary(msgspec.Struct, frozen=True, kw_only=True):
     eval_first: float | None = None  # held-out mean score before the first step and after the last
     eval_last: float | None = None
     resumes: int = 0
+    tampered_executions: int = 0  # executions caught tampering with the grader, over all steps
 
 
 class _PickUp(msgspec.Struct, kw_only=True):
@@ -376,7 +377,8 @@ def summarize(
                            reward_first=records[0].reward_mean if records else 0.0,
                            reward_last=records[-1].reward_mean if records else 0.0,
                            eval_first=evals[0].mean if evals else None,
-                           eval_last=evals[-1].mean if evals else None, resumes=resumes)  # fmt: skip
+                           eval_last=evals[-1].mean if evals else None, resumes=resumes,
+                           tampered_executions=sum(r.tampered for r in records))  # fmt: skip
     rd.summary.write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
     write_report(rd.root)
     return summary
