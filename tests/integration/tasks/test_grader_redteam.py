@@ -125,7 +125,10 @@ def test_an_atexit_hook_rewriting_the_report_is_tampered(tmp_path: Path) -> None
 
 def test_a_report_forged_before_os_exit_is_tampered(tmp_path: Path) -> None:
     payload = FORGE + "forge()\nos._exit(0)\n"
-    assert_caught(grade(tmp_path, {"numwords/__init__.py": payload}), tampered=True)
+    assert_caught(grade(tmp_path / "forged", {"numwords/__init__.py": payload}), tampered=True)
+    # no report at all (before: no JUnit file, so the execution was dropped from training instead of scoring 0)
+    quiet = "import os\nos._exit(0)\n"
+    assert_caught(grade(tmp_path / "quiet", {"numwords/__init__.py": quiet}), tampered=True)
 
 
 def test_a_plugin_registered_by_package_code_is_tampered(tmp_path: Path) -> None:
