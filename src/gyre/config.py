@@ -63,7 +63,7 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     request_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0  # one engine request, end to end
     # larger request bodies get 413; 8 MiB of JSON holds more text than a 1M-token context
     max_body_mib: Annotated[float, msgspec.Meta(gt=0)] = 8.0
-    body_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0  # a request body must arrive in full within this
+    body_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0  # a request head, then its body, must arrive within
     context_length: NonNegative = 0  # tokens; a request that cannot fit gets 413 unrendered; 0: the model's own
     default_max_tokens: Positive = 4096  # when a chat request gives no max_tokens
 

@@ -356,6 +356,48 @@ def _http_errors() -> dict[Any, Callable[[Request, Exception], Awaitable[Respons
     return {404: not_found, 405: not_allowed}
 
 
+def _head_timeout_protocol(timeout_s: float) -> Any:
+    """uvicorn's HTTP protocol, closing a connection whose request head does not arrive within ``timeout_s``.
+
+    uvicorn times only the idle gap between requests: a client that opens a connection and sends half a request
+    line or header (or nothing) would hold it forever. "auto" (uvicorn's own choice) where httptools is missing.
+    """
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        return "auto"
+
+    class HeadTimeoutProtocol(HttpToolsProtocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(timeout_s, self.transport.close)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()  # until the first head is complete
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()  # a request started on a kept-alive connection: its head must arrive in time too
+
+        def on_headers_complete(self) -> None:
+            self._disarm()  # the body has its own timeout (router.body_timeout_s, in the application)
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeadTimeoutProtocol
+
+
 # Idle agent connections stay open this long: far longer than clients keep theirs (httpx: 5 s), so a client never
 # reuses a connection the server has just closed (the agent would see a connection error after a long tool call).
 KEEP_ALIVE_S = 300
@@ -374,11 +416,16 @@ async def serve_router(router: Router) -> None:
             port=router.cfg.port,
             log_level="warning",
             timeout_keep_alive=KEEP_ALIVE_S,
+            http=_head_timeout_protocol(router.cfg.body_timeout_s),
         )
     )
     admin = uvicorn.Server(
         uvicorn.Config(
-            build_admin_app(router), host="127.0.0.1", port=router.cfg.admin_port, log_level="warning"
+            build_admin_app(router),
+            host="127.0.0.1",
+            port=router.cfg.admin_port,
+            log_level="warning",
+            http=_head_timeout_protocol(router.cfg.body_timeout_s),
         )
     )
     tasks = [asyncio.ensure_future(agent.serve()), asyncio.ensure_future(admin.serve())]

@@ -286,6 +286,23 @@ def test_a_half_sent_body_times_out_and_frees_its_connection(router: Served) -> 
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
 
 
+@pytest.mark.parametrize("sent", [b"", b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n", b"GET /heal"])
+def test_a_half_sent_request_head_is_closed_in_time(router: Served, sent: bytes) -> None:
+    """Nothing, half a request line, or headers without their end: the connection is closed, not held."""
+    admin_port = int(router.admin.rsplit(":", 1)[1])
+    for port in (router.proc.port, admin_port):
+        started = time.monotonic()
+        try:
+            _raw_request(port, b"", sent)
+        except TimeoutError:
+            pytest.fail(f"a half-sent head ({sent!r}) held its connection on port {port} for 15 s")
+        assert time.monotonic() - started < BODY_TIMEOUT_S + 5
+    with (
+        httpx.Client() as http
+    ):  # a keep-alive connection's second request is timed too; the first is answered
+        assert http.get(f"{router.url}/health").status_code == 200
+
+
 # ---- client disconnects ------------------------------------------------------------------------------------------
 LONG = {
     "max_tokens": 4000,
