@@ -196,9 +196,9 @@ class BwrapSandbox(HostSandbox):
         uid = random.randrange(100_000_000, 2_000_000_000)
         if self._given_workspace is not None:
             self._owners = _owners(self.workspace)
+        self._owner = uid  # from here on, closing gives a given workspace back
         for top in (self.workspace, self.root / "tmp"):
             _chown_tree(top, uid)
-        self._owner = uid
         # bwrap, running as that uid, must reach every path it binds (it resolves even fds given to it back to
         # paths): those behind a directory others cannot search are bound first at a mount point it can reach.
         self.root.chmod(0o711)
@@ -234,7 +234,10 @@ class BwrapSandbox(HostSandbox):
     def _remove(self) -> None:
         try:
             if self._owner is not None and self._given_workspace is not None:
-                _restore_owners(self._given_workspace, self._owners)
+                try:
+                    _restore_owners(self._given_workspace, self._owners)
+                except OSError as exc:  # the caller's directory, gone or changed under us: not the sandbox's
+                    log.warning("cannot give %s its owners back: %s", self._given_workspace, exc)
             for point in self._staged.values():  # a mount point only in launchers' namespaces
                 with contextlib.suppress(OSError):
                     if os.path.isdir(point):
