@@ -32,7 +32,7 @@ def _with(cfg: SandboxConfig, containment: str) -> SandboxConfig:
     return msgspec.structs.replace(cfg, containment=containment)
 
 
-@pytest.mark.parametrize("containment", _containments())
+@pytest.mark.parametrize("containment", ["cgroup", "uid", "rlimit"] if os.geteuid() == 0 else ["rlimit"])
 def test_commands_never_run_as_a_privileged_host_uid(cfg: SandboxConfig, containment: str) -> None:
     marker = f"{3000 + random.random():.9f}"
 
