@@ -43,6 +43,9 @@ def test_commands_never_run_as_a_privileged_host_uid(cfg: SandboxConfig, contain
             assert all(inside[c] == "0000000000000000" for c in ("CapInh", "CapPrm", "CapEff", "CapBnd")), r
             assert inside["CapAmb"] == "0000000000000000" and inside["NoNewPrivs"] == "1", r
             assert inside["Seccomp"] == "2", r  # filtering
+            r = await sb.exec("grep -E ' /(workspace|tmp) ' /proc/self/mountinfo")
+            options = [line.split()[5].split(",") for line in r.stdout.splitlines()]
+            assert len(options) == 2 and all({"nosuid", "nodev"} <= set(o) for o in options), r
             sleeping = tg.create_task(sb.exec(f"sleep {marker}"))
             pid = await asyncio.to_thread(wait_process, f"sleep {marker}")
             host = status(pid)
