@@ -310,6 +310,15 @@ def unexpected(reported: list[str], expected: list[str]) -> list[str]:
     return out
 
 
+def missing(reported: list[str], collect_errors: list[str], expected: list[str]) -> list[str]:
+    """Test functions the host collected, in files a finished session reported on without a collection error, that
+    it never reported (compared by function, as in `unexpected`)."""
+    files = {i.split("::", 1)[0] for i in reported} - {i.split("::", 1)[0] for i in collect_errors}
+    bases = {i.split("[", 1)[0] for i in reported}
+    out = {i.split("[", 1)[0] for i in expected if i.split("::", 1)[0] in files} - bases
+    return sorted(out)
+
+
 def in_hidden(node_id: str, hidden: frozenset[str]) -> bool:
     """Whether a node id is in (or, for a failed collector, contains) one of the hidden test files."""
     path = node_id.split("::", 1)[0]

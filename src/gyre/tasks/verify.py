@@ -420,6 +420,11 @@ def _score_pytest(
                 f"command {channel.index}: test {i[:200]} is not one the grader collected from the hidden tests"
                 for i in grading.unexpected(reported, expected)
             ]
+            if run.finished:
+                tampering += [
+                    f"command {channel.index}: test {i[:200]} of the hidden tests ran without a report"
+                    for i in grading.missing(reported, run.collect_errors, expected)
+                ]
         outcomes.update({i: run.tests[i] for i in reported})
         collect_errors.update(i for i in run.collect_errors if not hidden or grading.in_hidden(i, hidden))
     if tampering:

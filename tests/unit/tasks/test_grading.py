@@ -16,7 +16,7 @@ from gyre.evaluation import EvalOptions, summarize
 from gyre.protocol import StepMetrics
 from gyre.runtime import ExecutionResult
 from gyre.tasks import Task, Verdict
-from gyre.tasks.grading import Channel, judge_unfinished, read_events, task_config, unexpected
+from gyre.tasks.grading import Channel, judge_unfinished, missing, read_events, task_config, unexpected
 from gyre.tasks.verify import Outcome
 from gyre.train.step import Rollout
 from gyre.training import is_tampered, step_record
@@ -89,6 +89,9 @@ def test_reported_ids_must_be_ones_the_host_collected() -> None:
     assert unexpected(["t.py::test_a[0]", "t.py::test_a[x]", "t.py::test_a[y]"], expected) == [
         "t.py::test_a[y]"
     ]
+    # a finished session that reported on a file but left out one of its tests (not one whose file failed to collect)
+    assert missing(["t.py::test_a[0]"], [], expected) == ["t.py::TestB::test_c"]
+    assert missing(["u.py::test_d"], ["t.py"], expected) == []
 
 
 def test_the_pytest_configuration_is_the_tasks_never_the_workspaces() -> None:
