@@ -218,11 +218,9 @@ req = urllib.request.Request(base + "/chat/completions", json.dumps(body).encode
                              {"content-type": "application/json"})
 reply = json.load(urllib.request.urlopen(req))["choices"][0]["message"]["content"]
 open("answer.txt", "w").write(reply)
-try:
-    urllib.request.urlopen("http://1.1.1.1", timeout=2)
-    print("NETWORK OPEN")
-except OSError:
-    print("no network")
+routes = open("/proc/net/route").read().splitlines()[1:]  # no route: no traffic can leave (never probed)
+interfaces = [line.split(":")[0].strip() for line in open("/proc/net/dev").read().splitlines()[2:]]
+print("no network" if not routes and interfaces == ["lo"] else f"NETWORK OPEN {routes} {interfaces}")
 print(open("answer.txt").read())
 """
     task = Task(id="cmd", instruction="say something", files={"agent.py": script})
