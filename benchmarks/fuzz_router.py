@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import random
+import shutil
 import socket
 import tempfile
 import time
@@ -379,6 +380,15 @@ def main() -> None:
     args = parser.parse_args()
     console = Console(width=120)
     tmp = Path(tempfile.mkdtemp(prefix="gyre-fuzz-"))
+    try:
+        result = run(args, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report(console, args, result)
+
+
+def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """Start the engine and the router in ``tmp``, fuzz them, and load the journal."""
     model = init_model(tmp / "tiny", preset="tiny", seed=0)
     socket.setdefaulttimeout(None)
     with launch_embedded(
@@ -396,6 +406,11 @@ def main() -> None:
         records = list(read_journal(tmp / "journal" / "calls.jsonl", CallRecord))
     result["journal_records"] = len(records)
     result["journal_aborted"] = sum(r.finish_reason == "abort" for r in records)
+    return result
+
+
+def report(console: Console, args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Print the table and write the JSON."""
     table = Table(title=f"Hostile requests against router + embedded engine (seed {args.seed})")
     for column in ("requests", "2xx", "4xx", "5xx", "no answer", "hung up", "polite calls", "polite max",
                    "journal"):  # fmt: skip

@@ -356,7 +356,7 @@ def _http_errors() -> dict[Any, Callable[[Request, Exception], Awaitable[Respons
     return {404: not_found, 405: not_allowed}
 
 
-def _head_timeout_protocol(timeout_s: float) -> Any:
+def head_timeout_protocol(timeout_s: float) -> Any:
     """uvicorn's HTTP protocol, closing a connection whose request head does not arrive within ``timeout_s``.
 
     uvicorn times only the idle gap between requests: a client that opens a connection and sends half a request
@@ -416,7 +416,7 @@ async def serve_router(router: Router) -> None:
             port=router.cfg.port,
             log_level="warning",
             timeout_keep_alive=KEEP_ALIVE_S,
-            http=_head_timeout_protocol(router.cfg.body_timeout_s),
+            http=head_timeout_protocol(router.cfg.body_timeout_s),
         )
     )
     admin = uvicorn.Server(
@@ -425,7 +425,7 @@ async def serve_router(router: Router) -> None:
             host="127.0.0.1",
             port=router.cfg.admin_port,
             log_level="warning",
-            http=_head_timeout_protocol(router.cfg.body_timeout_s),
+            http=head_timeout_protocol(router.cfg.body_timeout_s),
         )
     )
     tasks = [asyncio.ensure_future(agent.serve()), asyncio.ensure_future(admin.serve())]
