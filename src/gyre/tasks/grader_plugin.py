@@ -74,6 +74,11 @@ GUARDED = (
     ("_pytest.python_api", "raises"), ("_pytest.approx", "approx"), ("_pytest.python_api", "approx"),
     ("_pytest.fixtures", "FixtureDef.execute"), ("_pytest.fixtures", "call_fixture_func"),
     ("_pytest.unittest", "TestCaseFunction.runtest"), ("_pytest.config", "PytestPluginManager.register"),
+    *(("unittest.case", f"TestCase.{name}") for name in (
+        "run", "__call__", "_callTestMethod", "fail", "assertEqual", "assertNotEqual", "assertTrue", "assertFalse",
+        "assertIs", "assertIsNone", "assertIn", "assertRaises", "assertAlmostEqual", "assertDictEqual",
+        "assertListEqual", "assertSequenceEqual", "assertCountEqual", "_baseAssertEqual", "_getAssertEqualityFunc",
+    )),
     ("pluggy._callers", "_multicall"), ("pluggy._hooks", "HookCaller.__call__"),
     ("pluggy._manager", "PluginManager._hookexec"), ("builtins", "compile"), ("builtins", "exec"),
 )  # fmt: skip
