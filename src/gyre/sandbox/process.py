@@ -185,6 +185,23 @@ def _pipe() -> tuple[int, int]:
     return r, w
 
 
+def _driver_end(fd: int, mode: str) -> io.FileIO:
+    """The driver's end of a pipe as the file object a pipe transport takes, owning ``fd`` unless the running loop's
+    transports close descriptors themselves: uvloop's closes the descriptor (libuv) and then the file object too, so
+    a file object owning it would close its number a second time, another thread's descriptor if reused meanwhile
+    (seen: a verifier's pipe and an engine connection closed under them)."""
+    uvloop = type(asyncio.get_running_loop()).__module__.partition(".")[0] == "uvloop"
+    return io.FileIO(fd, mode, closefd=not uvloop)
+
+
+def _close(f: io.FileIO) -> None:
+    """Close a driver's end that no transport took."""
+    fd, owned = f.fileno(), f.closefd
+    f.close()
+    if not owned:
+        os.close(fd)
+
+
 @contextlib.asynccontextmanager
 async def _streams(
     files: list[io.FileIO],
@@ -217,7 +234,7 @@ async def _streams(
         for t in transports:
             t.close()
         for f in files[len(transports) :]:  # never handed to a transport
-            f.close()
+            _close(f)
 
 
 async def _feed(stream: asyncio.StreamWriter, data: bytes) -> None:
@@ -254,9 +271,9 @@ async def run_process(
     err_r, err_w = _pipe()
     in_r, in_w = _pipe() if stdin is not None else (None, None)
     ours = [
-        io.FileIO(out_r, "r"),
-        io.FileIO(err_r, "r"),
-        *([io.FileIO(in_w, "w")] if in_w is not None else []),
+        _driver_end(out_r, "r"),
+        _driver_end(err_r, "r"),
+        *([_driver_end(in_w, "w")] if in_w is not None else []),
     ]
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -270,7 +287,7 @@ async def run_process(
         )
     except BaseException:
         for f in ours:
-            f.close()
+            _close(f)
         raise
     finally:
         for fd in (out_w, err_w, in_r):
