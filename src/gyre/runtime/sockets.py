@@ -67,7 +67,7 @@ async def session_socket(router: Router, token: str) -> AsyncIterator[str]:
     import uvicorn
     from uvicorn.server import ServerState
 
-    from gyre.router.server import KEEP_ALIVE_S, build_agent_app
+    from gyre.router.server import KEEP_ALIVE_S, build_agent_app, head_timeout_protocol
 
     directory = await asyncio.to_thread(tempfile.mkdtemp, prefix="gyre-router-")
     try:
@@ -82,6 +82,7 @@ async def session_socket(router: Router, token: str) -> AsyncIterator[str]:
             lifespan="off",
             proxy_headers=False,
             timeout_keep_alive=KEEP_ALIVE_S,
+            http=head_timeout_protocol(router.cfg.body_timeout_s),  # half a request must not hold it forever
         )
         config.load()
         state = ServerState()
