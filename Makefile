@@ -15,7 +15,7 @@ test: setup
 	$(VENV)/ruff check src tests benchmarks examples
 	$(VENV)/ruff format --check src tests benchmarks examples
 	$(VENV)/mypy
-	$(VENV)/python -m pytest -q
+	$(VENV)/python -m pytest -q --durations=25
 
 bench: setup
 	$(VENV)/python benchmarks/engine.py
