@@ -63,8 +63,12 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     request_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0  # one engine request, end to end
     # larger request bodies get 413; 8 MiB of JSON holds more text than a 1M-token context
     max_body_mib: Annotated[float, msgspec.Meta(gt=0)] = 8.0
-    body_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0  # a request head, then its body, must arrive within
-    context_length: NonNegative = 0  # tokens; a request that cannot fit gets 413 unrendered; 0: the model's own
+    body_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = (
+        30.0  # a request head, then its body, must arrive within
+    )
+    context_length: NonNegative = (
+        0  # tokens; a request that cannot fit gets 413 unrendered; 0: the model's own
+    )
     default_max_tokens: Positive = 4096  # when a chat request gives no max_tokens
 
 
@@ -84,7 +88,9 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     containment: Literal["auto", "cgroup", "uid", "rlimit"] = "auto"  # bounds processes (gyre.sandbox.limits)
     disk_quota_mib: Positive = 2048  # file contents in a workspace and its /tmp; past it the execution stops
     max_inodes: Positive = 100_000  # files, directories and links in a workspace and its /tmp, likewise
-    quota_check_s: Annotated[float, msgspec.Meta(gt=0)] = 2.0  # seconds between usage checks while an agent runs
+    quota_check_s: Annotated[float, msgspec.Meta(gt=0)] = (
+        2.0  # seconds between usage checks while an agent runs
+    )
     copy_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0  # wall clock of one copy of a workspace out
 
 
