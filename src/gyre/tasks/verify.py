@@ -38,9 +38,9 @@ from typing import Literal
 import msgspec
 
 from gyre.config import SandboxConfig
-from gyre.errors import SandboxError, TaskError
+from gyre.errors import SandboxError, TaskError, WorkspaceLimitExceeded
 from gyre.sandbox import ExecResult, Sandbox, make_sandbox, paths
-from gyre.sandbox.workspace import SYSTEM_PATH, copy_tree, make_scratch
+from gyre.sandbox.workspace import SYSTEM_PATH, copy_tree, make_scratch, workspace_limits
 from gyre.tasks import grading
 from gyre.tasks.base import Task, VerifierSpec
 
@@ -166,6 +166,9 @@ class Verifier:
         for attempt in range(1, self.retries + 2):
             try:
                 verdict = await self._attempt(task, task.verifier, workspace, expected=expected)
+            except WorkspaceLimitExceeded as exc:  # the workspace's doing, not the verifier's: no retry helps
+                return Verdict(outcome="dropped", attempts=attempt, detail=f"not copied for grading: {exc}",
+                               duration_s=time.monotonic() - start)  # fmt: skip
             except Exception as exc:  # anything it raises is this execution's, never its neighbours'
                 failures.append(f"attempt {attempt}: {type(exc).__name__}: {exc}"[:2000])
                 known = isinstance(exc, VerifierFailure | SandboxError | OSError)
@@ -223,7 +226,9 @@ class Verifier:
         channels: list[grading.Channel] = []
         try:
             graded, logs, grader = scratch / "workspace", scratch / "logs", scratch / "grader"
-            await copy_tree(workspace, graded)
+            await copy_tree(
+                workspace, graded, workspace_limits(self.sandbox_cfg)
+            )  # bounded: bytes, inodes, time
             await asyncio.to_thread(_prepare, task, spec, graded)
             bwrap = self.sandbox_cfg.backend == "bubblewrap"
             binds = [(str(logs), LOGS_DIR, True)] if bwrap else []

@@ -219,6 +219,18 @@ def test_anything_the_verifier_raises_is_that_executions_dropped_verdict(tmp_pat
     assert "RecursionError" in verdict.detail and verifier.statistics().by_outcome == {"dropped": 1}
 
 
+def test_a_workspace_past_its_quota_is_not_copied_for_grading(tmp_path: Path) -> None:
+    """The verifier's copy out is bounded by the workspace quotas: past them it is refused before copying (no
+    retries: the workspace's doing), the verdict dropped with the quota named."""
+    ws = workspace(tmp_path, {**SOLVED, **{f"junk/{i}": "x" for i in range(40)}})
+    verifier = Verifier(retries=2, retry_delay_s=0.01, sandbox=SandboxConfig(max_inodes=20))
+    verdict = verify(load_task(DATA / "gyre-add"), ws, verifier)
+    assert (verdict.outcome, verdict.attempts, verdict.trainable) == ("dropped", 1, False)
+    assert "max_inodes" in verdict.detail, verdict.detail
+    roomy = Verifier(retry_delay_s=0.01, sandbox=SandboxConfig(max_inodes=100))
+    assert verify(load_task(DATA / "gyre-add"), ws, roomy).score == 1.0
+
+
 def test_only_the_pytest_plugins_a_task_declares_are_loaded(tmp_path: Path) -> None:
     inner = (
         "def test_inner(pytester):\n"
