@@ -128,6 +128,10 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     model_path: str = ""  # Hugging Face model directory the core starts from (or a Gyre checkpoint)
     resume_from: str = ""  # a checkpoint directory (weights + optimizer + step); empty: fresh optimizer
+    # a Gyre checkpoint (e.g. gyre sft's) whose AdamW moments a fresh run starts from, its weights from model_path
+    # and its step and version from 0: the first updates are not sign-sized (a fresh Adam moves every weight by
+    # about the learning rate); ignored when resume_from is set
+    optimizer_from: str = ""
     bind: str = "tcp://127.0.0.1:5570"  # the core's ZeroMQ address; satellites and the driver connect here
     group_host: str = ""  # address satellites and engines reach the core's pair groups at; empty: bind's host
     backend: Literal["gloo", "nccl"] = "gloo"  # torch.distributed backend of pair groups (nccl on GPUs)

@@ -124,6 +124,8 @@ class TrainState:
         self.reference_flat: torch.Tensor | None = None
         if cfg.resume_from:
             self._load(Path(cfg.resume_from))
+        elif cfg.optimizer_from:
+            self._load_moments(Path(cfg.optimizer_from))
         if cfg.loss.kl_coef > 0:
             self.reference = load_model(cfg.model_path or source).eval()
             self.reference_flat = flatten_parameters(self.reference)
@@ -211,12 +213,18 @@ class TrainState:
         return path
 
     def _load(self, path: Path) -> None:
+        state = self._load_moments(path)
+        self.step, self.version = int(state["step"]), int(state["version"])
+        self.data_cursor = dict(state.get("data_cursor") or {})
+
+    def _load_moments(self, path: Path) -> dict[str, Any]:
+        """The AdamW state of the checkpoint at ``path`` into this optimizer; returns its trainer state."""
         from safetensors.torch import load_file
 
         state_file = path / STATE_FILE
         if not state_file.is_file():
             raise ConfigError(f"{path} is not a Gyre checkpoint (no {STATE_FILE})")
-        state = json.loads(state_file.read_text())
+        state: dict[str, Any] = json.loads(state_file.read_text())
         names = [n for n, _ in self.named]
         if state.get("parameters") != names:
             raise ConfigError(f"{path}: its optimizer state is for other parameters than the model's")
@@ -225,5 +233,4 @@ class TrainState:
             entry = {key.split(".", 1)[1]: v for key, v in moments.items() if key.split(".", 1)[0] == str(i)}
             if entry:
                 self.optimizer.state[p] = entry
-        self.step, self.version = int(state["step"]), int(state["version"])
-        self.data_cursor = dict(state.get("data_cursor") or {})
+        return state

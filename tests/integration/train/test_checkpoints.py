@@ -45,6 +45,32 @@ def test_resuming_from_a_checkpoint_gives_the_same_next_update_bit_for_bit(
         assert all(torch.equal(sa[k], sb[k]) for k in ("step", "exp_avg", "exp_avg_sq"))
 
 
+def test_a_fresh_run_can_start_from_a_checkpoints_optimizer_moments(tiny_model: Path, tmp_path: Path) -> None:
+    """``optimizer_from`` (RL after gyre sft): the checkpoint's AdamW moments, the weights of ``model_path``, step and
+    version 0; its next update is the one the checkpoint's own run would have made."""
+    torch.manual_seed(0)
+    steps = [random_micro_steps(seed, 3) for seed in range(3)]
+    straight = TrainState(TrainerConfig(model_path=str(tiny_model), learning_rate=1e-3))
+    for items in steps:
+        train_step(straight, items)
+    first = TrainState(TrainerConfig(model_path=str(tiny_model), learning_rate=1e-3))
+    for items in steps[:2]:
+        train_step(first, items)
+    saved = first.save(tmp_path / "sft")
+    warm = TrainState(TrainerConfig(model_path=str(saved), optimizer_from=str(saved), learning_rate=1e-3))
+    assert (warm.step, warm.version) == (0, 0)
+    train_step(warm, steps[2])
+    for (name, a), (_, b) in zip(straight.named, warm.named, strict=True):
+        assert torch.equal(a, b), name
+    cold = TrainState(TrainerConfig(model_path=str(saved), learning_rate=1e-3))
+    before = cold.flat.clone()
+    train_step(cold, steps[2])  # a fresh Adam's first update: every weight moves by about the learning rate
+    moved = (cold.flat - before).abs()
+    assert moved.median() > 0.9e-3 and (warm.flat - before).abs().median() < 0.8 * moved.median()
+    with pytest.raises(ConfigError, match="not a Gyre checkpoint"):
+        TrainState(TrainerConfig(model_path=str(tiny_model), optimizer_from=str(tiny_model)))
+
+
 def test_a_checkpoint_loads_in_transformers_and_in_the_embedded_engine(
     tiny_model: Path, tmp_path: Path
 ) -> None:
