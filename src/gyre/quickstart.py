@@ -9,8 +9,8 @@ profile (bash and submit, a one-line prompt) throughout so demonstrations, evalu
    (``window_focus = ["copied"]``, no epochs: the model learns to copy), then windows on whole outputs and copies
    (the call format) and one epoch over whole sessions (it carries both to the long context). Why this and not
    whole sessions from the start: BENCHMARKS.md, "Quickstart";
-4. `gyre train` (elastic, 2 cells) from the SFT checkpoint, evaluating the same held-out set before its first step
-   and after its last.
+4. `gyre train` (elastic, 2 cells) from the SFT checkpoint, its weights and its AdamW moments
+   (``trainer.optimizer_from``), evaluating the same held-out set before its first step and after its last.
 
 Everything lands in one directory: ``demos/``, ``eval-base/``, ``sft-copy/``, ``sft/``, ``train/`` (its report has
 the learning curve) and ``quickstart.json`` (the three evaluations with their 95% intervals and each phase's
@@ -81,7 +81,7 @@ def recipe(run_dir: Path, model_path: str, short: bool = False) -> GyreConfig:
         "run.agent_max_tokens=128", f"run.agent_temperature={TRAIN_TEMPERATURE}", f'run.eval_suite="{EVAL_SUITE}"',
         f"run.eval_tasks={8 if short else 0}", f"run.eval_temperature={EVAL_TEMPERATURE}",
         "cells.count=2", "cells.capacity_executions=16", "cells.num_threads=1",
-        'cells.engine_overrides=["engine.kv_cache_mem_gib=0.5"]', "trainer.learning_rate=5e-4",
+        'cells.engine_overrides=["engine.kv_cache_mem_gib=0.5"]', "trainer.learning_rate=1e-3",
     ]  # fmt: skip
     return load_config(None, overrides)
 
@@ -128,7 +128,10 @@ def quickstart(run_dir: str | Path | None = None, model_path: str = "models/tiny
         run_sft(copy_stage(cfg, model_path, root), progress=progress)
     sft = run_sft(cfg, progress=progress)
     timed("sft", t)
-    cfg = msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, model_path=sft.checkpoint))
+    # RL starts from SFT's weights and AdamW moments: a fresh Adam's first updates (every weight moved by about the
+    # learning rate) broke the call format at 1e-3 (BENCHMARKS.md, "Quickstart")
+    cfg = msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, model_path=sft.checkpoint),
+                                  trainer=msgspec.structs.replace(cfg.trainer, optimizer_from=sft.checkpoint))  # fmt: skip
     t = time.monotonic()
     trained = asyncio.run(train(cfg))
     timed("rl", t)
