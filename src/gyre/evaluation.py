@@ -79,7 +79,7 @@ class ExecutionRow(msgspec.Struct, frozen=True, kw_only=True):
 
     task_id: str
     group_index: int
-    status: str  # done, budget_exceeded, crashed, cancelled
+    status: str  # done, budget_exceeded, resource_exceeded, crashed, cancelled
     outcome: str  # scored, placeholder, tampered, dropped, unscored
     score: float
     passed: int | None
