@@ -407,7 +407,7 @@ async def main() -> None:
         except OSError:
             break
     calls = [asyncio.ensure_future(pool.generate([1, 2, 3], params)) for _ in range(4)]
-    while getattr(pool.statistics(), "local_connect_failures", 0) + pool.statistics().engine_failures == 0:
+    while pool.statistics().local_connect_failures + pool.statistics().engine_failures == 0:
         await asyncio.sleep(0.01)  # until a call has met the shortage
     for fd in hog:
         os.close(fd)
