@@ -233,8 +233,8 @@ class Runtime:
                 held = False
             workspace = scratch / "workspace" if scratch is not None and ready.is_set() else None
             if workspace is not None and status != "resource_exceeded":
-                try:  # the last word on the quota, and nothing privileged leaves the sandbox
-                    await asyncio.to_thread(_settle, workspace, workspace_limits(self.sandbox_cfg))
+                try:  # the last word on the quota, and nothing privileged leaves the sandbox: one walk
+                    await asyncio.to_thread(tree.sanitize, workspace, workspace_limits(self.sandbox_cfg))
                 except WorkspaceLimitExceeded as exc:
                     status = "resource_exceeded"
                     errors.append(str(exc))
@@ -435,12 +435,6 @@ def _measure(roots: list[Path], limits: tree.Limits) -> tree.Usage:
     for root in roots:
         tree.usage(root, limits, used)
     return used
-
-
-def _settle(workspace: Path, limits: tree.Limits) -> None:
-    """A finished execution's workspace made safe for the host (no set-id bits, no devices) and measured against
-    its quotas, in one walk (blocking)."""
-    tree.sanitize(workspace, limits)
 
 
 def _describe(exc: BaseException) -> str:
