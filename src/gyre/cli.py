@@ -155,8 +155,11 @@ def _run_loop(coro: object) -> None:
         asyncio.run(coro)  # type: ignore[arg-type]
 
 
+EXIT_NOT_CLEAN = 3  # `gyre eval` finished, but dropped executions or (oracle) a reference scoring below 1
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
-    """Run an evaluation and print its summary."""
+    """Run an evaluation and print its summary; `EXIT_NOT_CLEAN` when the summary lists problems."""
     from gyre.config import load_config
     from gyre.evaluation import EvalOptions, print_summary, run_eval
 
@@ -170,13 +173,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             group_size=args.group_size, limit=args.limit, max_steps=args.max_steps, temperature=args.temperature,
             sandbox=sandbox, progress=not args.no_progress, agent_profile=args.agent_profile,
-            max_tokens_per_call=args.max_tokens_per_call,
+            max_tokens_per_call=args.max_tokens_per_call, verifier_retries=args.verifier_retries,
         )  # fmt: skip
         options = msgspec.convert(msgspec.to_builtins(options), EvalOptions)  # checks the bounds
     except msgspec.ValidationError as exc:
         raise ConfigError(f"bad option: {exc}") from None
-    print_summary(run_eval(options), run_dir)
-    return 0
+    summary = run_eval(options)
+    print_summary(summary, run_dir)
+    return 0 if summary.ok else EXIT_NOT_CLEAN
 
 
 def cmd_sandbox_run(args: argparse.Namespace) -> int:
@@ -457,7 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command (one argument: a bash line)")
     s.set_defaults(fn=cmd_sandbox_run)
 
-    s = sub.add_parser("eval", help="run a model (or a suite's oracle) over a task suite and score it")
+    s = sub.add_parser(
+        "eval",
+        help="run a model (or a suite's oracle) over a task suite and score it",
+        epilog=f"exit status: 0 a clean run; 2 a usage or configuration error; {EXIT_NOT_CLEAN} finished but not "
+        "clean (an execution was dropped, or with --agent oracle a reference solution scored below 1)",
+    )
     s.add_argument(
         "--suite", required=True, help="toy, toy:N[:SEED], nl2repo-mini, or a suite/task directory"
     )
@@ -488,6 +497,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--temperature", type=float, default=1.0)
     s.add_argument(
         "--max-tokens-per-call", type=int, default=1024, help="the built-in agent's limit per call"
+    )
+    s.add_argument(
+        "--verifier-retries", type=int, default=2, help="verifier attempts after the first before dropping"
     )
     s.add_argument(
         "--agent-profile", choices=["default", "lean"], default="default",

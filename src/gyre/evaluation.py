@@ -5,6 +5,11 @@ model directory, an SGLang-API engine at ``engine_url``, or the suite's scripted
 puts the router and the runtime in front, runs ``group_size`` executions per task with at most ``concurrency`` at
 once, and writes into the run directory: ``journal/`` (every call token-exact, every execution result with its
 verdict), ``results.json``, ``results.md`` and ``scores.png``.
+
+Every headline says what its mean and pass rate are over ("over 1 scored of 2 executions, 1 dropped"): dropped
+executions are left out of both, so a run that dropped half its tasks must not read as a clean 1.000. What makes a
+run's figures untrustworthy as they stand is listed in ``EvalSummary.problems`` (empty: ``summary.ok``): any dropped
+execution and, with ``--agent oracle`` (which validates a suite), any reference solution scoring below 1.
 """
 
 from __future__ import annotations
@@ -89,6 +94,7 @@ class ExecutionRow(msgspec.Struct, frozen=True, kw_only=True):
     completion_tokens: int
     wall_s: float
     error: str | None
+    detail: str = ""  # the verdict's detail (its last 1000 characters): why it was dropped, tampered or < 1
 
 
 class EvalSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -99,9 +105,9 @@ class EvalSummary(msgspec.Struct, frozen=True, kw_only=True):
     model: str
     tasks: int
     executions: int
-    mean_score: float  # over scored, placeholder and tampered (0) executions (dropped ones are left out)
+    mean_score: float  # over the `counted` executions (dropped and unscored ones are left out)
     mean_ci: tuple[float, float] = (0.0, 0.0)  # its 95% bootstrap interval (executions resampled)
-    pass_rate: float  # share of those with score 1
+    pass_rate: float  # share of the `counted` executions with score 1
     score_distribution: dict[str, int]  # bin label -> executions
     outcomes: dict[str, int]
     statuses: dict[str, int]
@@ -111,6 +117,14 @@ class EvalSummary(msgspec.Struct, frozen=True, kw_only=True):
     unsupported: dict[str, str]  # task id -> why it was not run
     rows: list[ExecutionRow]
     tampered: int = 0  # executions the verifier caught tampering with the grader (scored 0; also in outcomes)
+    counted: int = 0  # executions the mean and pass rate are over (scored, placeholder, tampered)
+    dropped: int = 0  # executions left out of them: the verifier failed on every attempt, or over quota
+    problems: list[str] = msgspec.field(default_factory=list)  # why the figures are not clean; one line each
+
+    @property
+    def ok(self) -> bool:
+        """A clean run: something ran, nothing was dropped and, for the oracle, every reference solution scored 1."""
+        return not self.problems
 
 
 def run_eval(options: EvalOptions) -> EvalSummary:
@@ -344,6 +358,49 @@ def summarize(
         tampered=sum(r.outcome == "tampered" for r in rows),
         unsupported=unsupported,
         rows=rows,
+        counted=len(counted),
+        dropped=sum(r.outcome == "dropped" for r in rows),
+        problems=_problems(rows, oracle=options.agent == "oracle", group_size=options.group_size),
+    )
+
+
+def _problems(rows: list[ExecutionRow], oracle: bool, group_size: int = 1) -> list[str]:
+    """What makes these figures untrustworthy as they stand, one line each: every dropped execution and, when the
+    agent is the oracle, every reference solution that did not score 1 (its task is broken)."""
+    found: list[str] = []
+    if not rows:
+        found.append("nothing ran: no task of the suite could run on this host")
+    for r in rows:
+        name = r.task_id if group_size == 1 else f"{r.task_id} (execution {r.group_index})"
+        if r.outcome == "dropped":
+            found.append(f"{name}: dropped ({r.status}), left out of the mean: {_tail(r.detail or r.error)}")
+        elif oracle and r.outcome == "tampered":
+            why = _tail(r.detail or r.error)
+            found.append(f"{name}: the reference solution was judged tampered, so the task is broken: {why}")
+        elif oracle and r.score < 1.0:  # `error` is then the execution's own (a crash)
+            why = _tail(" / ".join(x for x in (r.error, r.detail) if x)) or "no detail"
+            tests = f", {r.passed}/{r.declared} tests" if r.passed is not None else ""
+            found.append(
+                f"{name}: the reference solution scored {r.score:.3f} ({r.status}, {r.outcome}{tests}): {why}"
+            )
+    return found
+
+
+def _tail(text: str | None, chars: int = 300) -> str:
+    """The end of ``text`` on one line (whitespace runs collapsed): where a verifier's output says what failed."""
+    line = " ".join((text or "").split())
+    return line if len(line) <= chars else "..." + line[-chars:]
+
+
+def headline(s: EvalSummary) -> str:
+    """The mean, its interval and the pass rate, with what they are over and what was left out."""
+    left_out = [f"{s.dropped} dropped"]
+    if unscored := s.outcomes.get("unscored", 0):
+        left_out.append(f"{unscored} unscored")
+    tampered = f" (incl. {s.tampered} tampered, scored 0)" if s.tampered else ""
+    return (
+        f"mean {s.mean_score:.3f} (95% CI {s.mean_ci[0]:.3f}-{s.mean_ci[1]:.3f}), pass rate {s.pass_rate:.1%}, "
+        f"over {s.counted} scored{tampered} of {s.executions} executions; {', '.join(left_out)}"
     )
 
 
@@ -376,6 +433,7 @@ def _row(r: ExecutionResult) -> ExecutionRow:
         completion_tokens=r.completion_tokens,
         wall_s=r.finished_s - r.started_s,
         error=r.error or (v.detail[:500] if v is not None and v.outcome in ("dropped", "tampered") else None),
+        detail=v.detail[-1000:] if v is not None else "",
     )
 
 
@@ -400,10 +458,14 @@ def markdown(s: EvalSummary) -> str:
     lines = [
         f"# gyre eval: {s.suite} ({s.agent}, model {s.model})",
         "",
-        "| tasks | executions | mean score | 95% CI | pass rate | tampered | mean calls | mean tokens | wall time |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {s.tasks} | {s.executions} | {s.mean_score:.3f} | {s.mean_ci[0]:.3f}-{s.mean_ci[1]:.3f} | "
-        f"{s.pass_rate:.1%} | {s.tampered} | {s.mean_calls:.1f} | "
+        f"**{headline(s)}**",
+        "",
+        *(["## Not a clean run", "", *[f"- {p}" for p in s.problems], ""] if s.problems else []),
+        "| tasks | executions | scored | dropped | mean score | 95% CI | pass rate | tampered | mean calls | "
+        "mean tokens | wall time |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {s.tasks} | {s.executions} | {s.counted} | {s.dropped} | {s.mean_score:.3f} | "
+        f"{s.mean_ci[0]:.3f}-{s.mean_ci[1]:.3f} | {s.pass_rate:.1%} | {s.tampered} | {s.mean_calls:.1f} | "
         f"{s.mean_tokens:,.0f} | {s.wall_s:.1f} s |",
         "",
         "Outcomes: " + ", ".join(f"{k} {v}" for k, v in sorted(s.outcomes.items())),
@@ -444,7 +506,10 @@ def plot_scores(s: EvalSummary, path: Path) -> None:
     left.set_xticks(range(len(labels)), labels, rotation=20)
     left.set_xlabel("score")
     left.set_ylabel("executions")
-    left.set_title(f"{s.suite}: mean {s.mean_score:.3f}, pass rate {s.pass_rate:.0%}")
+    left.set_title(
+        f"{s.suite}: mean {s.mean_score:.3f}, pass rate {s.pass_rate:.0%}\n"
+        f"over {s.counted} scored of {s.executions} executions, {s.dropped} dropped"
+    )
     scored = [r for r in s.rows if r.outcome in TRAINABLE_OUTCOMES]
     right.scatter([r.calls for r in scored], [r.score for r in scored], alpha=0.6, color="#dd8452")
     right.set_xlabel("model calls in the execution")
@@ -459,21 +524,32 @@ def plot_scores(s: EvalSummary, path: Path) -> None:
 def print_summary(s: EvalSummary, run_dir: str) -> None:
     """The headline figures and where the files are, on the terminal."""
     from rich.console import Console
+    from rich.panel import Panel
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=f"gyre eval: {s.suite} ({s.agent})")
-    for column in ("tasks", "executions", "mean score", "95% CI", "pass rate", "dropped", "placeholders", "tampered",
-                   "mean calls", "mean tokens", "wall time"):  # fmt: skip
+    for column in ("tasks", "executions", "scored", "dropped", "mean score", "95% CI", "pass rate", "placeholders",
+                   "tampered", "mean calls", "mean tokens", "wall time"):  # fmt: skip
         table.add_column(column, justify="right")
     table.add_row(
-        str(s.tasks), str(s.executions), f"{s.mean_score:.3f}", f"{s.mean_ci[0]:.3f}-{s.mean_ci[1]:.3f}",
-        f"{s.pass_rate:.1%}",
-        str(s.outcomes.get("dropped", 0)), str(s.outcomes.get("placeholder", 0)), str(s.tampered),
+        str(s.tasks), str(s.executions), str(s.counted), str(s.dropped), f"{s.mean_score:.3f}",
+        f"{s.mean_ci[0]:.3f}-{s.mean_ci[1]:.3f}", f"{s.pass_rate:.1%}",
+        str(s.outcomes.get("placeholder", 0)), str(s.tampered),
         f"{s.mean_calls:.1f}",
         f"{s.mean_tokens:,.0f}", f"{s.wall_s:.1f} s",
     )  # fmt: skip
     console = Console()
     console.print(table)
+    console.print(Text(headline(s), style="bold"))
     if s.unsupported:
         console.print(f"{len(s.unsupported)} task(s) not run (unsupported here): see results.md")
+    if s.tampered and s.agent != "oracle":  # the oracle's are among the problems
+        console.print(Text(f"{s.tampered} execution(s) tampered with the grader (scored 0): see results.md",
+                           style="bold yellow"))  # fmt: skip
     console.print(f"results: {run_dir}/results.md, results.json, scores.png; journal: {run_dir}/journal/")
+    if s.problems:
+        what = "every reference solution must score 1 and " if s.agent == "oracle" else ""
+        console.print(Panel(Text("\n".join(f"- {p}" for p in s.problems)), border_style="red",
+                            title=f"not a clean run: {len(s.problems)} problem(s)",
+                            subtitle=f"{what}no execution may be dropped"))  # fmt: skip

@@ -1,5 +1,6 @@
-"""`gyre eval` end to end: on the embedded tiny model from the command line, and on an outside OpenAI-compatible
-model (here a real `gyre router` process in front of the toy suite's scripted expert)."""
+"""`gyre eval` end to end: on the embedded tiny model from the command line, on an outside OpenAI-compatible
+model (here a real `gyre router` process in front of the toy suite's scripted expert), and what it says and how it
+exits when a run is not clean (a dropped execution, a broken reference solution)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import httpx
 import pytest
 
 from fakes import ScriptedEngine
+from gyre.cli import EXIT_NOT_CLEAN, main
 from gyre.evaluation import EvalOptions, run_eval
 from gyre.journal import read_journal
 from gyre.models import load_tokenizer
@@ -79,3 +81,81 @@ def test_gyre_eval_on_an_outside_openai_compatible_model(
     calls = list(read_journal(tmp_path / "run" / "journal" / "api_calls.jsonl", ApiCallRecord))
     assert len(calls) == sum(r.calls for r in summary.rows)
     assert all(c.request["messages"] and c.response["choices"] for c in calls)
+
+
+CHECK_42 = 'grep -qx 42 answer.txt || { echo "answer.txt holds $(cat answer.txt), expected 42"; exit 1; }'
+
+
+def gyre_task(suite: Path, task_id: str, answer: str, verifier: str) -> None:
+    """A one-file Gyre task whose reference solution writes ``answer`` to answer.txt."""
+    root = suite / task_id
+    (root / "solution").mkdir(parents=True)
+    (root / "task.toml").write_text(f'id = "{task_id}"\ntime_budget_s = 60\n\n[verifier]\n{verifier}')
+    (root / "instruction.md").write_text("Write 42 to answer.txt.\n")
+    (root / "solution" / "answer.txt").write_text(answer + "\n")
+
+
+def eval_oracle(
+    suite: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str], *extra: str
+) -> tuple[int, str, dict[str, object]]:
+    """`gyre eval --agent oracle` on ``suite``: the exit status, what it printed and results.json."""
+    run = suite.parent / "run"
+    code = main(["eval", "--suite", str(suite), "--agent", "oracle", "--model-path", str(tiny_model),
+                 "--run-dir", str(run), "--no-progress", *extra])  # fmt: skip
+    out = capsys.readouterr().out
+    return code, out, json.loads((run / "results.json").read_text())
+
+
+@pytest.fixture
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "400")  # rich wraps at the terminal's width: keep each line whole
+
+
+@pytest.mark.usefixtures("wide_terminal")
+def test_a_reference_solution_scoring_below_1_fails_the_oracle_run_and_is_named(
+    tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    suite = tmp_path / "suite"
+    gyre_task(suite, "right", "42", f"commands = [{json.dumps(CHECK_42)}]")
+    gyre_task(suite, "broken", "41", f"commands = [{json.dumps(CHECK_42)}]")
+    code, out, results = eval_oracle(suite, tiny_model, capsys)
+    assert code == EXIT_NOT_CLEAN == 3
+    assert "not a clean run: 1 problem(s)" in out
+    assert "broken: the reference solution scored 0.000" in out and "holds 41, expected 42" in out
+    assert "right:" not in out  # only the broken task is named
+    assert "mean 0.500" in out and "over 2 scored of 2 executions; 0 dropped" in out
+    assert results["problems"] == [p for p in results["problems"] if p.startswith("broken:")] != []
+
+
+@pytest.mark.usefixtures("wide_terminal")
+def test_a_dropped_execution_fails_the_run_and_the_headline_counts_it(
+    tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    suite = tmp_path / "suite"
+    gyre_task(suite, "right", "42", f"commands = [{json.dumps(CHECK_42)}]")
+    no_reward = 'commands = ["echo graded"]\nresult = "reward_file"\nreport_path = "reward.txt"'
+    gyre_task(suite, "no-reward", "42", no_reward)  # its verifier never writes the file: dropped
+    code, out, results = eval_oracle(suite, tiny_model, capsys, "--verifier-retries", "0")
+    assert code == EXIT_NOT_CLEAN
+    headline = "mean 1.000 (95% CI 1.000-1.000), pass rate 100.0%, over 1 scored of 2 executions; 1 dropped"
+    assert headline in out
+    assert "no-reward: dropped (done), left out of the mean" in out and "no reward file at reward.txt" in out
+    assert (results["executions"], results["counted"], results["dropped"], results["mean_score"]) == (
+        2,
+        1,
+        1,
+        1.0,
+    )
+    report = (tmp_path / "run" / "results.md").read_text()
+    assert headline in report and "## Not a clean run" in report
+
+
+@pytest.mark.usefixtures("wide_terminal")
+def test_a_clean_oracle_run_exits_0(
+    tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    suite = tmp_path / "suite"
+    gyre_task(suite, "right", "42", f"commands = [{json.dumps(CHECK_42)}]")
+    code, out, results = eval_oracle(suite, tiny_model, capsys)
+    assert code == 0 and results["problems"] == []
+    assert "over 1 scored of 1 executions; 0 dropped" in out and "not a clean run" not in out
