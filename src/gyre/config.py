@@ -92,6 +92,10 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         2.0  # seconds between usage checks while an agent runs
     )
     copy_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0  # wall clock of one copy of a workspace out
+    # container sandboxes (`gyre.sandbox.container`): tasks naming an image; every sandbox when image is set
+    image: str = ""  # a local image every sandbox runs in (a task's own replaces it); "": the backend's
+    container_runtime: Literal["auto", "podman", "docker"] = "auto"  # auto: podman if it works, else docker
+    container_cpus: Annotated[float, msgspec.Meta(ge=0)] = 0.0  # CPUs one command's container may use; 0: any
 
 
 class TrajectoryConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -314,9 +314,8 @@ class Runtime:
                 binds.append((socket_dir, SOCKET_DIR, False))
                 if spec.agent.python_env:
                     binds += [(p, p, False) for p in sorted({sys.prefix, sys.base_prefix})]
-            sandbox = await stack.enter_async_context(
-                make_sandbox(self.sandbox_cfg, workspace=workspace, binds=binds)
-            )
+            cfg = msgspec.structs.replace(self.sandbox_cfg, image=spec.task.image or self.sandbox_cfg.image)
+            sandbox = await stack.enter_async_context(make_sandbox(cfg, workspace=workspace, binds=binds))
             for path, text in spec.task.files.items():
                 await sandbox.write_file(path, text)
             ready.set()

@@ -1,4 +1,5 @@
-"""Sandboxes: where agents run commands. The default backend is bubblewrap; ``local`` isolates nothing.
+"""Sandboxes: where agents run commands. The default backend is bubblewrap; ``local`` isolates nothing; a config
+with an ``image`` (a task's own, or ``sandbox.image``) runs each command in a container of it (`ContainerSandbox`).
 
     async with make_sandbox(cfg.sandbox) as sb:
         result = await sb.exec("pytest -q", timeout_s=300)
@@ -21,12 +22,14 @@ from gyre.errors import SandboxError
 from gyre.sandbox import limits
 from gyre.sandbox.base import WORKSPACE, ExecResult, Sandbox, Snapshot
 from gyre.sandbox.bwrap import BwrapSandbox, bwrap_argv
+from gyre.sandbox.container import ContainerSandbox, check_container
 from gyre.sandbox.local import LocalSandbox
 from gyre.sandbox.workspace import SYSTEM_PATH
 
 __all__ = [
     "WORKSPACE",
     "BwrapSandbox",
+    "ContainerSandbox",
     "ExecResult",
     "LocalSandbox",
     "Sandbox",
@@ -46,8 +49,11 @@ def check_backend(cfg: SandboxConfig) -> str:
     """Check that sandboxes of ``cfg`` can run here, and say how their limits are enforced.
 
     For bubblewrap this runs one real, empty sandbox once per process: bwrap must exist and be able to create its
-    namespaces. Raises SandboxError saying what to do otherwise.
+    namespaces. With an image, a container of it must run (`check_container`, once per image). Raises SandboxError
+    saying what to do otherwise.
     """
+    if cfg.image:
+        return check_container(cfg)
     limits.tool("prlimit")
     limits.tool("bash")
     mode = limits.choose_containment(cfg, cfg.backend == "bubblewrap")
@@ -94,5 +100,7 @@ def make_sandbox(
     driver makes it at start-up, before its event loop is busy.
     """
     check_backend(cfg)
+    if cfg.image:  # the task's own toolchain: a container of its image per command
+        return ContainerSandbox(cfg, workspace=workspace, binds=binds)
     cls = BwrapSandbox if cfg.backend == "bubblewrap" else LocalSandbox
     return cls(cfg, workspace=workspace, binds=binds)

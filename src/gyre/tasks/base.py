@@ -63,3 +63,4 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
     solution_command: str | None = (
         None  # run after the solution files are written (Harbor: solution/solve.sh)
     )
+    image: str | None = None  # the container image its commands run in (Harbor's docker_image); None: none

@@ -7,7 +7,8 @@ Layouts, detected in this order:
 - Gyre: ``task.toml`` with a top-level ``id``, ``instruction.md``, ``workspace/`` (starting files) and hidden
   ``tests/`` (copied in only for verification).
 - Harbor: ``task.toml`` without ``id``, ``instruction.md``, ``tests/test.sh`` writing a reward file. A task that asks
-  for a container image loads with ``unsupported`` set: Gyre runs tasks on the host's toolchain.
+  for a container image runs in containers of it (`gyre.sandbox.container`); where no container runtime works, or
+  the image is not in its local store, it loads with ``unsupported`` set saying which.
 
 Every malformed directory raises `TaskError` naming the file and the field.
 """
@@ -23,6 +24,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from gyre.errors import TaskError
+from gyre.sandbox.container import image_problem
 from gyre.tasks.base import Task, TaskLimits, VerifierSpec
 
 Format = Literal["gyre", "nl2repo", "harbor"]
@@ -223,11 +225,8 @@ def _load_harbor(root: Path) -> Task:
     spec = _convert(toml_path, _read_toml(toml_path), _HarborToml)
     unsupported = None
     image = spec.environment.docker_image or spec.environment.image
-    if image:
-        unsupported = (
-            f"it needs the container image {image!r} (task.toml [environment]); "
-            "Gyre runs tasks on the host's toolchain without Docker"
-        )
+    if image and (problem := image_problem(image)):
+        unsupported = f"it needs the container image {image!r} (task.toml [environment]), {problem}"
     verifier = VerifierSpec(
         commands=(HARBOR_TEST_COMMAND,),
         result="reward_file",
@@ -254,6 +253,7 @@ def _load_harbor(root: Path) -> Task:
         unsupported=unsupported,
         solution_files=solution,
         solution_command=HARBOR_SOLVE_COMMAND if solution else None,
+        image=image or None,
     )
 
 

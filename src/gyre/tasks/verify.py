@@ -142,7 +142,8 @@ class Verifier:
         if task.unsupported:
             raise TaskError(f"task {task.id} cannot be verified on this host: {task.unsupported}")
         report = task.verifier.report_path if task.verifier is not None else ""
-        if report.startswith("/") and self.sandbox_cfg.backend != "bubblewrap":
+        isolated = self.sandbox_cfg.backend == "bubblewrap" or task.image or self.sandbox_cfg.image
+        if report.startswith("/") and not isolated:
             raise TaskError(
                 f"task {task.id}: its verifier writes {report}, outside the workspace, which only the bubblewrap "
                 "backend can give each execution its own copy of (sandbox.backend = 'bubblewrap')"
@@ -230,10 +231,11 @@ class Verifier:
                 workspace, graded, workspace_limits(self.sandbox_cfg)
             )  # bounded: bytes, inodes, time
             await asyncio.to_thread(_prepare, task, spec, graded)
-            bwrap = self.sandbox_cfg.backend == "bubblewrap"
+            cfg = msgspec.structs.replace(self.sandbox_cfg, image=task.image or self.sandbox_cfg.image)
+            bwrap = cfg.backend == "bubblewrap" or bool(cfg.image)  # isolated: /logs, the grader's dir bound
             binds = [(str(logs), LOGS_DIR, True)] if bwrap else []
             env = dict(spec.env)
-            if self.python_env:
+            if self.python_env and not cfg.image:  # an image brings its own toolchain
                 binds += [(p, p, False) for p in sorted({sys.prefix, sys.base_prefix})]
                 env.setdefault("PATH", f"{sys.prefix}/bin:{SYSTEM_PATH}")
             if _pytest_graded(spec):
@@ -241,7 +243,7 @@ class Verifier:
                 await asyncio.to_thread(grading.open_channels, grader, channels)
                 binds.append((str(grader), grading.GRADER_DIR, False))  # read-only: FIFOs still pass data
             shown_grader = grading.GRADER_DIR if bwrap else str(grader)
-            async with self._factory(self.sandbox_cfg, graded, binds) as sandbox:
+            async with self._factory(cfg, graded, binds) as sandbox:
                 if channels:
                     await asyncio.to_thread(grading.write_grader, task, spec, grader, sandbox.WORKSPACE)
                     env = grading.environment(
