@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from gyre.errors import ConfigError, GyreError
+from gyre.errors import ConfigError, GyreError, TaskError
 from gyre.rundir import default_run_dir
 
 if TYPE_CHECKING:
@@ -181,6 +181,63 @@ def cmd_eval(args: argparse.Namespace) -> int:
     summary = run_eval(options)
     print_summary(summary, run_dir)
     return 0 if summary.ok else EXIT_NOT_CLEAN
+
+
+def cmd_tasks_prepare(args: argparse.Namespace) -> int:
+    """Build (or find) the environment of every task of a suite and check its grading can be faithful."""
+    import time
+
+    from rich.console import Console
+    from rich.progress import Progress, TimeElapsedColumn
+    from rich.table import Table
+
+    from gyre.config import load_config
+    from gyre.tasks import environments, resolve_suite
+    from gyre.tasks.verify import Verifier
+
+    cfg = load_config(args.config, list(args.set or [])).sandbox
+    tasks = resolve_suite(args.suite)[: args.limit or None]
+    verifier = Verifier(cfg)
+    table = Table(title=f"gyre tasks prepare {args.suite}: environments in {environments.cache_root(cfg)}")
+    for column in ("task", "environment", "prepared", "seconds", "packages", "left out", "grading"):
+        table.add_column(column, overflow="fold")
+    refused = 0
+
+    async def run() -> None:
+        nonlocal refused
+        columns = (*Progress.get_default_columns(), TimeElapsedColumn())
+        with Progress(*columns, disable=args.no_progress, transient=True) as bar:
+            job = bar.add_task("preparing", total=len(tasks))
+            for task in tasks:
+                bar.update(job, description=f"preparing {task.id}")
+                row = [task.id, "-", "none declared", "", "", "", "ok"]
+                start = time.monotonic()
+                if task.environment is not None:
+                    was = environments.lookup(task.environment, cfg)
+                    try:
+                        path = await environments.ensure(task, cfg)
+                        done = environments.lookup(task.environment, cfg)
+                        assert path is not None and done is not None
+                        row[1:6] = [done.key[:12], "cached" if was else f"built ({done.installer})",
+                                    f"{time.monotonic() - start:.1f}", str(len(done.installed)),
+                                    "; ".join(done.skipped) or "-"]  # fmt: skip
+                    except environments.EnvironmentFailed:
+                        row[1:3] = [environments.environment_key(task.environment)[:12], "[red]failed[/]"]
+                try:
+                    await verifier.preflight(task)
+                except TaskError as exc:
+                    refused += 1
+                    row[6] = f"[red]refused[/]: {exc}"
+                table.add_row(*row)
+                bar.advance(job)
+
+    _run_loop(run())
+    Console().print(table)
+    if refused:
+        print(
+            f"{refused} of {len(tasks)} task(s) refused: their grading could not be faithful", file=sys.stderr
+        )
+    return 1 if refused else 0
 
 
 def cmd_sandbox_run(args: argparse.Namespace) -> int:
@@ -440,6 +497,22 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--admin", default="http://127.0.0.1:8001", help="the router's admin URL")
     s.add_argument("--execution-id", help="name the session's records carry")
     s.set_defaults(fn=cmd_session)
+
+    s = sub.add_parser("tasks", help="task suites: prepare their environments")
+    tasks_sub = s.add_subparsers(dest="tasks_command", required=True)
+    s = tasks_sub.add_parser(
+        "prepare",
+        help="build each task's Python environment (cached, shared) and check its grading can be faithful",
+        epilog="exit status: 0 every task ready; 1 some task refused (the table says why); 2 a usage error",
+    )
+    s.add_argument(
+        "suite", help="a built-in suite (toy, nl2repo-mini), a suite directory or one task directory"
+    )
+    s.add_argument("--limit", type=int, default=0, help="the first N tasks only")
+    s.add_argument("--config", type=Path, help="TOML config file ([sandbox] section: env_cache_dir, ...)")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE", help="dotted override")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.set_defaults(fn=cmd_tasks_prepare)
 
     s = sub.add_parser("sandbox", help="sandboxes agents run commands in")
     sandbox_sub = s.add_subparsers(dest="sandbox_command", required=True)

@@ -96,6 +96,10 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     image: str = ""  # a local image every sandbox runs in (a task's own replaces it); "": the backend's
     container_runtime: Literal["auto", "podman", "docker"] = "auto"  # auto: podman if it works, else docker
     container_cpus: Annotated[float, msgspec.Meta(ge=0)] = 0.0  # CPUs one command's container may use; 0: any
+    # task environments (`gyre tasks prepare`): where they are built, by what, and how long one build may take
+    env_cache_dir: str = ""  # empty: $GYRE_ENV_CACHE, else $XDG_CACHE_HOME/gyre/envs (~/.cache/gyre/envs)
+    env_installer: Literal["auto", "uv", "pip"] = "auto"  # auto: uv when installed, else pip
+    env_build_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 1800.0
 
 
 class TrajectoryConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -28,7 +28,7 @@ import msgspec
 
 from gyre.agents.builtin import BuiltinAgentConfig
 from gyre.config import RouterConfig, SandboxConfig
-from gyre.errors import ConfigError
+from gyre.errors import ConfigError, TaskError
 from gyre.router.core import Router
 from gyre.rundir import RunDir
 from gyre.runtime import (
@@ -152,9 +152,12 @@ async def evaluate(options: EvalOptions) -> EvalSummary:
     (run_dir / "options.json").write_bytes(msgspec.json.format(msgspec.json.encode(options)))
     start = time.monotonic()
     results: list[ExecutionResult] = []
+    verifier = Verifier(options.sandbox, retries=options.verifier_retries)
+    refused = await _preflight(verifier, runnable, options.progress)  # environments, faithful grading
+    unsupported |= refused
+    runnable = [t for t in runnable if t.id not in refused]
     async with _serving(options, runnable) as engine_url:
         router = _router(options, engine_url, journal)
-        verifier = Verifier(options.sandbox, retries=options.verifier_retries)
         runtime = Runtime(
             router, options.sandbox, str(journal), max_concurrency=options.concurrency, verifier=verifier
         )
@@ -171,6 +174,24 @@ async def evaluate(options: EvalOptions) -> EvalSummary:
     summary = summarize(options, tasks, results, unsupported, time.monotonic() - start, router.model_name)
     write_results(run_dir, summary)
     return summary
+
+
+async def _preflight(verifier: Verifier, tasks: list[Task], progress: bool) -> dict[str, str]:
+    """Prepare each task's environment and check its grading can be faithful (`Verifier.preflight`); task id ->
+    why it is refused. Environments already built are lookups."""
+    from rich.progress import Progress, TimeElapsedColumn
+
+    refused: dict[str, str] = {}
+    columns = (*Progress.get_default_columns(), TimeElapsedColumn())
+    with Progress(*columns, disable=not progress, transient=True) as bar:
+        job = bar.add_task("preparing tasks (environments, clean collections)", total=len(tasks))
+        for task in tasks:
+            try:
+                await verifier.preflight(task)
+            except TaskError as exc:
+                refused[task.id] = str(exc)
+            bar.advance(job)
+    return refused
 
 
 def _why_not(task: Task, options: EvalOptions) -> str:

@@ -39,6 +39,7 @@ from gyre.router.core import Router
 from gyre.runtime.sockets import session_socket
 from gyre.sandbox import Sandbox, make_sandbox, tree
 from gyre.sandbox.workspace import HostSandbox, make_scratch, workspace_limits
+from gyre.tasks import environments
 from gyre.tasks.base import Task
 from gyre.tasks.verify import Verdict, Verifier
 
@@ -181,7 +182,7 @@ class Runtime:
     async def run(self, specs: Iterable[ExecutionSpec]) -> list[ExecutionResult]:
         """Dispatch every spec at once and return their results in order (cancellation cancels them all)."""
         specs = list(specs)
-        self._check_supported(specs)
+        await self._check_supported(specs)
         burst = self._bursts[self._burst]
         burst.dispatched += len(specs)
         async with asyncio.TaskGroup() as group:
@@ -190,7 +191,7 @@ class Runtime:
 
     async def run_one(self, spec: ExecutionSpec) -> ExecutionResult:
         """Dispatch one execution and wait for it."""
-        self._check_supported([spec])
+        await self._check_supported([spec])
         burst = self._bursts[self._burst]
         burst.dispatched += 1
         return await self._execute(spec, burst)
@@ -314,8 +315,16 @@ class Runtime:
                 binds.append((socket_dir, SOCKET_DIR, False))
                 if spec.agent.python_env:
                     binds += [(p, p, False) for p in sorted({sys.prefix, sys.base_prefix})]
-            cfg = msgspec.structs.replace(self.sandbox_cfg, image=spec.task.image or self.sandbox_cfg.image)
-            sandbox = await stack.enter_async_context(make_sandbox(cfg, workspace=workspace, binds=binds))
+            task = spec.task
+            sandbox = await stack.enter_async_context(
+                make_sandbox(
+                    msgspec.structs.replace(self.sandbox_cfg, image=task.image or self.sandbox_cfg.image),
+                    workspace=workspace,
+                    binds=binds,
+                    python_env=await environments.ensure_path(task, self.sandbox_cfg),
+                    variables=task.environment.env if task.environment is not None else None,
+                )
+            )
             for path, text in spec.task.files.items():
                 await sandbox.write_file(path, text)
             ready.set()
@@ -352,13 +361,16 @@ class Runtime:
         if self.journal is not None:
             self.journal.close()
 
-    def _check_supported(self, specs: list[ExecutionSpec]) -> None:
-        """Refuse, before dispatching anything, tasks this host cannot run or score (`TaskError`)."""
+    async def _check_supported(self, specs: list[ExecutionSpec]) -> None:
+        """Refuse, before dispatching anything, tasks this host cannot run or score (`TaskError`); prepare the
+        environments the tasks declare (built once per host, then a lookup: `gyre.tasks.environments`)."""
         for spec in specs:
             if spec.task.unsupported:
                 raise TaskError(f"task {spec.task.id} cannot run on this host: {spec.task.unsupported}")
             if self.verifier is not None:
                 self.verifier.check(spec.task)
+        for task in {s.task.id: s.task for s in specs}.values():
+            await environments.ensure(task, self.sandbox_cfg)
 
     def _agent(self, spec: ExecutionSpec) -> Agent:
         match spec.agent:

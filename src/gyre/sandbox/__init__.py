@@ -14,7 +14,7 @@ import os
 import random
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gyre.config import SandboxConfig
@@ -89,13 +89,20 @@ def _probe_bwrap(network: bool) -> None:
 
 
 def make_sandbox(
-    cfg: SandboxConfig, workspace: Path | None = None, binds: Sequence[tuple[str, str, bool]] = ()
+    cfg: SandboxConfig,
+    workspace: Path | None = None,
+    binds: Sequence[tuple[str, str, bool]] = (),
+    python_env: Path | None = None,
+    variables: Mapping[str, str] | None = None,
 ) -> Sandbox:
     """A sandbox of ``cfg``'s backend (not yet started: use it in ``async with``).
 
     ``workspace`` binds an existing directory as the workspace instead of a new empty one; it is kept at close.
     ``binds`` shows extra host paths to commands, (host path, path inside, writable): the bubblewrap backend
     mounts them; the local backend runs on the host, where they are already visible at their host paths.
+    ``python_env``: a prepared Python environment commands run over, read-only, with a writable layer of the
+    sandbox's own (`gyre.sandbox.pyenv`). ``variables``: environment every command gets unless its caller passes
+    its own; ``{workspace}`` in a value is where commands see the workspace.
     Checks the backend (`check_backend`); the first check of a process blocks for tens of milliseconds, so a
     driver makes it at start-up, before its event loop is busy.
     """
@@ -103,4 +110,4 @@ def make_sandbox(
     if cfg.image:  # the task's own toolchain: a container of its image per command
         return ContainerSandbox(cfg, workspace=workspace, binds=binds)
     cls = BwrapSandbox if cfg.backend == "bubblewrap" else LocalSandbox
-    return cls(cfg, workspace=workspace, binds=binds)
+    return cls(cfg, workspace=workspace, binds=binds, python_env=python_env, variables=variables)

@@ -44,7 +44,7 @@ import shutil
 import stat
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import ClassVar
 
@@ -179,9 +179,14 @@ class BwrapSandbox(HostSandbox):
     _kill_children_first = True  # bwrap reaps its child (the command, pid 1 of the namespace) and exits
 
     def __init__(
-        self, cfg: SandboxConfig, workspace: Path | None = None, binds: Sequence[tuple[str, str, bool]] = ()
+        self,
+        cfg: SandboxConfig,
+        workspace: Path | None = None,
+        binds: Sequence[tuple[str, str, bool]] = (),
+        python_env: Path | None = None,
+        variables: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(cfg, workspace, binds)
+        super().__init__(cfg, workspace, binds, python_env, variables)
         self._staged: dict[str, str] = {}  # host path -> where the launcher binds it for the sandbox's uid
         self._owners: dict[tuple[int, int], tuple[int, int]] = {}  # a given workspace's, before: see _remove
 
@@ -211,6 +216,9 @@ class BwrapSandbox(HostSandbox):
                 else:
                     point.touch()
                 self._staged[host] = str(point)
+
+    def _shown_tmp(self) -> str:
+        return "/tmp"
 
     def _launcher_prefix(self) -> list[str]:
         files = self._cgroup.procs_files if self._cgroup is not None else []

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 from gyre.config import SandboxConfig
 from gyre.errors import SandboxError, WorkspaceLimitExceeded
-from gyre.sandbox import limits, paths, tree
+from gyre.sandbox import limits, paths, pyenv, tree
 from gyre.sandbox.base import ExecResult, Sandbox, Snapshot
 from gyre.sandbox.cgroups import SandboxCgroup, support
 from gyre.sandbox.process import LAUNCHER_EXIT_S, Running, exit_status, run_process
@@ -46,14 +46,27 @@ class HostSandbox(Sandbox):
     _kill_children_first: ClassVar[bool] = False  # see gyre.sandbox.process.kill_tree
 
     def __init__(
-        self, cfg: SandboxConfig, workspace: Path | None = None, binds: Sequence[tuple[str, str, bool]] = ()
+        self,
+        cfg: SandboxConfig,
+        workspace: Path | None = None,
+        binds: Sequence[tuple[str, str, bool]] = (),
+        python_env: Path | None = None,
+        variables: Mapping[str, str] | None = None,
     ) -> None:
         """A sandbox of ``cfg``; ``workspace`` binds an existing directory (kept at close) instead of a new one.
 
-        ``binds`` are extra host paths shown to commands: (host path, path inside, writable).
+        ``binds`` are extra host paths shown to commands: (host path, path inside, writable). ``python_env``: a
+        prepared environment (`gyre.sandbox.pyenv`) commands run over, with a writable layer of their own.
+        ``variables``: environment every command gets unless its caller passes its own (``{workspace}`` in a value
+        is where commands see the workspace).
         """
         self.cfg = cfg
         self.binds = list(binds)
+        self.python_env = python_env
+        self._variables = check_env(variables)
+        self._python_vars: dict[str, str] = {}
+        if python_env is not None:  # read-only at its own path (its scripts name it), with its base Python
+            self.binds += [(p, p, False) for p in sorted({str(python_env), pyenv.base_prefix(python_env)})]
         self._id = uuid.uuid4().hex[:12]
         self._given_workspace = Path(workspace) if workspace is not None else None
         self._root: Path | None = None
@@ -110,6 +123,12 @@ class HostSandbox(Sandbox):
             if self._given_workspace is None:
                 (self._root / "workspace").mkdir()
             self._workspace = self._given_workspace or self._root / "workspace"
+            if (
+                self.python_env is not None
+            ):  # before _prepare: the layer is the sandbox's like the rest of /tmp
+                shown = f"{self._shown_tmp()}/{pyenv.LAYER_NAME}"
+                pyenv.make_layer(self.python_env, self._root / "tmp" / pyenv.LAYER_NAME, shown)
+                self._python_vars = pyenv.layer_environment(self.python_env, shown, SYSTEM_PATH)
         except OSError as exc:
             raise SandboxError(f"cannot create a sandbox under {base}: {exc}") from None
         if self.containment == "cgroup":
@@ -121,6 +140,13 @@ class HostSandbox(Sandbox):
 
     def _prepare(self) -> None:
         """Backend set-up once the directories exist (blocking; runs in a thread)."""
+
+    def _shown(self, variables: dict[str, str]) -> dict[str, str]:
+        return {k: v.replace("{workspace}", self.WORKSPACE) for k, v in variables.items()}
+
+    def _shown_tmp(self) -> str:
+        """Where commands see the sandbox's /tmp directory."""
+        return str(self.root / "tmp")
 
     async def close(self) -> None:
         if self._closed:
@@ -190,7 +216,9 @@ class HostSandbox(Sandbox):
             raise SandboxError("a command cannot contain NUL characters")
         if timeout_s is not None and timeout_s <= 0:
             raise SandboxError(f"timeout_s must be positive, not {timeout_s}")
-        full, full_env, host_cwd = self._launch(argv, check_env(env), cwd)
+        full, full_env, host_cwd = self._launch(
+            argv, check_env({**self._python_vars, **self._shown(self._variables), **(env or {})}), cwd
+        )
         before = self._cgroup.counters() if self._cgroup is not None else (0, 0)
         try:
             raw = await run_process(

@@ -7,6 +7,9 @@ from typing import Annotated, Literal
 import msgspec
 
 ResultKind = Literal["junit", "reward_file", "exit_code"]
+FileData = (
+    str | bytes
+)  # a task file's contents: text, or bytes when it is not UTF-8 (compiled catalogues, images)
 
 
 class VerifierSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -27,6 +30,24 @@ class VerifierSpec(msgspec.Struct, frozen=True, kw_only=True):
     pytest_plugins: tuple[str, ...] = ()
 
 
+class EnvironmentSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The Python packages a task's commands need (the agent's and the verifier's), prepared once on the host
+    (`gyre tasks prepare`, `gyre.tasks.environments`) and shown read-only to its sandboxes."""
+
+    # exact versions of a complete environment (an NL2RepoBench spec's freeze list): installed as they are, no
+    # dependency resolution, the way the benchmark's image was built
+    pins: tuple[str, ...] = ()
+    requirements: tuple[
+        str, ...
+    ] = ()  # requirement strings resolved on top of the pins (a grader's test deps)
+    python: str | None = (
+        None  # the version the task names; the host's Python runs it (a mismatch is recorded)
+    )
+    env: dict[str, str] = msgspec.field(
+        default_factory=dict
+    )  # variables for its commands (agent and verifier)
+
+
 class TaskLimits(msgspec.Struct, frozen=True, kw_only=True):
     """Resource limits a task asks for; None leaves the runtime's default."""
 
@@ -40,21 +61,22 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
 
     id: str
     instruction: str
-    files: dict[str, str] = msgspec.field(default_factory=dict)  # workspace-relative path -> text
+    files: dict[str, FileData] = msgspec.field(default_factory=dict)  # workspace-relative path -> contents
     time_budget_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0  # wall clock for one execution
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
     format: Literal["gyre", "nl2repo", "harbor"] = "gyre"  # the directory layout it was loaded from
-    hidden_files: dict[str, str] = msgspec.field(
+    hidden_files: dict[str, FileData] = msgspec.field(
         default_factory=dict
     )  # never shown to the agent; verify only
     missing_hidden_files: tuple[str, ...] = ()  # hidden test paths the task names but does not ship
     verifier: VerifierSpec | None = None  # None: nothing scores this task
     limits: TaskLimits = msgspec.field(default_factory=TaskLimits)
+    environment: EnvironmentSpec | None = None  # None: commands see the driver's Python (read-only)
     source_dir: str = ""  # absolute path of the task directory; "" when built in code
     unsupported: str | None = (
         None  # why this host cannot run it (e.g. needs a container image); None: runnable
     )
-    solution_files: dict[str, str] = msgspec.field(
+    solution_files: dict[str, FileData] = msgspec.field(
         default_factory=dict
     )  # a reference solution (workspace path -> text): `--agent oracle` writes it, the agent never sees it
     expert: str | None = (

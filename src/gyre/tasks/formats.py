@@ -15,6 +15,7 @@ Every malformed directory raises `TaskError` naming the file and the field.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import tomllib
@@ -25,16 +26,29 @@ import msgspec
 
 from gyre.errors import TaskError
 from gyre.sandbox.container import image_problem
-from gyre.tasks.base import Task, TaskLimits, VerifierSpec
+from gyre.tasks.base import EnvironmentSpec, FileData, Task, TaskLimits, VerifierSpec
+from gyre.tasks.environments import check_spec
 
 Format = Literal["gyre", "nl2repo", "harbor"]
 S = TypeVar("S", bound=msgspec.Struct)
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 
-# What the NL2RepoBench grader replaces with its own copies, or what would let an agent steer pytest: removed from
-# the graded workspace. Packaging files only when the task ships its own (else `pip install -e .` needs the agent's).
-NL2REPO_PACKAGING = ("pyproject.toml", "setup.py", "setup.cfg")
-NL2REPO_PYTEST_CONFIG = ("**/conftest.py", "pytest.ini", "tox.ini")
+# What the NL2RepoBench grader deletes from the agent's workspace, at any depth, before its image's own files (the
+# hidden tests, packaging and configuration: here the hidden files and ``grader/``) go in; and conftest files, which
+# would let an agent steer pytest (the task's own are put back).
+NL2REPO_REMOVED = tuple(
+    f"**/{name}"
+    for name in (
+        "setup.py", "pyproject.toml", "setup.cfg", "requirements.txt", "requirements-dev.txt",
+        "requirements-test.txt", "tox.ini", "pytest.ini", "poetry.lock", "Pipfile", "Pipfile.lock",
+        "environment.yml", "conda-env.yaml", "manifest.in", "MANIFEST.in", "conftest.py",
+    )
+)  # fmt: skip
+# files the benchmark's grading image holds in /workspace besides the hidden tests (packaging, configuration)
+NL2REPO_GRADER_DIR = "grader"
+# What a build backend asks for, beyond its build-system.requires, to build an editable install (its
+# get_requires_for_build_editable hook); without build isolation nothing installs it on demand
+EDITABLE_NEEDS = {"hatchling.build": ["editables"]}
 HARBOR_REWARD_PATH = "/logs/verifier/reward.txt"  # Harbor's contract: test.sh writes the reward here
 HARBOR_TEST_COMMAND = "bash tests/test.sh"
 HARBOR_SOLVE_COMMAND = "bash solution/solve.sh; status=$?; rm -rf solution; exit $status"
@@ -154,13 +168,16 @@ def _load_nl2repo(root: Path) -> Task:
     test_files = _read_json(root / "test_files.json")
     if not isinstance(test_files, list):
         raise TaskError(f"{root / 'test_files.json'}: field 'test_files': expected a list of paths")
-    hidden: dict[str, str] = {}
+    # the grading image's other files first: a hidden test path of the same name wins
+    hidden = _read_tree(root / NL2REPO_GRADER_DIR, prefix="")
     missing: list[str] = []
     for i, rel in enumerate(test_files):
         where = f"{root / 'test_files.json'}: field 'test_files[{i}]'"
         _check_relative(where, rel)
         if (root / rel).is_file():  # shipped next to the spec (e.g. Gyre's own suites)
-            hidden[rel] = _read_text(root / rel)
+            hidden[rel] = _read_data(root / rel)
+        elif (root / rel).is_dir() and (tree := _read_tree(root / rel, prefix=rel.rstrip("/") + "/")):
+            hidden |= tree  # a directory of hidden tests ("tests"), shipped whole
         else:  # the public folders list paths whose contents live in the benchmark's grading images
             missing.append(rel)
     count_path = root / "test_case_count.txt"
@@ -172,12 +189,11 @@ def _load_nl2repo(root: Path) -> Task:
     unsupported = None
     if missing:
         unsupported = f"its hidden tests are not shipped ({', '.join(missing)}); NL2RepoBench keeps them in its grading images"
-    ships_packaging = any(p in NL2REPO_PACKAGING for p in test_files)
     verifier = VerifierSpec(
         commands=tuple(commands),
         result="junit",  # pytest reports through PYTEST_ADDOPTS: the commands stay verbatim
         declared_test_count=int(raw),
-        remove=(NL2REPO_PACKAGING if ships_packaging else ()) + NL2REPO_PYTEST_CONFIG,
+        remove=NL2REPO_REMOVED,
     )
     return Task(
         id=root.name,
@@ -189,7 +205,100 @@ def _load_nl2repo(root: Path) -> Task:
         source_dir=str(root.resolve()),
         unsupported=unsupported,
         solution_files=_read_tree(root / "solution", prefix=""),
+        environment=_nl2repo_environment(root, hidden),
     )
+
+
+# The spec's environment section: "The Python version used in the current project is: Python 3.10.11", then a code
+# block of "name  version" lines (a pip freeze of the grading image)
+_PYTHON_VERSION = re.compile(r"Python version[^\n]*?:\s*(?:Python\s*)?(\d+\.\d+(?:\.\d+)?)", re.IGNORECASE)
+_FREEZE_LINE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s+(?:==\s*)?v?([0-9][A-Za-z0-9.+!_-]*)\s*$")
+
+
+def _nl2repo_environment(root: Path, hidden: dict[str, FileData]) -> EnvironmentSpec | None:
+    """What the task's commands need: the spec's freeze list (pins), the grader's declared dependencies (its
+    ``pyproject.toml``), then ``environment.toml``'s ``[environment]``; None when it declares nothing."""
+    text = _read_text(root / "start.md")
+    pins: list[str] = []
+    python = None
+    section = re.search(
+        r"^#+\s*Environment\b.*?$(.*?)(?=^#{1,2}\s(?!#))", text, re.MULTILINE | re.DOTALL | re.IGNORECASE
+    )
+    if section is not None:
+        body = section.group(1)
+        if m := _PYTHON_VERSION.search(body):
+            python = m.group(1)
+        for block in re.findall(r"```[^\n]*\n(.*?)```", body, re.DOTALL):
+            pins += [f"{m[1]}=={m[2]}" for line in block.splitlines() if (m := _FREEZE_LINE.match(line))]
+    pyproject = hidden.get("pyproject.toml")
+    requirements = _grader_requirements(root, pyproject if isinstance(pyproject, str) else None)
+    # the project the agent writes is never installed from the registry (a freeze of its image may list it: an
+    # empty workspace would pass)
+    own = {_canonical(root.name), *(_canonical(n) for n in _project_names(hidden))}
+    pins = [p for p in pins if _canonical(p.split("==")[0]) not in own]
+    extra = EnvironmentSpec()
+    if (root / "environment.toml").is_file():
+        path = root / "environment.toml"
+        data = _read_toml(path)
+        _reject_unknown(path, data, _EnvironmentToml, "")
+        if isinstance(data.get("environment"), dict):
+            _reject_unknown(path, data["environment"], EnvironmentSpec, "environment.")
+        extra = _convert(path, data, _EnvironmentToml).environment
+    if not (pins or requirements or extra.pins or extra.requirements):
+        return None
+    spec = EnvironmentSpec(
+        pins=(*pins, *extra.pins),
+        requirements=(*requirements, *extra.requirements),
+        python=extra.python or python,
+        env={"PYTHONPATH": "{workspace}", **extra.env},  # the benchmark's images set PYTHONPATH=/workspace
+    )
+    check_spec(spec, str(root / "start.md"))
+    return spec
+
+
+def _grader_requirements(root: Path, pyproject: str | None) -> list[str]:
+    """The dependencies the grader's ``pyproject.toml`` declares, with its test extras and dependency groups."""
+    if pyproject is None:
+        return []
+    try:
+        data = tomllib.loads(pyproject)
+    except tomllib.TOMLDecodeError as e:
+        raise TaskError(f"{root}: the grader's pyproject.toml is not valid TOML: {e}") from None
+    project = data.get("project", {})
+    out = [r for r in project.get("dependencies", []) if isinstance(r, str)]
+    # the build backend: `pip install -e .` runs offline without build isolation, so it must be in the environment
+    build = data.get("build-system", {})
+    out += [r for r in build.get("requires", []) if isinstance(r, str)]
+    out += EDITABLE_NEEDS.get(build.get("build-backend", ""), [])
+    extras = project.get("optional-dependencies", {})
+    groups = data.get("dependency-groups", {})
+    for name in ("test", "tests", "testing"):
+        out += [r for r in extras.get(name, []) if isinstance(r, str)]
+        out += [r for r in groups.get(name, []) if isinstance(r, str)]
+    return out
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name.strip()).lower()
+
+
+def _project_names(hidden: dict[str, FileData]) -> list[str]:
+    """The distribution names the grader's packaging declares (pyproject's [project] name, setup.py's name=)."""
+    names = []
+    pyproject = hidden.get("pyproject.toml")
+    if isinstance(pyproject, str):
+        with contextlib.suppress(tomllib.TOMLDecodeError):
+            name = tomllib.loads(pyproject).get("project", {}).get("name")
+            names += [name] if isinstance(name, str) else []
+    for file in ("setup.py", "setup.cfg"):
+        text = hidden.get(file)
+        if isinstance(text, str):
+            names += re.findall(r"""\bname\s*[=:]\s*["']?([A-Za-z0-9][A-Za-z0-9._-]*)""", text)
+    return names
+
+
+class _EnvironmentToml(msgspec.Struct):
+    environment: EnvironmentSpec = msgspec.field(default_factory=EnvironmentSpec)
 
 
 # --- Harbor ----------------------------------------------------------------------------------------------------------
@@ -292,15 +401,27 @@ def _read_json(path: Path) -> Any:
         raise TaskError(f"{path}: invalid JSON: {e}") from None
 
 
-def _read_tree(directory: Path, *, prefix: str) -> dict[str, str]:
-    """Every file under ``directory`` as ``prefix + relative posix path -> text``; {} when it does not exist."""
+def _read_tree(directory: Path, *, prefix: str) -> dict[str, FileData]:
+    """Every file under ``directory`` as ``prefix + relative posix path -> contents`` (text, or bytes when it is not
+    UTF-8); {} when it does not exist."""
     if not directory.is_dir():
         return {}
     return {
-        prefix + p.relative_to(directory).as_posix(): _read_text(p)
+        prefix + p.relative_to(directory).as_posix(): _read_data(p)
         for p in sorted(directory.rglob("*"))
         if p.is_file() and "__pycache__" not in p.parts
     }
+
+
+def _read_data(path: Path) -> FileData:
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise TaskError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data
 
 
 def _check_relative(where: str, rel: object) -> None:

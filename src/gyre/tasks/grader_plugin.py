@@ -118,7 +118,8 @@ class _Grader:
         self.guarded = _snapshot()
         self.builtins = dict(vars(builtins))
         # where the grader's interpreter, pytest and the declared plugins live (read-only to the sandbox)
-        self.trusted_dirs = tuple({os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix)})
+        trusted = _CONFIG.get("trusted") or (sys.prefix, sys.base_prefix)
+        self.trusted_dirs = tuple({os.path.realpath(p) + os.sep for p in trusted})
         self.allowed_conftests = {
             os.path.realpath(os.path.join(_CONFIG["rootdir"], p)) for p in _CONFIG["conftests"]
         }
@@ -248,6 +249,8 @@ class _Grader:
         if module.get("pytest", pytest) is not pytest:
             self.trip(f"the name pytest in {item.nodeid.split('::')[0]} is not pytest")
         function = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
+        if getattr(function, "__qualname__", None) in self._implementation_decorated(path, module):
+            return  # the source wraps it in the implementation's own decorator: the implementation's to wrap
         if isinstance(getattr(function, "__code__", None), types.CodeType) and not self._as_written(
             function, path
         ):
@@ -281,7 +284,7 @@ class _Grader:
         path = os.path.realpath(getattr(module, "__file__", None) or "/")
         if path not in self.sources:
             return
-        defined = self._defined(path)
+        defined = self._defined(path) - self._implementation_decorated(path, vars(module))
         for name in defined:
             if not self._vouch(vars(module).get(name), module.__name__, path):
                 self.trip(f"{name} in {os.path.basename(path)} is not what its source defines")
@@ -302,9 +305,48 @@ class _Grader:
             return self._as_written(function, path)
         return self._trusted(type(value))  # e.g. a functools.partial the source made
 
+    def _implementation_decorated(self, path: str, namespace: dict[str, Any]) -> set[str]:
+        """Qualified names of the functions and methods the hidden file's source decorates with something of the
+        implementation under test (a name its module binds to code outside the grader's installation, e.g. the
+        ``@retry`` of a retry library): their wrappers are the implementation's code by design."""
+
+        def root(expr: ast.expr) -> str | None:
+            while isinstance(expr, ast.Call | ast.Attribute):
+                expr = expr.func if isinstance(expr, ast.Call) else expr.value
+            return expr.id if isinstance(expr, ast.Name) else None
+
+        def implementation(name: str | None) -> bool:
+            value = namespace.get(name or "")
+            if value is None or value is pytest:
+                return False
+            module = (
+                value if inspect.ismodule(value) else sys.modules.get(getattr(value, "__module__", "") or "")
+            )
+            file = os.path.realpath(getattr(module, "__file__", None) or "/")
+            return not file.startswith(self.trusted_dirs) and file not in self.sources
+
+        def decorated(node: ast.stmt) -> bool:
+            kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
+            return isinstance(node, kinds) and any(implementation(root(d)) for d in node.decorator_list)
+
+        out: set[str] = set()
+        try:
+            tree = ast.parse(self.sources[path])
+        except (SyntaxError, ValueError):  # a hidden data file (a doctest text, a custom collector's cases)
+            return out
+        for node in tree.body:
+            if decorated(node):
+                out.add(node.name)  # type: ignore[attr-defined]
+            elif isinstance(node, ast.ClassDef):
+                out |= {f"{node.name}.{item.name}" for item in node.body if decorated(item)}  # type: ignore[attr-defined]
+        return out
+
     def _defined(self, path: str) -> set[str]:
         """The names a hidden file's source binds with ``def`` or ``class`` at its top level."""
-        tree = ast.parse(self.sources[path])
+        try:
+            tree = ast.parse(self.sources[path])
+        except (SyntaxError, ValueError):
+            return set()
         kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
         return {node.name for node in tree.body if isinstance(node, kinds)}
 

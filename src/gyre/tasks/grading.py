@@ -32,6 +32,7 @@ import hmac
 import json
 import os
 import shlex
+import sys
 import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -46,7 +47,10 @@ KEY_BYTES = 32
 MAX_EVENT_BYTES = 16 << 20  # more than this from one command is not a pytest run's report
 # pytest's configuration files in the order it looks for them; the first that configures pytest is the task's
 CONFIG_FILES = ("pytest.ini", ".pytest.ini", "pytest.toml", "pyproject.toml", "tox.ini", "setup.cfg")
-EXIT_OK, EXIT_TESTS_FAILED = 0, 1  # pytest's exit statuses
+# hidden files that configure the run rather than hold tests
+NOT_TESTS = frozenset({*CONFIG_FILES, "conftest.py", "setup.py", "MANIFEST.in", "requirements.txt"})
+EXIT_OK, EXIT_TESTS_FAILED = 0, 1
+REPEAT = "\n#"  # joins a node id reported again to its repeat number (never in a node id: ids are one line)  # pytest's exit statuses
 SIGNALLED = 128  # an exit status at or above this: the process was killed by a signal
 
 
@@ -56,7 +60,7 @@ def task_config(task: Task) -> tuple[str, str, list[str]]:
     sources = {**task.files, **task.hidden_files}
     for name in CONFIG_FILES:
         text = sources.get(name)
-        if text is None:
+        if not isinstance(text, str):  # absent (or not text: pytest could not read it either)
             continue
         try:
             if name.endswith(".toml"):
@@ -90,8 +94,11 @@ def open_channels(grader: Path, channels: list[Channel]) -> None:
         channel.open()
 
 
-def write_grader(task: Task, spec: VerifierSpec, grader: Path, shown_workspace: str) -> None:
-    """The grader plugin, the task's pytest configuration and what the plugin needs to know (blocking)."""
+def write_grader(
+    task: Task, spec: VerifierSpec, grader: Path, shown_workspace: str, trusted: list[str] | None = None
+) -> None:
+    """The grader plugin, the task's pytest configuration and what the plugin needs to know (blocking).
+    ``trusted``: where pytest and the plugins it may load are installed (read-only to the commands)."""
     name, text, pythonpath = task_config(task)
     conftests = sorted(
         p for p in {**task.files, **task.hidden_files} if PurePosixPath(p).name == "conftest.py"
@@ -107,6 +114,7 @@ def write_grader(task: Task, spec: VerifierSpec, grader: Path, shown_workspace: 
                 + [shown_workspace],
                 "conftests": conftests,
                 "tests": sorted(hidden_tests(task)),
+                "trusted": trusted or [sys.prefix, sys.base_prefix],
             }
         ),
     }
@@ -149,8 +157,11 @@ def environment(
 
 
 def hidden_tests(task: Task) -> frozenset[str]:
-    """The hidden test files (workspace-relative); empty: count every test."""
-    return frozenset(p for p in (*task.hidden_files, *task.missing_hidden_files) if p.endswith(".py"))
+    """The hidden files pytest may collect items from (workspace-relative: Python files, and text files such as
+    doctest globs); empty: count every test."""
+    return frozenset(
+        p for p in (*task.hidden_files, *task.missing_hidden_files) if PurePosixPath(p).name not in NOT_TESTS
+    )
 
 
 @dataclass
@@ -267,9 +278,13 @@ def read_events(raw: bytes, key: bytes) -> GradedRun:
             case "start":
                 run.started = True
             case "test":
-                if event["id"] in run.tests:
-                    run.tampering.append(f"test {event['id'][:200]} reported twice")
-                run.tests[event["id"]] = event["outcome"]
+                # a collector may yield items of one id more than once (docopt-ng's data-file cases): each counts,
+                # and `unexpected` holds their number to what the clean collection found
+                test, n = event["id"], 1
+                while test in run.tests:
+                    n += 1
+                    test = f"{event['id']}{REPEAT}{n}"
+                run.tests[test] = event["outcome"]
             case "collect_error":
                 run.collect_errors.append(event["id"])
             case "collected":
@@ -289,10 +304,17 @@ def read_events(raw: bytes, key: bytes) -> GradedRun:
 
 def judge_unfinished(run: GradedRun, exit_code: int, timed_out: bool) -> None:
     """A session that started and never finished: believable only when something killed it from outside."""
-    if run.started and not run.finished and not timed_out and exit_code < SIGNALLED:
+    # one that reported no test gains nothing (pytest refused to start: a hidden conftest that cannot import the
+    # agent's missing package exits 4 before the session): its score is 0 either way
+    if run.started and not run.finished and not timed_out and exit_code < SIGNALLED and run.tests:
         run.tampering.append(
             f"pytest exited (status {exit_code}) without finishing its session: code in the process ended it"
         )
+
+
+def base_id(test: str) -> str:
+    """A reported test's node id without its repeat number (see `read_events`)."""
+    return test.split(REPEAT, 1)[0]
 
 
 def unexpected(reported: list[str], expected: list[str]) -> list[str]:
@@ -303,7 +325,7 @@ def unexpected(reported: list[str], expected: list[str]) -> list[str]:
     seen: Counter[str] = Counter()
     out = []
     for test in reported:
-        base = test.split("[", 1)[0]
+        base = base_id(test).split("[", 1)[0]
         seen[base] += 1
         if seen[base] > allowed[base]:
             out.append(test)
@@ -314,7 +336,7 @@ def missing(reported: list[str], collect_errors: list[str], expected: list[str])
     """Test functions the host collected, in files a finished session reported on without a collection error, that
     it never reported (compared by function, as in `unexpected`)."""
     files = {i.split("::", 1)[0] for i in reported} - {i.split("::", 1)[0] for i in collect_errors}
-    bases = {i.split("[", 1)[0] for i in reported}
+    bases = {base_id(i).split("[", 1)[0] for i in reported}
     out = {i.split("[", 1)[0] for i in expected if i.split("::", 1)[0] in files} - bases
     return sorted(out)
 

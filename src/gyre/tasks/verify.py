@@ -26,12 +26,13 @@ import asyncio
 import logging
 import math
 import os
+import re
 import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
@@ -39,17 +40,19 @@ import msgspec
 
 from gyre.config import SandboxConfig
 from gyre.errors import SandboxError, TaskError, WorkspaceLimitExceeded
-from gyre.sandbox import ExecResult, Sandbox, make_sandbox, paths
+from gyre.sandbox import ExecResult, Sandbox, make_sandbox, paths, pyenv
 from gyre.sandbox.workspace import SYSTEM_PATH, copy_tree, make_scratch, workspace_limits
-from gyre.tasks import grading
-from gyre.tasks.base import Task, VerifierSpec
+from gyre.tasks import environments, grading
+from gyre.tasks.base import FileData, Task, VerifierSpec
+from gyre.tasks.environments import PreparedEnvironment
 
 log = logging.getLogger(__name__)
 
 Outcome = Literal["scored", "placeholder", "tampered", "dropped", "unscored"]
 # these stay in their group for training (tampered: reward 0, so the policy learns that hacking the grader fails)
 TRAINABLE_OUTCOMES: tuple[Outcome, ...] = ("scored", "placeholder", "tampered")
-SandboxFactory = Callable[[SandboxConfig, Path, Sequence[tuple[str, str, bool]]], Sandbox]
+# (config, workspace, binds, python_env=..., variables=...) -> a sandbox not yet started, as `make_sandbox`
+SandboxFactory = Callable[..., Sandbox]
 
 REPORT_DIR = ".gyre-verifier"  # where pytest writes its JUnit reports (one per command) in the graded copy
 LOGS_DIR = (
@@ -57,6 +60,8 @@ LOGS_DIR = (
 )
 MAX_REPORT_BYTES = 64 << 20  # a larger report is not parsed (infrastructure failure)
 COMMAND_NOT_FOUND = 127
+_MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+PYTEST_USAGE_ERROR = 4  # pytest's exit status for a command line or configuration it refuses
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -98,6 +103,11 @@ class VerifierFailure(Exception):
     """The verifier could not produce a score (infrastructure, not the agent's work): retried, then dropped."""
 
 
+class DeterministicFailure(VerifierFailure):
+    """The grader itself is broken for this task (pytest refused its command line): the same every time, so it is
+    dropped at once, never retried."""
+
+
 class Verifier:
     """Runs tasks' verifiers (see the module); one per driver, shared by every execution."""
 
@@ -118,12 +128,11 @@ class Verifier:
         self.retries = retries
         self.retry_delay_s = retry_delay_s
         self.python_env = python_env
-        self._factory: SandboxFactory = sandbox_factory or (
-            lambda cfg, ws, binds: make_sandbox(cfg, ws, binds)
-        )
+        self._factory: SandboxFactory = sandbox_factory or make_sandbox
         self._outcomes: Counter[str] = Counter()
         self._retries = 0
         self._expected: dict[str, list[str] | None] = {}  # task id -> the test ids of its clean collection
+        self._collection_failed: dict[str, str] = {}  # task id -> why that collection failed
         self._collecting: dict[str, asyncio.Lock] = {}
 
     def statistics(self) -> VerifierStatistics:
@@ -153,6 +162,29 @@ class Verifier:
                 f"task {task.id}: verifier report {report}: an absolute path must be under {LOGS_DIR}/"
             )
 
+    async def preflight(self, task: Task) -> None:
+        """Refuse (`TaskError`, with the reason) a task whose grading cannot be faithful, before anything runs: its
+        environment cannot be built, or its hidden tests import a module that neither its reference solution nor its
+        environment provides (a missing test dependency). Builds the environment and, with a reference solution,
+        runs the grader's clean collection over it (both once per task; verifications reuse them)."""
+        self.check(task)
+        python_env = await environments.ensure(task, self.sandbox_cfg)
+        await self._expected_ids(task, python_env)
+        failure = self._collection_failed.get(task.id)
+        if failure is None:
+            return
+        provided = {
+            part.removesuffix(".py") for p in {**task.files, **task.solution_files} for part in p.split("/")
+        }
+        missing = sorted({m for m in _MISSING_MODULE.findall(failure) if m.split(".")[0] not in provided})
+        if missing:
+            raise TaskError(
+                f"task {task.id}: its hidden tests import {', '.join(missing)}, which neither its reference "
+                "solution nor its environment provides (a test dependency the task does not declare)"
+            )
+        raise TaskError(f"task {task.id}: the hidden tests cannot be collected over its reference solution: "
+                        f"{failure[-1500:]}")  # fmt: skip
+
     async def _verify(self, task: Task, workspace: Path | None) -> Verdict:
         self.check(task)
         if task.verifier is None:
@@ -163,10 +195,16 @@ class Verifier:
             )
         start = time.monotonic()
         failures: list[str] = []
-        expected = await self._expected_ids(task)
+        try:
+            python_env = await environments.ensure(task, self.sandbox_cfg)
+        except environments.EnvironmentFailed as exc:  # refused up front by eval and train; never scored 0
+            return Verdict(
+                outcome="dropped", attempts=0, detail=str(exc), duration_s=time.monotonic() - start
+            )
+        expected = await self._expected_ids(task, python_env)
         for attempt in range(1, self.retries + 2):
             try:
-                verdict = await self._attempt(task, task.verifier, workspace, expected=expected)
+                verdict = await self._attempt(task, task.verifier, workspace, python_env, expected=expected)
             except WorkspaceLimitExceeded as exc:  # the workspace's doing, not the verifier's: no retry helps
                 return Verdict(outcome="dropped", attempts=attempt, detail=f"not copied for grading: {exc}",
                                duration_s=time.monotonic() - start)  # fmt: skip
@@ -176,6 +214,8 @@ class Verifier:
                 log.warning(
                     "verifier of %s failed (attempt %d): %r", task.id, attempt, exc, exc_info=not known
                 )
+                if isinstance(exc, DeterministicFailure):
+                    break
                 if attempt <= self.retries:
                     await asyncio.sleep(self.retry_delay_s * attempt)
                 continue
@@ -187,7 +227,7 @@ class Verifier:
             duration_s=time.monotonic() - start,
         )
 
-    async def _expected_ids(self, task: Task) -> list[str] | None:
+    async def _expected_ids(self, task: Task, python_env: PreparedEnvironment | None) -> list[str] | None:
         """The test ids pytest collects of the hidden tests over the task's reference solution, in a clean run under
         the grader's control (once per task); None without a solution, or when that run fails."""
         spec = task.verifier
@@ -202,12 +242,13 @@ class Verifier:
                     solved = {**task.files, **task.solution_files}
                     await asyncio.to_thread(_write_tree, scratch / "solved", solved)
                     collected: list[str] = []
-                    await self._attempt(task, spec, scratch / "solved", collect=collected)
+                    await self._attempt(task, spec, scratch / "solved", python_env, collect=collected)
                     self._expected[task.id] = collected or None
                 except Exception as exc:
                     # without it, reported ids are checked against the hidden files and the plugin only
                     log.warning("cannot collect the hidden tests of %s over its solution: %r", task.id, exc)
                     self._expected[task.id] = None
+                    self._collection_failed[task.id] = str(exc)
                 finally:
                     await remove_tree(scratch)
         return self._expected[task.id]
@@ -217,6 +258,7 @@ class Verifier:
         task: Task,
         spec: VerifierSpec,
         workspace: Path,
+        python_env: PreparedEnvironment | None,
         *,
         expected: list[str] | None = None,
         collect: list[str] | None = None,
@@ -235,17 +277,29 @@ class Verifier:
             bwrap = cfg.backend == "bubblewrap" or bool(cfg.image)  # isolated: /logs, the grader's dir bound
             binds = [(str(logs), LOGS_DIR, True)] if bwrap else []
             env = dict(spec.env)
-            if self.python_env and not cfg.image:  # an image brings its own toolchain
+            trusted = [sys.prefix, sys.base_prefix]  # where pytest and the plugins the grader accepts live
+            env_dir = None if python_env is None else Path(python_env.path)
+            if python_env is not None and env_dir is not None:  # the task's own, under this sandbox's layer
+                trusted = [str(env_dir), pyenv.base_prefix(env_dir)]
+                # its plugins, as autoload would have loaded them (autoload is off: the layer is not the task's)
+                spec = msgspec.structs.replace(
+                    spec, pytest_plugins=(*spec.pytest_plugins, *python_env.pytest_plugins)
+                )
+            elif self.python_env and not cfg.image:  # an image brings its own toolchain
                 binds += [(p, p, False) for p in sorted({sys.prefix, sys.base_prefix})]
                 env.setdefault("PATH", f"{sys.prefix}/bin:{SYSTEM_PATH}")
+            variables = task.environment.env if task.environment is not None else {}
             if _pytest_graded(spec):
                 channels = [grading.Channel(grader, i) for i in range(len(spec.commands))]
                 await asyncio.to_thread(grading.open_channels, grader, channels)
                 binds.append((str(grader), grading.GRADER_DIR, False))  # read-only: FIFOs still pass data
             shown_grader = grading.GRADER_DIR if bwrap else str(grader)
-            async with self._factory(cfg, graded, binds) as sandbox:
+            sandbox = self._factory(cfg, graded, binds, python_env=env_dir, variables=variables)
+            async with sandbox:
                 if channels:
-                    await asyncio.to_thread(grading.write_grader, task, spec, grader, sandbox.WORKSPACE)
+                    await asyncio.to_thread(
+                        grading.write_grader, task, spec, grader, sandbox.WORKSPACE, trusted
+                    )
                     env = grading.environment(
                         task, spec, env, shown_grader, sandbox.WORKSPACE, collect is not None
                     )
@@ -333,7 +387,7 @@ def _prepare(task: Task, spec: VerifierSpec, graded: Path) -> None:
     if _pytest_graded(spec):
         supplied |= {p: t for p, t in task.files.items() if PurePosixPath(p).name == "conftest.py"}
     for path, text in supplied.items():
-        paths.write_file(graded, path, str(graded), text.encode())
+        paths.write_file(graded, path, str(graded), text if isinstance(text, bytes) else text.encode())
 
 
 def _remove_matching(root: Path, patterns: list[str]) -> None:
@@ -372,11 +426,11 @@ async def remove_tree(path: Path) -> None:
         await asyncio.to_thread(_rm, path.parent, [os.fsencode(path.name)])
 
 
-def _write_tree(root: Path, files: dict[str, str]) -> None:
+def _write_tree(root: Path, files: dict[str, FileData]) -> None:
     """Write ``files`` (relative path -> text) into a new directory ``root`` (blocking)."""
     root.mkdir()
     for rel, text in files.items():
-        paths.write_file(root, rel, str(root), text.encode())
+        paths.write_file(root, rel, str(root), text if isinstance(text, bytes) else text.encode())
 
 
 def _collected(channels: list[grading.Channel], results: list[ExecResult], tail: str) -> list[str]:
@@ -407,6 +461,9 @@ def _score_pytest(
     codes = [r.exit_code for r in results]
     detail = f"the verifier ran out of its {spec.timeout_s:g} s" if timed_out else ""
     hidden = grading.hidden_tests(task)
+    counted = set(
+        expected or ()
+    )  # besides the hidden files' tests: what the task's own configuration collects
     outcomes: dict[str, str] = {}
     collect_errors: set[str] = set()
     tampering: list[str] = []
@@ -420,16 +477,23 @@ def _score_pytest(
         grading.judge_unfinished(run, result.exit_code, result.timed_out)
         tampering += [f"command {channel.index}: {why}" for why in run.tampering]
         sessions += run.started
-        reported = [i for i in run.tests if not hidden or i.split("::", 1)[0] in hidden]
+        # the hidden files' tests, and items the task's configuration collects elsewhere over its reference solution
+        # (doctests of README and modules); tests the agent added anywhere else do not count
+        reported = [
+            i
+            for i in run.tests
+            if not hidden or i.split("::", 1)[0] in hidden or grading.base_id(i) in counted
+        ]
         if expected is not None:
             tampering += [
                 f"command {channel.index}: test {i[:200]} is not one the grader collected from the hidden tests"
                 for i in grading.unexpected(reported, expected)
             ]
             if run.finished:
+                in_files = [i for i in reported if not hidden or i.split("::", 1)[0] in hidden]
                 tampering += [
                     f"command {channel.index}: test {i[:200]} of the hidden tests ran without a report"
-                    for i in grading.missing(reported, run.collect_errors, expected)
+                    for i in grading.missing(in_files, run.collect_errors, expected)
                 ]
         outcomes.update({i: run.tests[i] for i in reported})
         collect_errors.update(i for i in run.collect_errors if not hidden or grading.in_hidden(i, hidden))
@@ -440,6 +504,8 @@ def _score_pytest(
     if not sessions:
         if timed_out:
             return Verdict(outcome="scored", exit_codes=codes, timed_out=True, detail=detail)
+        if PYTEST_USAGE_ERROR in codes:
+            raise DeterministicFailure(f"pytest refused its command line or configuration (exit 4): {tail}")
         raise VerifierFailure(f"no command ran pytest (the grader plugin never reported); output: {tail}")
     passed = sum(o == "passed" for o in outcomes.values())
     failed = sum(o == "failed" for o in outcomes.values()) + len(collect_errors)

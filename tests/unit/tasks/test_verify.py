@@ -7,6 +7,7 @@ import json
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -172,11 +173,13 @@ class FlakySandboxes:
     def __init__(self, failures: int) -> None:
         self.failures, self.calls = failures, 0
 
-    def __call__(self, cfg: SandboxConfig, ws: Path, binds: Sequence[tuple[str, str, bool]]) -> Sandbox:
+    def __call__(
+        self, cfg: SandboxConfig, ws: Path, binds: Sequence[tuple[str, str, bool]], **kwargs: Any
+    ) -> Sandbox:
         self.calls += 1
         if self.calls <= self.failures:
             raise SandboxError("injected: cannot create the sandbox's namespaces")
-        return make_sandbox(cfg, ws, binds)
+        return make_sandbox(cfg, ws, binds, **kwargs)
 
 
 def test_infrastructure_failure_is_retried_then_scored(tmp_path: Path) -> None:
@@ -210,7 +213,7 @@ def test_the_agents_workspace_is_left_as_it_was(tmp_path: Path) -> None:
 
 
 def test_anything_the_verifier_raises_is_that_executions_dropped_verdict(tmp_path: Path) -> None:
-    def deep(cfg: SandboxConfig, ws: Path, binds: Sequence[tuple[str, str, bool]]) -> Sandbox:
+    def deep(cfg: SandboxConfig, ws: Path, binds: Sequence[tuple[str, str, bool]], **kwargs: Any) -> Sandbox:
         raise RecursionError("maximum recursion depth exceeded")  # as a walk of a 1,200-deep workspace did
 
     verifier = Verifier(retries=0, sandbox_factory=deep)
