@@ -201,10 +201,9 @@ def cmd_tasks_prepare(args: argparse.Namespace) -> int:
     table = Table(title=f"gyre tasks prepare {args.suite}: environments in {environments.cache_root(cfg)}")
     for column in ("task", "environment", "prepared", "seconds", "packages", "left out", "grading"):
         table.add_column(column, overflow="fold")
-    refused = 0
+    refused: dict[str, str] = {}
 
     async def run() -> None:
-        nonlocal refused
         columns = (*Progress.get_default_columns(), TimeElapsedColumn())
         with Progress(*columns, disable=args.no_progress, transient=True) as bar:
             job = bar.add_task("preparing", total=len(tasks))
@@ -226,16 +225,19 @@ def cmd_tasks_prepare(args: argparse.Namespace) -> int:
                 try:
                     await verifier.preflight(task)
                 except TaskError as exc:
-                    refused += 1
-                    row[6] = f"[red]refused[/]: {exc}"
+                    refused[task.id] = str(exc)
+                    row[6] = "[red]refused[/] (below)"
                 table.add_row(*row)
                 bar.advance(job)
 
     _run_loop(run())
     Console().print(table)
+    for task_id, why in refused.items():
+        print(f"refused {task_id}: {why[:2000]}")
     if refused:
         print(
-            f"{refused} of {len(tasks)} task(s) refused: their grading could not be faithful", file=sys.stderr
+            f"{len(refused)} of {len(tasks)} task(s) refused: their grading could not be faithful",
+            file=sys.stderr,
         )
     return 1 if refused else 0
 
