@@ -111,7 +111,11 @@ def quickstart(run_dir: str | Path | None = None, model_path: str = "models/tiny
     demos = EvalOptions(suite=DEMO_SUITE if not short else "toy:160:100", run_dir=str(root / "demos"),
                         agent="oracle", agent_profile="lean", model_path=model_path, concurrency=16,
                         progress=progress)  # fmt: skip
-    run_eval(demos)
+    demonstrated = run_eval(demos)
+    if not demonstrated.ok:  # SFT on broken demonstrations would teach the breakage
+        raise RuntimeError(
+            "the expert's demonstrations are not clean: " + "; ".join(demonstrated.problems[:5])
+        )
     timed("demonstrations", t)
     t = time.monotonic()
     cfg = recipe(root, model_path, short)

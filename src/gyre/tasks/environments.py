@@ -275,7 +275,9 @@ def _normal(requirement: str) -> str:
 # --- one driver's view: each environment prepared at most once, off the event loop ----------------------------------
 
 _memo: dict[tuple[str, str], PreparedEnvironment | EnvironmentFailed] = {}
-_locks: dict[tuple[str, str], asyncio.Lock] = {}
+_locks: dict[
+    tuple[int, str, str], asyncio.Lock
+] = {}  # per event loop: a lock belongs to the loop it waited in
 
 
 async def ensure(task: Task, cfg: SandboxConfig) -> PreparedEnvironment | None:
@@ -285,7 +287,7 @@ async def ensure(task: Task, cfg: SandboxConfig) -> PreparedEnvironment | None:
     if spec is None:
         return None
     memo_key = (str(cache_root(cfg)), environment_key(spec))
-    async with _locks.setdefault(memo_key, asyncio.Lock()):
+    async with _locks.setdefault((id(asyncio.get_running_loop()), *memo_key), asyncio.Lock()):
         if memo_key not in _memo:
             try:
                 _memo[memo_key], _ = await asyncio.to_thread(prepare, spec, cfg)

@@ -61,7 +61,10 @@ LOGS_DIR = (
 MAX_REPORT_BYTES = 64 << 20  # a larger report is not parsed (infrastructure failure)
 COMMAND_NOT_FOUND = 127
 _MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
-PYTEST_USAGE_ERROR = 4  # pytest's exit status for a command line or configuration it refuses
+PYTEST_USAGE_ERROR = 4
+_USAGE = re.compile(
+    r"error: unrecognized arguments|^usage: |ERROR: usage|in config file .* unknown", re.MULTILINE
+)  # pytest's exit status for a command line or configuration it refuses
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -501,6 +504,12 @@ def _score_pytest(
         return Verdict(
             outcome="tampered", exit_codes=codes, timed_out=timed_out, detail="\n".join(tampering)[:4000]
         )
+    # pytest refused to start (exit 4, before its session). Its command line or configuration (an option of a plugin
+    # the environment lacks) is the grader's failure, the same on every attempt; a conftest that cannot import the
+    # agent's missing package is the agent's 0. With a clean collection over the reference, it is always the latter.
+    refused = PYTEST_USAGE_ERROR in codes and not outcomes and expected is None and _USAGE.search(tail)
+    if refused:
+        raise DeterministicFailure(f"pytest refused its command line or configuration (exit 4): {tail}")
     if not sessions:
         if timed_out:
             return Verdict(outcome="scored", exit_codes=codes, timed_out=True, detail=detail)

@@ -197,9 +197,9 @@ def test_concurrent_command_agents_leave_no_socket_directories(
     sockets: list[str] = []
     make_sandbox = runtime_module.make_sandbox
 
-    def recording(cfg: SandboxConfig, workspace: Path | None = None, binds: Any = ()) -> Any:
+    def recording(cfg: SandboxConfig, workspace: Path | None = None, binds: Any = (), **kwargs: Any) -> Any:
         sockets.extend(host for host, inside, _ in binds if inside == "/run/gyre")
-        return make_sandbox(cfg, workspace=workspace, binds=binds)
+        return make_sandbox(cfg, workspace=workspace, binds=binds, **kwargs)
 
     monkeypatch.setattr(runtime_module, "make_sandbox", recording)
     specs = [command(f"c{i}", "test -S /run/gyre/router.sock", check="true") for i in range(4)]

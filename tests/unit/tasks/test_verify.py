@@ -295,3 +295,19 @@ def test_library_decorated_tests_and_fixtures_are_not_mistaken_for_tampering(tmp
     task = Task(id="d", instruction="x", hidden_files={"tests/test_calc.py": tests}, verifier=spec)
     verdict = verify(task, workspace(tmp_path, SOLVED))
     assert (verdict.outcome, verdict.score) == ("scored", 1.0), verdict.detail
+
+
+def test_a_pytest_that_refuses_its_command_line_is_dropped_at_once_not_retried(tmp_path: Path) -> None:
+    """A usage error (an option of a plugin the environment lacks: pytest exits 4 before any session) is the same on
+    every attempt: dropped after one, with pytest's own words."""
+    task = Task(
+        id="usage",
+        instruction="x",
+        hidden_files={"tests/test_a.py": "def test_a():\n    assert True\n"},
+        verifier=VerifierSpec(commands=("pytest --cov=calc tests",), result="junit", declared_test_count=1),
+    )
+    verifier = Verifier(retries=2, retry_delay_s=0.01)
+    verdict = verify(task, workspace(tmp_path, {"calc.py": "x = 1\n"}), verifier)
+    assert (verdict.outcome, verdict.attempts, verdict.trainable) == ("dropped", 1, False)
+    assert "exit 4" in verdict.detail and "--cov" in verdict.detail, verdict.detail
+    assert verifier.statistics().retries == 0
