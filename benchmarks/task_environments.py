@@ -69,7 +69,7 @@ async def measure(name: str, cfg: SandboxConfig) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    names = sorted(p.name for p in FIXTURES.iterdir() if p.is_dir())
+    names = sorted(p.name for p in FIXTURES.iterdir() if (p / "start.md").is_file())
     parser.add_argument("--tasks", default=",".join(names), help="comma-separated fixture names")
     parser.add_argument("--uv-cold", action="store_true", help="uv's download cache empty too")
     args = parser.parse_args()

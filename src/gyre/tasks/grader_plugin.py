@@ -133,6 +133,7 @@ class _Grader:
             except OSError:
                 continue
         self.pristine: dict[str, dict[tuple[str, int], list[types.CodeType]]] = {}
+        self.trees: dict[str, list[ast.stmt]] = {}
         self.config: Any = None
         self.tripped: set[str] = set()
         self.phases: dict[str, str] = {}  # nodeid -> the worst outcome of its phases so far
@@ -330,11 +331,7 @@ class _Grader:
             return isinstance(node, kinds) and any(implementation(root(d)) for d in node.decorator_list)
 
         out: set[str] = set()
-        try:
-            tree = ast.parse(self.sources[path])
-        except (SyntaxError, ValueError):  # a hidden data file (a doctest text, a custom collector's cases)
-            return out
-        for node in tree.body:
+        for node in self._tree(path):
             if decorated(node):
                 out.add(node.name)  # type: ignore[attr-defined]
             elif isinstance(node, ast.ClassDef):
@@ -343,12 +340,18 @@ class _Grader:
 
     def _defined(self, path: str) -> set[str]:
         """The names a hidden file's source binds with ``def`` or ``class`` at its top level."""
-        try:
-            tree = ast.parse(self.sources[path])
-        except (SyntaxError, ValueError):
-            return set()
         kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
-        return {node.name for node in tree.body if isinstance(node, kinds)}
+        return {node.name for node in self._tree(path) if isinstance(node, kinds)}
+
+    def _tree(self, path: str) -> list[ast.stmt]:
+        """The top-level statements of a hidden file's source, parsed once (checks run after every test); none for
+        a file that is not Python (a doctest text, a custom collector's data)."""
+        if path not in self.trees:
+            try:
+                self.trees[path] = ast.parse(self.sources[path]).body
+            except (SyntaxError, ValueError):
+                self.trees[path] = []
+        return self.trees[path]
 
     def report(self, rep: pytest.TestReport) -> None:
         """Fold one phase's report into its test's outcome; a test's event goes out after its teardown."""

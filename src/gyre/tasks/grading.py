@@ -49,7 +49,7 @@ MAX_EVENT_BYTES = 16 << 20  # more than this from one command is not a pytest ru
 CONFIG_FILES = ("pytest.ini", ".pytest.ini", "pytest.toml", "pyproject.toml", "tox.ini", "setup.cfg")
 # hidden files that configure the run rather than hold tests
 NOT_TESTS = frozenset({*CONFIG_FILES, "conftest.py", "setup.py", "MANIFEST.in", "requirements.txt"})
-EXIT_OK, EXIT_TESTS_FAILED = 0, 1
+EXIT_OK, EXIT_TESTS_FAILED, EXIT_USAGE_ERROR = 0, 1, 4
 REPEAT = "\n#"  # joins a node id reported again to its repeat number (never in a node id: ids are one line)  # pytest's exit statuses
 SIGNALLED = 128  # an exit status at or above this: the process was killed by a signal
 
@@ -304,9 +304,10 @@ def read_events(raw: bytes, key: bytes) -> GradedRun:
 
 def judge_unfinished(run: GradedRun, exit_code: int, timed_out: bool) -> None:
     """A session that started and never finished: believable only when something killed it from outside."""
-    # one that reported no test gains nothing (pytest refused to start: a hidden conftest that cannot import the
-    # agent's missing package exits 4 before the session): its score is 0 either way
-    if run.started and not run.finished and not timed_out and exit_code < SIGNALLED and run.tests:
+    # except pytest refusing to start (exit 4, nothing reported: a hidden conftest that cannot import the agent's
+    # missing package): its score is 0, and ending there gains nothing
+    refused = exit_code == EXIT_USAGE_ERROR and not run.tests
+    if run.started and not run.finished and not timed_out and exit_code < SIGNALLED and not refused:
         run.tampering.append(
             f"pytest exited (status {exit_code}) without finishing its session: code in the process ended it"
         )
