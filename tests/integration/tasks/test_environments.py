@@ -18,7 +18,7 @@ from gyre.tasks import environments
 from gyre.tasks.base import EnvironmentSpec
 from gyre.tasks.formats import load_task
 
-SHARED = Path(__file__).resolve().parents[4] / "shared" / "data" / "nl2repobench"
+FIXTURES = Path(__file__).resolve().parents[2] / "data" / "nl2repobench"  # start.md copied unchanged
 SPEC = EnvironmentSpec(pins=("six==1.17.0",))
 
 
@@ -43,7 +43,7 @@ def nl2repo_task(root: Path, environment: str = "") -> Path:
 
 
 def test_a_spec_section_becomes_pins_and_directories_of_hidden_tests_load(tmp_path: Path) -> None:
-    task = load_task(SHARED / "humanize")  # the public folder, copied unchanged
+    task = load_task(FIXTURES / "humanize")
     assert task.environment is not None and task.environment.python == "3.10.11"
     assert "freezegun==1.5.5" in task.environment.pins and len(task.environment.pins) == 59
     assert task.environment.env["PYTHONPATH"] == "{workspace}"  # as the benchmark's images set it
