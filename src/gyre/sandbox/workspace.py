@@ -123,9 +123,8 @@ class HostSandbox(Sandbox):
             if self._given_workspace is None:
                 (self._root / "workspace").mkdir()
             self._workspace = self._given_workspace or self._root / "workspace"
-            if (
-                self.python_env is not None
-            ):  # before _prepare: the layer is the sandbox's like the rest of /tmp
+            # the layer, before _prepare: it is the sandbox's own, like the rest of its /tmp
+            if self.python_env is not None:
                 shown = f"{self._shown_tmp()}/{pyenv.LAYER_NAME}"
                 pyenv.make_layer(self.python_env, self._root / "tmp" / pyenv.LAYER_NAME, shown)
                 self._python_vars = pyenv.layer_environment(self.python_env, shown, SYSTEM_PATH)
