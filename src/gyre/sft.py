@@ -190,7 +190,10 @@ def load_demonstrations(
             f"accepted sources: {', '.join(sources)} (sft.sources, or --all-sources to train on every record)"
             + (f"; {dict(skipped)} left out" if skipped else "")
         )
-    return Demonstrations(journals=[str(f) for f in files], sessions=list(sessions.values()), calls=calls,
+    # in a fixed order (journal, session name), not the order executions happened to finish in: the seeded
+    # shuffles then draw the same batches from the same demonstrations in every run
+    ordered = [sessions[key] for key in sorted(sessions)]
+    return Demonstrations(journals=[str(f) for f in files], sessions=ordered, calls=calls,
                           skipped=dict(skipped))  # fmt: skip
 
 
