@@ -214,9 +214,8 @@ def cmd_tasks_prepare(args: argparse.Namespace) -> int:
                 if task.environment is not None:
                     was = environments.lookup(task.environment, cfg)
                     try:
-                        path = await environments.ensure(task, cfg)
-                        done = environments.lookup(task.environment, cfg)
-                        assert path is not None and done is not None
+                        done = await environments.ensure(task, cfg)
+                        assert done is not None  # the task declares an environment
                         row[1:6] = [done.key[:12], "cached" if was else f"built ({done.installer})",
                                     f"{time.monotonic() - start:.1f}", str(len(done.installed)),
                                     "; ".join(done.skipped) or "-"]  # fmt: skip

@@ -258,9 +258,7 @@ def _last_line(text: str) -> str:
 
 def _name(requirement: str) -> str:
     try:
-        return canonicalize_name(
-            Requirement(requirement.split("==")[0] if "==" in requirement else requirement).name
-        )
+        return canonicalize_name(Requirement(requirement).name)
     except InvalidRequirement:
         return canonicalize_name(requirement.split("==")[0].strip())
 
