@@ -304,14 +304,17 @@ def cmd_trainer_satellite(args: argparse.Namespace) -> int:
 
     from gyre.train.satellite import Satellite
 
-    satellite = Satellite(args.core, args.name, args.threads or 0)
+    satellite = Satellite(args.core, args.name, args.threads or 0, args.backend, args.tensor_parallel)
     signal.signal(signal.SIGTERM, lambda *_: satellite.request_leave())
-    while True:
-        summary = satellite.run()
-        print(f"gyre trainer satellite {summary.member}: {summary.micro_steps} micro-steps, "
-              f"{summary.tokens} tokens, joined in {summary.join_s:.3f} s", file=sys.stderr)  # fmt: skip
-        if not args.stay:
-            return 0
+    try:
+        while True:
+            summary = satellite.run()
+            print(f"gyre trainer satellite {summary.member}: {summary.micro_steps} micro-steps, "
+                  f"{summary.tokens} tokens, joined in {summary.join_s:.3f} s", file=sys.stderr)  # fmt: skip
+            if not args.stay:
+                return 0
+    finally:
+        satellite.close()
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -606,6 +609,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--name", help="member name (default: host, pid and a random suffix)")
     s.add_argument("--threads", type=int, help="torch CPU threads")
     s.add_argument("--stay", action="store_true", help="rejoin after being told to leave (until killed)")
+    s.add_argument(
+        "--backend", choices=["torch", "megatron"], default="torch", help="what computes its gradients"
+    )
+    s.add_argument(
+        "--tensor-parallel", type=int, default=1, help="processes of a Megatron satellite (TP size)"
+    )
     s.set_defaults(fn=cmd_trainer_satellite)
 
     s = sub.add_parser(

@@ -142,7 +142,13 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     optimizer_from: str = ""
     bind: str = "tcp://127.0.0.1:5570"  # the core's ZeroMQ address; satellites and the driver connect here
     group_host: str = ""  # address satellites and engines reach the core's pair groups at; empty: bind's host
-    backend: Literal["gloo", "nccl"] = "gloo"  # torch.distributed backend of pair groups (nccl on GPUs)
+    # what computes gradients: Hugging Face models in torch, or Megatron-core models (tensor parallel); either way
+    # weights, gradients and the optimizer are in Hugging Face layout, so members of both kinds join one step
+    backend: Literal["torch", "megatron"] = "torch"
+    tensor_parallel: Positive = (
+        1  # ranks (processes) per Megatron member: the core's, and satellites this config starts
+    )
+    collective: Literal["gloo", "nccl"] = "gloo"  # torch.distributed backend of pair groups (nccl on GPUs)
     num_threads: NonNegative = 0  # torch threads per trainer process; 0: torch's default
     core_computes: bool = True  # the core claims micro-steps too (False: it only sums and applies)
     learning_rate: Annotated[float, msgspec.Meta(gt=0.0)] = 1e-5

@@ -564,3 +564,31 @@ class SwitchRecord(msgspec.Struct, frozen=True, kw_only=True):
     version: int = -1  # the engine's weights after train -> serve
     moved_calls: int = 0  # calls continued elsewhere by the drain
     error: str = ""
+
+
+# ---- a tensor-parallel member's group: rank 0 -> its other ranks (over each rank's stdin) ---------------------------
+
+
+class ShardLoad(msgspec.Struct, tag="shard_load", kw_only=True):
+    """Take the weights rank 0 broadcasts next (Hugging Face layout, flat) into your shard."""
+
+    reference: bool = False  # into the frozen reference model rather than the trained one
+
+
+class ShardCompute(msgspec.Struct, tag="shard_compute", kw_only=True):
+    """Forward and backward of one micro-step on your shard (gradients accumulate)."""
+
+    micro: MicroStep
+    loss: dict[str, Any]  # a LossConfig as builtins
+    version: int
+
+
+class ShardGather(msgspec.Struct, tag="shard_gather", kw_only=True):
+    """Send your shard's gradients to rank 0 (a gather over the group) and clear them."""
+
+
+class ShardStop(msgspec.Struct, tag="shard_stop", kw_only=True):
+    """Leave the group and exit."""
+
+
+ShardCommand = ShardLoad | ShardCompute | ShardGather | ShardStop

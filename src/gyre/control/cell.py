@@ -118,7 +118,9 @@ class Cell:
         elif spec.kind == "satellite":
             from gyre.train.satellite import Satellite
 
-            self.satellite = Satellite("", name=spec.name, num_threads=cells.num_threads)
+            trainer_cfg = self.cfg.trainer
+            self.satellite = Satellite("", name=spec.name, num_threads=cells.num_threads,
+                                       backend=trainer_cfg.backend, tensor_parallel=trainer_cfg.tensor_parallel)  # fmt: skip
 
     # ---- the control loop ---------------------------------------------------------------------------------------
     async def run(self) -> None:
@@ -280,7 +282,9 @@ class Cell:
         await run
 
     def close(self) -> None:
-        """Stop the engine (the core trainer thread ends with the process)."""
+        """Stop the engine and a satellite's learner (the core trainer thread ends with the process)."""
+        if self.satellite is not None:
+            self.satellite.close()
         if self.engine is not None:
             self.engine.stop()
 

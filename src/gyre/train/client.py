@@ -160,7 +160,13 @@ def launch_core(
 
 
 def launch_satellite(
-    core: str, name: str, num_threads: int = 0, log: Path | None = None
+    core: str,
+    name: str,
+    num_threads: int = 0,
+    log: Path | None = None,
+    backend: str = "torch",
+    tensor_parallel: int = 1,
 ) -> subprocess.Popen[bytes]:
-    """Start ``gyre trainer satellite`` joining the core at ``core``."""
-    return _spawn(["satellite", "--core", core, "--name", name, "--threads", str(num_threads)], log)
+    """Start ``gyre trainer satellite`` joining the core at ``core`` (computing with ``backend``)."""
+    return _spawn(["satellite", "--core", core, "--name", name, "--threads", str(num_threads), "--backend", backend,
+                   "--tensor-parallel", str(tensor_parallel)], log)  # fmt: skip

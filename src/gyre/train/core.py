@@ -76,7 +76,8 @@ from gyre.protocol import (
     Wake,
     Welcome,
 )
-from gyre.train.objective import compute_gradients, merge_stats, pace
+from gyre.train.learner import Learner, TorchLearner, make_learner
+from gyre.train.objective import merge_stats, pace
 from gyre.train.pairs import Pair
 from gyre.train.queue import StepQueue, check_micro_step
 from gyre.train.state import TrainState
@@ -109,6 +110,7 @@ class CoreTrainer:
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
         self.state = TrainState(cfg)
+        self.learner = self._learner()  # what the core's own compute worker computes with
         self.queue = StepQueue()
         self.queue.open(self.state.step)
         self.ctx: zmq.Context[zmq.Socket[bytes]] = (
@@ -152,6 +154,18 @@ class CoreTrainer:
         self.stopping = False
         self._worker: threading.Thread | None = None
 
+    def _learner(self) -> Learner:
+        state = self.state
+        if self.cfg.backend == "torch":
+            own = TorchLearner(state.model, state.flat)  # computes on the authoritative weights themselves
+            own.reference = state.reference
+            return own
+        learner = make_learner(self.cfg.backend, state.model.config.to_dict(), self.cfg.tensor_parallel,
+                               self.cfg.num_threads)  # fmt: skip
+        if state.reference_flat is not None:
+            learner.load_reference(state.reference_flat)
+        return learner
+
     # ---- the loop ---------------------------------------------------------------------------------------------
     def run(self) -> None:
         """Serve members and the driver until ``Shutdown``."""
@@ -191,6 +205,7 @@ class CoreTrainer:
             member.pair.close()
         if self._worker is not None:
             self._worker.join(timeout=30)  # it finishes the micro-step it computes
+        self.learner.close()
         self._engine_loop.call_soon_threadsafe(self._engine_loop.stop)
         with self._notify_lock:  # no thread makes or uses its socket after this
             self._closed = True
@@ -275,7 +290,7 @@ class CoreTrainer:
             if member is not None and member.state != "gone":  # the same name from a new process
                 self._gone(member, "it said Hello again without its pair group (restarted)")
             group_name = f"gyre-pair-{name}-{next(self._group_names)}"
-            pair = Pair(group_name, self.group_host, self.cfg.backend, self.cfg.transfer_timeout_s,
+            pair = Pair(group_name, self.group_host, self.cfg.collective, self.cfg.transfer_timeout_s,
                          functools.partial(self._notify, "pair_failed", name))  # fmt: skip
             member = self.members[name] = _Member(name, identity, pair)
             if self.state.reference_flat is not None:
@@ -289,7 +304,7 @@ class CoreTrainer:
             model_config=self.state.model.config.to_dict(), reference=self.state.reference is not None,
             loss=msgspec.to_builtins(self.cfg.loss), heartbeat_s=self.cfg.heartbeat_s,
             member_timeout_s=self.cfg.member_timeout_s, transfer_timeout_s=self.cfg.transfer_timeout_s,
-            backend=self.cfg.backend, numel=self.state.numel, modelled_tokens_per_s=self.cfg.modelled_tokens_per_s,
+            backend=self.cfg.collective, numel=self.state.numel, modelled_tokens_per_s=self.cfg.modelled_tokens_per_s,
         ))  # fmt: skip
 
     def _claim(self, identity: bytes, name: str, version: int) -> None:
@@ -446,7 +461,7 @@ class CoreTrainer:
     def _compute(self) -> None:
         if self.cfg.num_threads:
             torch.set_num_threads(self.cfg.num_threads)
-        model, loss = self.state.model, self.cfg.loss
+        learner, loss = self.learner, self.cfg.loss
         while not self.stopping:
             with self.queue.changed:
                 if not self.computing.is_set() or not self.queue.has_pending():
@@ -459,13 +474,18 @@ class CoreTrainer:
                 continue
             index, micro = claimed
             try:
-                stats = compute_gradients(model, micro, loss, version, self.state.reference)
+                if learner.version != version:  # weights are frozen during a step: load them once per step
+                    with self.weights_lock:
+                        if learner.weights() is not self.state.flat:
+                            learner.weights().copy_(self.state.flat)
+                        learner.loaded(version)
+                stats = learner.compute(micro, loss, version)
                 pace(stats, self.cfg.modelled_tokens_per_s)
+                gradient = learner.gradient()
             except Exception:  # submissions are checked; this is a bug or the machine (memory): say so loudly
                 log.exception(
                     "the core failed computing micro-step %d of step %d; it is claimed again", index, step
                 )
-                model.zero_grad(set_to_none=True)
                 with self.queue.changed:
                     self.queue.release(CORE)
                     self._busy = False
@@ -474,10 +494,9 @@ class CoreTrainer:
                 return
             with self.queue.changed:
                 if step == self.queue.step:
-                    self.queue.finish(index, CORE, stats, self.state.add_model_gradients)
+                    self.queue.finish(index, CORE, stats, functools.partial(self.state.add, gradient))
                 self._busy = False
                 self.queue.changed.notify_all()
-            model.zero_grad(set_to_none=True)
             self._notify("received", CORE, index)
 
     def set_computing(self, on: bool) -> None:
@@ -535,9 +554,9 @@ class CoreTrainer:
             port, name = free_port(), f"gyre-weights-{next(self._group_names)}"
             try:
                 _, group = await asyncio.gather(
-                    client.init_weights_update_group(self.group_host, port, 1, 2, name, self.cfg.backend),
+                    client.init_weights_update_group(self.group_host, port, 1, 2, name, self.cfg.collective),
                     asyncio.to_thread(weight_sync.create_group, self.group_host, port, 0, 2, name,
-                                      self.cfg.backend, self.cfg.transfer_timeout_s),
+                                      self.cfg.collective, self.cfg.transfer_timeout_s),
                 )  # fmt: skip
                 self.engines[url] = (client, group, name)
                 await self._push(url)

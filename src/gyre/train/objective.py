@@ -19,13 +19,18 @@ figures are sums over its micro-steps, whichever process computed them).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from gyre.config import LossConfig
 from gyre.protocol import MicroStats, MicroStep
-from gyre.train.loss import token_logprobs, token_logprobs_and_entropy
+from gyre.train.loss import token_logprobs_and_entropy
+
+# (model, micro-step, temperature) -> per-token log-probabilities and entropies: the model's forward as the losses see
+# it (`gyre.train.loss` for Hugging Face models, `gyre.train.megatron.model` for Megatron-core ones)
+Forward = Callable[[Any, MicroStep, float], tuple[torch.Tensor, torch.Tensor]]
 
 
 def policy_loss(logprobs: torch.Tensor, micro: MicroStep, cfg: LossConfig | None = None) -> torch.Tensor:
@@ -73,15 +78,17 @@ def compute_gradients(
     cfg: LossConfig,
     policy_version: int,
     reference: Any | None = None,
+    forward: Forward = token_logprobs_and_entropy,
 ) -> MicroStats:
     """Forward and backward of one micro-step into ``model``'s ``.grad`` (accumulating); returns its figures.
 
     ``policy_version`` is the version of ``model``'s weights (staleness = it minus each token's behaviour version);
-    ``reference`` is the frozen reference model for the KL term (required when ``cfg.kl_coef > 0``).
+    ``reference`` is the frozen reference model for the KL term (required when ``cfg.kl_coef > 0``); ``forward``
+    computes both models' log-probabilities.
     """
     started = time.perf_counter()
     temperature = 1.0 if micro.objective == "supervised" else cfg.temperature  # as the engine sampled them
-    logprobs, entropy = token_logprobs_and_entropy(model, micro, temperature)
+    logprobs, entropy = forward(model, micro, temperature)
     trained = torch.tensor([w > 0 for w in micro.weights], device=logprobs.device)
     n = int(trained.sum())
     stats: dict[str, Any] = {"tokens": n, "computed_tokens": len(micro.input_ids)}
@@ -108,7 +115,7 @@ def compute_gradients(
         if reference is None:
             raise ValueError("loss.kl_coef > 0 needs the reference model")
         with torch.no_grad():
-            ref = token_logprobs(reference, micro, temperature)  # at the policy's temperature too
+            ref = forward(reference, micro, temperature)[0]  # at the policy's temperature too
         delta = ref - logprobs
         k3 = torch.exp(delta) - delta - 1
         weights = torch.tensor(micro.weights, device=logprobs.device, dtype=logprobs.dtype)

@@ -41,8 +41,8 @@ from gyre.protocol import (
     Wake,
     Welcome,
 )
-from gyre.train.objective import compute_gradients, pace
-from gyre.train.state import flat_gradient, flatten_parameters, model_from_config
+from gyre.train.learner import Learner, make_learner
+from gyre.train.objective import pace
 
 log = logging.getLogger(__name__)
 _encoder = msgspec.msgpack.Encoder()
@@ -62,19 +62,25 @@ class SatelliteSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Satellite:
-    """One satellite member of the core at ``core`` (``tcp://HOST:PORT``)."""
+    """One satellite member of the core at ``core`` (``tcp://HOST:PORT``), computing with ``backend`` (torch, or
+    megatron over ``tensor_parallel`` processes: one member however many ranks it has)."""
 
-    def __init__(self, core: str, name: str | None = None, num_threads: int = 0) -> None:
+    def __init__(
+        self,
+        core: str,
+        name: str | None = None,
+        num_threads: int = 0,
+        backend: str = "torch",
+        tensor_parallel: int = 1,
+    ) -> None:
         self.core = core
         self.name = name or f"sat-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.num_threads = num_threads
         if num_threads:
             torch.set_num_threads(num_threads)
+        self.backend, self.tensor_parallel = backend, tensor_parallel
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self.model: Any | None = None
-        self.flat = torch.empty(
-            0
-        )  # the model's parameters, one buffer (see gyre.train.state.flatten_parameters)
-        self.reference: Any | None = None
+        self.learner: Learner | None = None  # built at the first Welcome, from the core's model config
         self.group: weight_sync.WeightGroup | None = None
         self.group_name = ""
         self.version = -1
@@ -83,6 +89,12 @@ class Satellite:
             threading.Event()
         )  # set once it holds its pair group in a ``run`` (cleared when it ends)
         self._sock: zmq.Socket[bytes] | None = None
+
+    def close(self) -> None:
+        """Stop the learner's other processes (a Megatron member's tensor-parallel ranks); the satellite is done."""
+        if self.learner is not None:
+            self.learner.close()
+            self.learner = None
 
     def request_leave(self) -> None:
         """Leave after the micro-step in hand (thread-safe; also what SIGTERM does in ``gyre trainer``)."""
@@ -118,9 +130,10 @@ class Satellite:
                     case Wake():
                         self._send(Claim(member=self.name, version=self.version))
                     case Refresh(version=version):
-                        assert self.group is not None and self.model is not None
+                        assert self.group is not None and self.learner is not None
                         received = time.perf_counter()
-                        self.group.broadcast(self.flat, src=0)
+                        self.group.broadcast(self.learner.weights(), src=0)
+                        self.learner.loaded(version)
                         weights_s = min(weights_s, time.perf_counter() - received)
                         self.version = version
                         log.info(
@@ -128,11 +141,10 @@ class Satellite:
                         )
                         self._send(Claim(member=self.name, version=self.version))
                     case Assign(step=step, version=version, index=index, micro=micro):
-                        assert self.group is not None and self.model is not None
-                        stats = compute_gradients(self.model, micro, loss, version, self.reference)
+                        assert self.group is not None and self.learner is not None
+                        stats = self.learner.compute(micro, loss, version)
                         pace(stats, welcome.modelled_tokens_per_s)
-                        flat = flat_gradient(self.model)
-                        self.model.zero_grad(set_to_none=True)
+                        flat = self.learner.gradient()
                         self._send(GradientReady(member=self.name, step=step, index=index, numel=flat.numel(),
                                                  stats=stats))  # fmt: skip
                         self.group.broadcast(flat, src=1)
@@ -160,7 +172,7 @@ class Satellite:
             sock.close()
             self._sock = None
         join_s = first_gradient - started if first_gradient else 0.0
-        weights_bytes = self.flat.numel() * self.flat.element_size()
+        weights_bytes = self.learner.numel * 4 if self.learner is not None else 0  # float32
         return SatelliteSummary(member=self.name, micro_steps=count, tokens=tokens, join_s=join_s,
                                 compute_s=compute_s, weights_s=0.0 if weights_s == float("inf") else weights_s,
                                 weights_bytes=weights_bytes)  # fmt: skip
@@ -174,12 +186,13 @@ class Satellite:
                 raise CoreUnreachable(f"the core refused {self.name}: {message.reason}")
 
     def _join_group(self, welcome: Welcome) -> None:
-        if self.model is None:
-            self.model = model_from_config(welcome.model_config)
-            self.flat = flatten_parameters(self.model)
-        if self.flat.numel() != welcome.numel:
+        if self.learner is None:
+            self.learner = make_learner(
+                self.backend, welcome.model_config, self.tensor_parallel, self.num_threads
+            )
+        if self.learner.numel != welcome.numel:
             raise CoreUnreachable(
-                f"{self.name} built a model of {self.flat.numel():,} parameters from the core's config, the core "
+                f"{self.name} built a model of {self.learner.numel:,} parameters from the core's config, the core "
                 f"trains {welcome.numel:,}: the architectures differ (transformers versions?)"
             )
         if welcome.group_name == self.group_name and self.group is not None:
@@ -189,9 +202,9 @@ class Satellite:
         self.group_name = welcome.group_name
         self.version = -1
         if welcome.reference:
-            self.reference = model_from_config(welcome.model_config).eval()
-            self.group.broadcast(flatten_parameters(self.reference), src=0)
-            self.reference.requires_grad_(False)
+            reference = torch.empty(welcome.numel, dtype=torch.float32)
+            self.group.broadcast(reference, src=0)
+            self.learner.load_reference(reference)
 
     def _send(self, message: Any) -> None:
         assert self._sock is not None
@@ -219,6 +232,12 @@ class Satellite:
             sock.close()
 
 
-def run_satellite(core: str, name: str | None = None, num_threads: int = 0) -> SatelliteSummary:
+def run_satellite(
+    core: str, name: str | None = None, num_threads: int = 0, backend: str = "torch", tensor_parallel: int = 1
+) -> SatelliteSummary:
     """A satellite process's entry: join the core at ``core`` and compute until told to leave."""
-    return Satellite(core, name, num_threads).run()
+    satellite = Satellite(core, name, num_threads, backend, tensor_parallel)
+    try:
+        return satellite.run()
+    finally:
+        satellite.close()

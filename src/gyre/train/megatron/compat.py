@@ -1,0 +1,104 @@
+"""Megatron-core on a machine without CUDA: the two adjustments it needs, and its process groups.
+
+megatron-core runs forward and backward on CPU over gloo with its local (non-Transformer-Engine) layer spec, except
+for two places that assume a GPU (measured with megatron-core 0.16):
+
+- its global memory buffer (the attention's pre-allocated score tensor) allocates on ``torch.cuda.current_device()``;
+  without CUDA it gets a buffer that allocates on the CPU;
+- its RNG tracker forks CUDA generator states around dropout; without CUDA it gets the *inference* tracker, whose
+  ``fork`` does nothing (Gyre trains without dropout, so nothing is lost).
+
+Both are applied by `init_parallel` only when CUDA is unavailable. Everything else about Megatron on CPU is left as it
+is: its DDP wrapper and distributed optimizer need CUDA, so Gyre sums gradients itself (in the core, in Hugging Face
+layout) and applies torch's AdamW there, as for the torch backend.
+
+One process holds one tensor-parallel layout: the default process group is this member's tensor-parallel group
+(Gyre's pair groups with the core never use the default group).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from gyre.errors import ConfigError
+
+_initialised: tuple[int, int] | None = None  # (rank, size) of this process's tensor-parallel group
+
+
+def import_megatron() -> Any:
+    """``megatron.core``, imported without its warnings about missing Transformer Engine and Apex (not used here)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*")
+            warnings.filterwarnings("ignore", category=DeprecationWarning)
+            warnings.filterwarnings("ignore", category=FutureWarning)
+            import megatron.core
+            import megatron.core.models.gpt
+            import megatron.core.optimizer  # its import warns; keep it quiet here, once
+    except ImportError as exc:
+        raise ConfigError(
+            f"trainer.backend = 'megatron' needs megatron-core ({exc}); pip install 'gyre[megatron]'"
+        ) from exc
+    return megatron.core
+
+
+def init_parallel(rank: int, size: int, address: str, backend: str = "gloo", timeout_s: float = 60.0) -> None:
+    """Make this process rank ``rank`` of a ``size``-way tensor-parallel group rendezvousing at ``address``
+    (``tcp://HOST:PORT``, hosted by rank 0); idempotent for the same layout."""
+    global _initialised
+    if _initialised is not None:
+        if _initialised != (rank, size):
+            raise ConfigError(
+                f"this process is tensor-parallel rank {_initialised[0]} of {_initialised[1]} already; "
+                f"one process holds one layout (asked for rank {rank} of {size})"
+            )
+        return
+    import_megatron()
+    from datetime import timedelta
+
+    from megatron.core import parallel_state
+
+    if (
+        not torch.cuda.is_available()
+    ):  # only read by CUDA streams; set, it silences a warning on every TP layer
+        os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
+    if not dist.is_initialized():
+        os.environ.setdefault("LOCAL_RANK", str(rank))
+        dist.init_process_group(
+            backend, init_method=address, rank=rank, world_size=size, timeout=timedelta(seconds=timeout_s)
+        )
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=size)
+    if not torch.cuda.is_available():
+        _adjust_for_cpu()
+    _initialised = (rank, size)
+
+
+def _adjust_for_cpu() -> None:
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import random
+    from megatron.core.utils import GlobalMemoryBuffer
+
+    class CpuMemoryBuffer(GlobalMemoryBuffer):
+        """Megatron's buffer allocates on CUDA; here, on the CPU."""
+
+        def get_tensor(self, tensor_shape: Any, dtype: Any, name: Any, mem_alloc_context: Any = None) -> Any:
+            numel = 1
+            for n in tensor_shape:
+                numel *= int(n)
+            held = self.buffer.get((name, dtype))
+            if held is None or held.numel() < numel:
+                held = self.buffer[(name, dtype)] = torch.empty(numel, dtype=dtype)
+            return held[:numel].view(*tensor_shape)
+
+    parallel_state._GLOBAL_MEMORY_BUFFER = CpuMemoryBuffer()
+    random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+
+
+def parallel_layout() -> tuple[int, int]:
+    """(rank, size) of this process's tensor-parallel group; (0, 1) before `init_parallel`."""
+    return _initialised or (0, 1)

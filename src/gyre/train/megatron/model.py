@@ -1,0 +1,176 @@
+"""A Megatron-core GPTModel of a Hugging Face checkpoint, and the log-probabilities of a packed micro-step under it.
+
+The model is built from the local (pure megatron-core) layer spec, so it runs wherever torch does; on GPUs the same
+model takes Transformer Engine's spec. Its forward is Gyre's own walk through the model's parts (embedding, decoder,
+output layer) rather than ``GPTModel.forward``, for two things a tree micro-step needs that the stock forward lacks:
+
+- rotary positions from the micro-step's ``position_ids`` (depths in a tree), where ``GPTModel`` rotates by index;
+- ancestor-only attention: a tree's tokens attend to their ancestors and themselves through an explicit boolean mask
+  (``True``: not visible) over the whole tree. That costs the square of the tree's length, where the torch backend's
+  segment attention costs only the pairs it needs. Chains get an explicit causal mask (the stock one is made on
+  CUDA).
+
+Log-probabilities come from vocabulary-parallel logits (each tensor-parallel rank holds a slice of the vocabulary)
+through Megatron's vocab-parallel cross-entropy; the entropy is reduced over the group without gradient. Every rank
+ends with the same per-token values, so the loss and its ``backward`` run identically on each rank.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn.functional as F
+
+from gyre.train.loss import sequence_bounds
+from gyre.train.megatron.compat import import_megatron
+from gyre.train.megatron.convert import Architecture
+
+if TYPE_CHECKING:
+    from gyre.protocol import MicroStep
+
+
+def build_model(arch: Architecture, size: int = 1) -> Any:
+    """A float32 GPTModel of ``arch`` for a ``size``-way tensor-parallel group (this process's parallel state)."""
+    import_megatron()
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    cuda = torch.cuda.is_available()
+    config = TransformerConfig(
+        num_layers=arch.layers,
+        hidden_size=arch.hidden,
+        num_attention_heads=arch.heads,
+        num_query_groups=arch.groups,
+        kv_channels=arch.head_dim,
+        ffn_hidden_size=arch.ffn,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        qk_layernorm=arch.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=size,
+        params_dtype=torch.float32,
+        use_cpu_initialization=not cuda,
+        perform_initialization=False,  # the checkpoint's weights are loaded next
+        gradient_accumulation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        cuda_graph_scope=[],  # the default ("full") warns as deprecated
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Apex is not installed")  # torch's RMSNorm is what we want
+        spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=spec,
+        vocab_size=arch.vocab,
+        max_sequence_length=arch.max_positions,
+        position_embedding_type="rope",
+        rotary_base=int(arch.rope_theta) if float(arch.rope_theta).is_integer() else arch.rope_theta,
+        share_embeddings_and_output_weights=arch.tied,
+        parallel_output=True,
+    )
+    model.gyre_arch = arch  # what the forward needs beyond Megatron's config (the padding row)
+    return model.train()
+
+
+def token_logprobs_and_entropy(
+    model: Any, micro: MicroStep, temperature: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token of ``micro``: log p(token | its ancestors) at ``temperature`` (0 where a sequence starts) and the
+    entropy of the distribution it was drawn from (no gradient); the same contract as the torch backend's."""
+    pieces, entropies = [], []
+    for start, end in sequence_bounds(micro.parents):
+        parents = [p - start if p >= 0 else -1 for p in micro.parents[start:end]]
+        lp, ent = _sequence(
+            model,
+            model.gyre_arch,
+            micro.input_ids[start:end],
+            micro.position_ids[start:end],
+            parents,
+            temperature,
+        )
+        pieces.append(lp)
+        entropies.append(ent)
+    if not pieces:
+        empty = torch.zeros(0)
+        return empty, empty
+    return torch.cat(pieces), torch.cat(entropies)
+
+
+def ancestor_mask(parents: list[int]) -> torch.Tensor:
+    """``[1, 1, n, n]``, True where token i may NOT see token j (j is not i or an ancestor).
+
+    Chains get theirs too: Megatron's own causal mask (when given none) is made on CUDA."""
+    n = len(parents)
+    if all(p == i - 1 for i, p in enumerate(parents)):
+        return torch.ones(n, n, dtype=torch.bool).triu(1)[None, None]
+    visible = torch.zeros(n, n, dtype=torch.bool)
+    for i, p in enumerate(parents):  # parents precede children, so a parent's row is complete
+        if p >= 0:
+            visible[i] = visible[p]
+        visible[i, i] = True
+    return (~visible)[None, None]
+
+
+def _rotary(model: Any, positions: torch.Tensor) -> torch.Tensor:
+    """Megatron's rotary embedding (``[n, 1, 1, dim]``, halves not interleaved) at arbitrary positions."""
+    inv_freq = model.rotary_pos_emb.inv_freq.to(positions.device)
+    freqs = positions.to(inv_freq.dtype)[:, None] * inv_freq[None, :]
+    return torch.cat([freqs, freqs], dim=-1)[:, None, None, :]
+
+
+def _sequence(
+    model: Any,
+    arch: Architecture,
+    input_ids: list[int],
+    position_ids: list[int],
+    parents: list[int],
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    device = model.embedding.word_embeddings.weight.device
+    ids = torch.tensor([input_ids], device=device)
+    positions = torch.tensor(position_ids, device=device)
+    mask = ancestor_mask(parents)
+    hidden = model.embedding(input_ids=ids, position_ids=positions[None])  # [n, 1, hidden]
+    if (
+        arch.pad is not None
+    ):  # transformers' embeddings never train the padding row (padding_idx); neither do we
+        hidden = torch.where((ids[0] == arch.pad)[:, None, None], hidden.detach(), hidden)
+    hidden = model.decoder(
+        hidden_states=hidden,
+        attention_mask=mask.to(device),
+        rotary_pos_emb=_rotary(model, positions),
+    )
+    weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
+    logits, _ = model.output_layer(hidden, weight=weight)  # [n, 1, vocab / tp]
+    index = torch.tensor(parents, device=device)
+    has_parent = index >= 0
+    source = logits[index.clamp(min=0)].float() / temperature  # the logits each token was drawn from
+    picked = -vocab_parallel_cross_entropy(source.clone(), ids[0, :, None])[:, 0]
+    with torch.no_grad():
+        group = parallel_state.get_tensor_model_parallel_group()
+        size = parallel_state.get_tensor_model_parallel_world_size()
+        top = source.max(-1, keepdim=True).values
+        if size > 1:
+            torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX, group=group)
+        shifted = source - top
+        exp = shifted.exp()
+        sums = torch.stack([exp.sum(-1), (exp * shifted).sum(-1)])
+        if size > 1:
+            torch.distributed.all_reduce(sums, group=group)
+        entropy = (sums[0].log() - sums[1] / sums[0])[:, 0]  # H = log Z - E[x - max]
+    zero = torch.zeros_like(picked)
+    return torch.where(has_parent, picked, zero), torch.where(has_parent, entropy, zero.detach())

@@ -1,0 +1,172 @@
+"""The Megatron-core backend against the torch backend: the same losses and gradients on the same weights, at
+tensor-parallel sizes 1 and 2 (two gloo processes), for chains and trees; and an elastic step with a Megatron core
+and late satellites of both backends that equals one process computing the batch."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+import torch
+
+from gyre.config import LossConfig
+from gyre.protocol import MicroStep
+from gyre.train.learner import TorchLearner
+from gyre.train.state import load_model
+from reference import random_micro_steps
+
+pytest.importorskip("megatron.core")
+pytestmark = pytest.mark.slow
+
+# runs in its own process: Megatron's parallel state is per process (rank 0 here; rank 1 its child)
+MEGATRON_SIDE = """
+import json, sys, msgspec, torch
+from gyre.config import LossConfig
+from gyre.protocol import MicroStep
+from gyre.train.megatron.learner import MegatronLearner
+from gyre.train.state import flatten_parameters, load_model
+model, size, steps, loss, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+micro = msgspec.msgpack.decode(open(steps, "rb").read(), type=list[MicroStep])
+loss = msgspec.json.decode(loss, type=LossConfig)
+flat = flatten_parameters(load_model(model))
+learner = MegatronLearner(json.load(open(model + "/config.json")), size)
+if loss.kl_coef > 0:
+    learner.load_reference(flat + 0.01 * torch.sin(torch.arange(flat.numel(), dtype=torch.float32)))
+learner.weights().copy_(flat)
+learner.loaded(0)
+losses = [learner.compute(m, loss, 0).loss for m in micro]
+torch.save({"losses": torch.tensor(losses, dtype=torch.float64), "gradient": learner.gradient()}, out)
+learner.close()
+"""
+
+
+def megatron_side(model: Path, size: int, micro: list[MicroStep], loss: LossConfig, tmp: Path) -> dict[str, Any]:
+    steps, out = tmp / "steps.msgpack", tmp / f"out-{size}.pt"
+    steps.write_bytes(msgspec.msgpack.encode(micro))
+    args = [str(model), str(size), str(steps), msgspec.json.encode(loss).decode(), str(out)]
+    done = subprocess.run([sys.executable, "-c", MEGATRON_SIDE, *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result: dict[str, Any] = torch.load(out)
+    return result
+
+
+def torch_side(model: Path, micro: list[MicroStep], loss: LossConfig) -> tuple[list[float], torch.Tensor]:
+    learner = TorchLearner(load_model(model))
+    if loss.kl_coef > 0:
+        learner.load_reference(learner.weights() + 0.01 * torch.sin(torch.arange(learner.numel, dtype=torch.float32)))
+    losses = [learner.compute(m, loss, 0).loss for m in micro]
+    return losses, learner.gradient()
+
+
+def tree_micro_steps(seed: int, count: int, vocab: int = 260) -> list[MicroStep]:
+    """Trees of random shape: each sequence a trunk with branches off random earlier tokens, packed side by side."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        ids: list[int] = []
+        parents: list[int] = []
+        depth: list[int] = []
+        for _ in range(2):  # two trees in one row
+            start = len(ids)
+            for branch in range(3):
+                n = rng.randrange(8, 30)
+                at = -1 if branch == 0 else rng.randrange(start, len(ids))
+                for i in range(n):
+                    parent = at if i == 0 else len(ids) - 1
+                    parents.append(parent)
+                    depth.append(0 if parent < 0 else depth[parent] + 1)
+                    ids.append(rng.randrange(vocab))
+        n = len(ids)
+        out.append(MicroStep(input_ids=ids, position_ids=depth, parents=parents,
+                             weights=[0.0 if p < 0 else 1.0 / (n * count) for p in parents],
+                             advantages=[rng.uniform(-1, 1) for _ in range(n)],
+                             behaviour_logprobs=[rng.uniform(-6.0, -4.0) for _ in range(n)],
+                             versions=[0] * n, sequences=2))  # fmt: skip
+    return out
+
+
+def qwen2_model(directory: Path) -> Path:
+    """A tiny Qwen2 checkpoint: query/key/value biases, untied output layer (what the Qwen3 preset lacks)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(3)
+    config = Qwen2Config(vocab_size=272, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)  # fmt: skip
+    Qwen2ForCausalLM(config).save_pretrained(directory)
+    return directory
+
+
+CASES = {
+    "chains-policy": (lambda: random_micro_steps(5, 3), LossConfig()),
+    "trees-policy-kl": (lambda: tree_micro_steps(6, 2), LossConfig(kl_coef=0.1, temperature=0.8)),
+    "trees-supervised": (
+        lambda: [msgspec.structs.replace(m, objective="supervised") for m in tree_micro_steps(7, 2)],
+        LossConfig(),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_megatron_at_tp1_and_tp2_gives_the_torch_backends_loss_and_gradients(
+    tiny_model: Path, tmp_path: Path, case: str
+) -> None:
+    make, loss = CASES[case]
+    micro = make()
+    want_losses, want = torch_side(tiny_model, micro, loss)
+    assert want.norm() > 0.1
+    for size in (1, 2):
+        got = megatron_side(tiny_model, size, micro, loss, tmp_path)
+        assert max(abs(a - b) for a, b in zip(got["losses"].tolist(), want_losses, strict=True)) <= 1e-4
+        worst = float((got["gradient"] - want).abs().max())
+        assert worst <= 1e-4, f"TP={size}: gradients differ by {worst:g}"
+
+
+def test_a_qwen2_checkpoint_with_biases_and_an_untied_head_matches_too(tmp_path: Path) -> None:
+    model = qwen2_model(tmp_path / "qwen2")
+    micro = tree_micro_steps(8, 2)
+    want_losses, want = torch_side(model, micro, LossConfig())
+    got = megatron_side(model, 2, micro, LossConfig(), tmp_path)
+    assert max(abs(a - b) for a, b in zip(got["losses"].tolist(), want_losses, strict=True)) <= 1e-4
+    assert float((got["gradient"] - want).abs().max()) <= 1e-4
+
+
+def test_an_elastic_step_with_a_megatron_core_and_late_satellites_of_both_backends_equals_one_process(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    from test_elastic import Cluster, reference, wait_for
+
+    items = random_micro_steps(9, 24) + tree_micro_steps(10, 6)
+    items = [msgspec.structs.replace(m, weights=[w * 24 / 30 for w in m.weights]) for m in items]
+    c = Cluster(tiny_model, tmp_path, core_computes=True, extra=('trainer.backend="megatron"',))
+    try:
+        c.client.submit(0, items[:10])  # the Megatron core is computing before anyone joins
+        wait_for("the core's first micro-step", lambda: c.stats().done >= 1, 120)
+        from gyre.train.client import launch_satellite
+
+        c.satellites["torch-sat"] = launch_satellite(c.address, "torch-sat", 1, log=tmp_path / "t.log")
+        c.satellites["tp2-sat"] = launch_satellite(c.address, "tp2-sat", 1, log=tmp_path / "m.log",
+                                                   backend="megatron", tensor_parallel=2)  # fmt: skip
+        c.client.submit(0, items[10:])
+        wait_for("both satellites", lambda: len(c.stats().members) == 2, 120)
+        c.client.submit(0, [], seal=True)
+        metrics = c.client.wait_step(0, timeout_s=600)
+        assert sum(metrics.by_member.values()) == len(items)
+        got = c.weights_after(tmp_path / "ckpt")
+    finally:
+        c.close()
+    want = reference(tiny_model, items)
+    weights, moments = got
+    for i, (name, p) in enumerate(want.named):
+        m = want.optimizer.state[p]["exp_avg"]
+        assert float((moments[f"{i}.exp_avg"] - m).abs().max()) <= 1e-6, name  # the summed gradients
+        # AdamW's first step moves each weight by lr * g / (|g| + eps): equal wherever the gradient is not ~0
+        firm = m.abs() > 1e-5
+        assert float((weights[name] - p.detach())[firm].abs().max(initial=0.0)) <= 1e-6, name
+    print(json.dumps(metrics.by_member), time.monotonic())
