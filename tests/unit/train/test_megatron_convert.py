@@ -76,7 +76,11 @@ def test_what_the_mapping_does_not_cover_is_refused_with_the_reason() -> None:
     with pytest.raises(ConfigError, match="'gpt2'"):
         convert.Architecture.from_hf({**BASE, "model_type": "gpt2"})
     with pytest.raises(ConfigError, match="rope scaling 'llama3'"):
-        convert.Architecture.from_hf({**CONFIGS["llama"], "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})
+        convert.Architecture.from_hf(
+            {**CONFIGS["llama"], "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}
+        )
     arch = convert.Architecture.from_hf(CONFIGS["llama"])
-    with pytest.raises(ConfigError, match=r"tensor_parallel = 8 does not divide the model's key/value heads \(4\)"):
+    with pytest.raises(
+        ConfigError, match=r"tensor_parallel = 8 does not divide the model's key/value heads \(4\)"
+    ):
         arch.check_split(8)
