@@ -60,7 +60,9 @@ class TorchLearner:
 
     def load_reference(self, flat: torch.Tensor) -> None:
         reference = model_from_config(self.model.config.to_dict()).eval()
-        flatten_parameters(reference).copy_(flat)  # (flattening takes the trained parameters only: before freezing)
+        flatten_parameters(reference).copy_(
+            flat
+        )  # (flattening takes the trained parameters only: before freezing)
         self.reference = reference.requires_grad_(False)
 
     def compute(self, micro: MicroStep, loss: LossConfig, version: int) -> MicroStats:

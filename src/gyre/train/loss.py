@@ -90,6 +90,43 @@ def chain_segments(parents: list[int]) -> list[tuple[int, int, list[int]]]:
     return [(a, b, visible[s]) for s, (a, b) in enumerate(bounds)]
 
 
+def tree_segments(
+    parents: list[int], device: Any = None
+) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
+    """What `segment_attention` takes: per chain segment, ``(start, end, key/value indices, mask over them)``."""
+    segments = []
+    for a, b, keys in chain_segments(parents):
+        n = b - a
+        mask = torch.ones(n, len(keys), dtype=torch.bool, device=device)
+        mask[:, len(keys) - n :] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+        segments.append((a, b, torch.tensor(keys, device=device), mask))
+    return segments
+
+
+def segment_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    segments: list[tuple[int, int, torch.Tensor, torch.Tensor]],
+    scale: float | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Ancestor-only attention over a tree's chain segments (``[batch, heads, tokens, dim]`` in and out; key and
+    value heads already repeated to the query's): each segment's queries see its ancestors and itself."""
+    outs = [
+        F.scaled_dot_product_attention(
+            query[:, :, a:b],
+            key[:, :, keys],
+            value[:, :, keys],
+            attn_mask=mask,
+            dropout_p=dropout,
+            scale=scale,
+        )
+        for a, b, keys, mask in segments
+    ]
+    return torch.cat(outs, dim=2)
+
+
 def _sequence_logprobs(
     model: Any, input_ids: list[int], position_ids: list[int], parents: list[int], temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,13 +136,7 @@ def _sequence_logprobs(
     if all(p == i - 1 for i, p in enumerate(parents)):  # a chain: plain causal attention
         logits = model(input_ids=ids, position_ids=positions).logits[0]
     else:
-        segments = []
-        for a, b, keys in chain_segments(parents):
-            n = b - a
-            mask = torch.ones(n, len(keys), dtype=torch.bool, device=device)
-            mask[:, len(keys) - n :] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-            segments.append((a, b, torch.tensor(keys, device=device), mask))
-        token = _segments.set(segments)
+        token = _segments.set(tree_segments(parents, device))
         previous = model.config._attn_implementation
         model.set_attn_implementation(TREE_ATTENTION)
         try:
@@ -139,13 +170,8 @@ def _tree_attention(
     if groups > 1:  # grouped-query attention: share each key/value head
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     p = dropout if module.training else 0.0
-    outs = [
-        F.scaled_dot_product_attention(
-            query[:, :, a:b], key[:, :, keys], value[:, :, keys], attn_mask=mask, dropout_p=p, scale=scaling
-        )
-        for a, b, keys, mask in _segments.get()
-    ]
-    return torch.cat(outs, dim=2).transpose(1, 2).contiguous(), None
+    out = segment_attention(query, key, value, _segments.get(), scaling, p)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def _register() -> None:

@@ -151,8 +151,8 @@ def test_an_elastic_step_with_a_megatron_core_and_late_satellites_of_both_backen
 
     items = random_micro_steps(9, 48) + tree_micro_steps(10, 12)
     items = [msgspec.structs.replace(m, weights=[w * 48 / 60 for w in m.weights]) for m in items]
-    # every member computes at most 150 tokens/s (a modelled accelerator): the step lasts while the satellites join
-    extra = ('trainer.backend="megatron"', "trainer.modelled_tokens_per_s=150")
+    # every member computes at most 100 tokens/s (a modelled accelerator): the step lasts while the satellites join
+    extra = ('trainer.backend="megatron"', "trainer.modelled_tokens_per_s=100")
     c = Cluster(tiny_model, tmp_path, core_computes=True, extra=extra)
     try:
         c.client.submit(0, items[:6])  # the Megatron core is computing step 0 before anyone joins

@@ -3,8 +3,8 @@
 megatron-core runs forward and backward on CPU over gloo with its local (non-Transformer-Engine) layer spec, except
 for two places that assume a GPU (measured with megatron-core 0.16):
 
-- its global memory buffer (the attention's pre-allocated score tensor) allocates on ``torch.cuda.current_device()``;
-  without CUDA it gets a buffer that allocates on the CPU;
+- its global memory buffer (scratch tensors: its own attention's scores, sequence-parallel gathers) allocates on
+  ``torch.cuda.current_device()``; without CUDA it gets a buffer that allocates on the CPU;
 - its RNG tracker forks CUDA generator states around dropout; without CUDA it gets the *inference* tracker, whose
   ``fork`` does nothing (Gyre trains without dropout, so nothing is lost).
 

@@ -63,6 +63,11 @@ class Shard:
         shard = convert.to_megatron(
             convert.unflatten(self.staging, self.layout), self.arch, self.rank, self.size
         )
+        if shard.keys() != params.keys():  # the mapping and this megatron-core disagree: say where
+            raise ConfigError(
+                f"the Hugging Face -> Megatron mapping does not fit megatron-core's model: mapped but absent "
+                f"{sorted(shard.keys() - params.keys())}, present but unmapped {sorted(params.keys() - shard.keys())}"
+            )
         with torch.no_grad():
             for name, value in shard.items():
                 params[name].copy_(value)

@@ -1,14 +1,18 @@
 """A Megatron-core GPTModel of a Hugging Face checkpoint, and the log-probabilities of a packed micro-step under it.
 
-The model is built from the local (pure megatron-core) layer spec, so it runs wherever torch does; on GPUs the same
-model takes Transformer Engine's spec. Its forward is Gyre's own walk through the model's parts (embedding, decoder,
-output layer) rather than ``GPTModel.forward``, for two things a tree micro-step needs that the stock forward lacks:
+The model is built from the local (pure megatron-core) layer spec, so it runs wherever torch does, with one module
+of Gyre's in it: the core attention (`SegmentAttention`, the softmax(QK^T)V step between Megatron's own query/key/
+value and output projections). It is what makes tree micro-steps cost what the torch backend's do:
 
-- rotary positions from the micro-step's ``position_ids`` (depths in a tree), where ``GPTModel`` rotates by index;
-- ancestor-only attention: a tree's tokens attend to their ancestors and themselves through an explicit boolean mask
-  (``True``: not visible) over the whole tree. That costs the square of the tree's length, where the torch backend's
-  segment attention costs only the pairs it needs. Chains get an explicit causal mask (the stock one is made on
-  CUDA).
+- a chain takes causal scaled-dot-product attention (a fused kernel wherever torch has one);
+- a tree takes the torch backend's segment attention: cut into chain segments, each segment's queries attend to its
+  ancestors' keys and values (gathered by index) plus a causal block over its own, so a tree costs the attention pairs
+  it needs, never an ``n x n`` mask or score matrix.
+
+The forward is Gyre's own walk through the model's parts (embedding, decoder, output layer) rather than
+``GPTModel.forward``, because a tree's rotary positions are depths (``position_ids``) where ``GPTModel`` rotates by
+index, and because the segments of the sequence being computed reach the attention modules through a context variable
+set around the decoder.
 
 Log-probabilities come from vocabulary-parallel logits (each tensor-parallel rank holds a slice of the vocabulary)
 through Megatron's vocab-parallel cross-entropy; the entropy is reduced over the group without gradient. Every rank
@@ -17,18 +21,52 @@ ends with the same per-token values, so the loss and its ``backward`` run identi
 
 from __future__ import annotations
 
+import contextvars
 import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 
-from gyre.train.loss import sequence_bounds
+from gyre.train.loss import segment_attention, sequence_bounds, tree_segments
 from gyre.train.megatron.compat import import_megatron
 from gyre.train.megatron.convert import Architecture
 
 if TYPE_CHECKING:
     from gyre.protocol import MicroStep
+
+
+# the chain segments of the tree the decoder is computing (None: a chain, causal attention)
+_segments: contextvars.ContextVar[list[tuple[int, int, torch.Tensor, torch.Tensor]] | None] = (
+    contextvars.ContextVar("gyre_megatron_segments", default=None)
+)
+
+
+class SegmentAttention(torch.nn.Module):
+    """Megatron's core-attention slot (built with the arguments its ``DotProductAttention`` takes): ancestor-only
+    attention over this rank's heads; queries ``[tokens, batch, heads, dim]``, output ``[tokens, batch, heads * dim]``."""
+
+    def __init__(
+        self, config: Any, layer_number: int, attn_mask_type: Any, attention_type: str, **kwargs: Any
+    ) -> None:
+        super().__init__()
+        scale = kwargs.get("softmax_scale")
+        self.scale = float(scale) if scale is not None else config.kv_channels**-0.5
+
+    def forward(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: Any, **kwargs: Any
+    ) -> torch.Tensor:
+        tokens, batch, heads, dim = query.shape
+        groups = heads // key.shape[2]
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [batch, heads, tokens, dim]
+        if groups > 1:  # grouped-query attention: each key/value head serves its group's query heads
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        segments = _segments.get()
+        if segments is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        else:
+            out = segment_attention(q, k, v, segments, self.scale)
+        return out.permute(2, 0, 1, 3).reshape(tokens, batch, heads * dim)
 
 
 def build_model(arch: Architecture, size: int = 1) -> Any:
@@ -69,6 +107,7 @@ def build_model(arch: Architecture, size: int = 1) -> Any:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Apex is not installed")  # torch's RMSNorm is what we want
         spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    spec.submodules.self_attention.submodules.core_attention = SegmentAttention
     model = GPTModel(
         config=config,
         transformer_layer_spec=spec,
@@ -107,21 +146,6 @@ def token_logprobs_and_entropy(
     return torch.cat(pieces), torch.cat(entropies)
 
 
-def ancestor_mask(parents: list[int]) -> torch.Tensor:
-    """``[1, 1, n, n]``, True where token i may NOT see token j (j is not i or an ancestor).
-
-    Chains get theirs too: Megatron's own causal mask (when given none) is made on CUDA."""
-    n = len(parents)
-    if all(p == i - 1 for i, p in enumerate(parents)):
-        return torch.ones(n, n, dtype=torch.bool).triu(1)[None, None]
-    visible = torch.zeros(n, n, dtype=torch.bool)
-    for i, p in enumerate(parents):  # parents precede children, so a parent's row is complete
-        if p >= 0:
-            visible[i] = visible[p]
-        visible[i, i] = True
-    return (~visible)[None, None]
-
-
 def _rotary(model: Any, positions: torch.Tensor) -> torch.Tensor:
     """Megatron's rotary embedding (``[n, 1, 1, dim]``, halves not interleaved) at arbitrary positions."""
     inv_freq = model.rotary_pos_emb.inv_freq.to(positions.device)
@@ -143,17 +167,16 @@ def _sequence(
     device = model.embedding.word_embeddings.weight.device
     ids = torch.tensor([input_ids], device=device)
     positions = torch.tensor(position_ids, device=device)
-    mask = ancestor_mask(parents)
+    chain = all(p == i - 1 for i, p in enumerate(parents))
     hidden = model.embedding(input_ids=ids, position_ids=positions[None])  # [n, 1, hidden]
-    if (
-        arch.pad is not None
-    ):  # transformers' embeddings never train the padding row (padding_idx); neither do we
+    if arch.pad is not None:  # transformers never trains the padding row's lookup (padding_idx)
         hidden = torch.where((ids[0] == arch.pad)[:, None, None], hidden.detach(), hidden)
-    hidden = model.decoder(
-        hidden_states=hidden,
-        attention_mask=mask.to(device),
-        rotary_pos_emb=_rotary(model, positions),
-    )
+    token = _segments.set(None if chain else tree_segments(parents, device))
+    try:
+        rotary = _rotary(model, positions)
+        hidden = model.decoder(hidden_states=hidden, attention_mask=None, rotary_pos_emb=rotary)
+    finally:
+        _segments.reset(token)
     weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
     logits, _ = model.output_layer(hidden, weight=weight)  # [n, 1, vocab / tp]
     index = torch.tensor(parents, device=device)
