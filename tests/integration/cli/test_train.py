@@ -150,3 +150,21 @@ def test_a_command_scaffold_trains_and_a_held_out_suite_is_evaluated_with_interv
     summary = msgspec.json.decode((run_dir / "train.json").read_bytes(), type=TrainSummary)
     assert summary.eval_first == evals[0].mean and summary.eval_last == evals[-1].mean
     assert "Held-out eval (95% interval)" in (run_dir / "report.html").read_text()
+
+
+def test_gyre_train_with_megatron_cells_of_two_tensor_parallel_ranks(tiny_model: Path, tmp_path: Path) -> None:
+    """Each cell's trainer is a two-process Megatron member; the elastic steps apply and engines get the weights."""
+    pytest.importorskip("megatron.core")
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG.replace("[trainer]\n", '[trainer]\nbackend = "megatron"\ntensor_parallel = 2\n'))
+    run_dir = tmp_path / "run"
+    assert main(["train", str(config), "--model", str(tiny_model), "--run-dir", str(run_dir)]) == 0
+    steps = list(read_journal(run_dir / "metrics.jsonl", StepRecord))
+    assert [s.step for s in steps] == [0, 1]
+    assert all(s.trainer.micro_steps > 0 and s.trainer.version == s.step + 1 for s in steps)
+    members = {m for s in steps for m in s.trainer.by_member}
+    assert members, "no member computed"
+    switches = list(read_journal(run_dir / "switches.jsonl", SwitchRecord))
+    assert not any(s.error for s in switches)
+    back = [s for s in switches if s.direction == "train_to_serve"]
+    assert all(s.version >= 1 for s in back)  # a cell that trained serves the new weights

@@ -31,15 +31,22 @@ _initialised: tuple[int, int] | None = None  # (rank, size) of this process's te
 
 
 def import_megatron() -> Any:
-    """``megatron.core``, imported without its warnings about missing Transformer Engine and Apex (not used here)."""
+    """``megatron.core``, imported with its warnings about itself silenced for this process: deprecations inside
+    megatron-core (0.16 warns of its own APIs on every forward) and missing Transformer Engine and Apex (not used)."""
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module=r"megatron\.")
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"megatron\.")
+    warnings.filterwarnings(
+        "ignore",
+        category=UserWarning,
+        module=r"megatron\.",
+        message=".*(Transformer ?Engine|Apex|full scope)",
+    )
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*")
-            warnings.filterwarnings("ignore", category=DeprecationWarning)
-            warnings.filterwarnings("ignore", category=FutureWarning)
+        with warnings.catch_warnings():  # what it imports warns too (torch.jit's deprecations)
+            warnings.simplefilter("ignore", DeprecationWarning)
             import megatron.core
             import megatron.core.models.gpt
-            import megatron.core.optimizer  # its import warns; keep it quiet here, once
+            import megatron.core.models.gpt.gpt_layer_specs
     except ImportError as exc:
         raise ConfigError(
             f"trainer.backend = 'megatron' needs megatron-core ({exc}); pip install 'gyre[megatron]'"

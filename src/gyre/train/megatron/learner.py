@@ -154,10 +154,14 @@ class MegatronLearner:
         with contextlib.suppress(BrokenPipeError, OSError):  # a rank that died already
             self._tell(ShardStop())
         for follower in self.followers:
+            if follower.stdin is not None:
+                with contextlib.suppress(OSError):
+                    follower.stdin.close()  # a rank that missed the stop reads end-of-file and exits
             try:
                 follower.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 follower.kill()
+                follower.wait()
         self.followers = []
 
 

@@ -22,7 +22,6 @@ ends with the same per-token values, so the loss and its ``backward`` run identi
 from __future__ import annotations
 
 import contextvars
-import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -104,9 +103,7 @@ def build_model(arch: Architecture, size: int = 1) -> Any:
         persist_layer_norm=False,
         cuda_graph_scope=[],  # the default ("full") warns as deprecated
     )
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Apex is not installed")  # torch's RMSNorm is what we want
-        spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(qk_layernorm=arch.qk_norm, normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = SegmentAttention
     model = GPTModel(
         config=config,
