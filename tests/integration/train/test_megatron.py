@@ -186,3 +186,37 @@ def test_an_elastic_step_with_a_megatron_core_and_late_satellites_of_both_backen
         firm = m.abs() > 1e-5
         worst = float(torch.where(firm, weights[name] - p.detach(), 0.0).abs().max())
         assert worst <= 1e-6, f"{name}: {worst:g}"
+
+
+def test_the_other_ranks_exit_when_their_rank_0_is_killed(tiny_model: Path) -> None:
+    """A Megatron member's child ranks never outlive it: killed outright, its rank 1 reads end-of-file and exits."""
+    import os
+    import signal
+
+    script = (
+        "import json, sys, time\n"
+        "from gyre.train.megatron.learner import MegatronLearner\n"
+        f"learner = MegatronLearner(json.loads(open({str(tiny_model / 'config.json')!r}).read()), 2)\n"
+        "print(learner.followers[0].pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    member = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert member.stdout is not None
+        follower = int(member.stdout.readline())
+        os.kill(follower, 0)  # alive while its rank 0 is
+        member.send_signal(signal.SIGKILL)
+        member.wait()
+        deadline = time.monotonic() + 60
+        while Path(f"/proc/{follower}").exists() and _state(follower) != "Z":
+            assert time.monotonic() < deadline, "rank 1 outlived its rank 0"
+            time.sleep(0.1)
+    finally:
+        member.kill()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "X"
