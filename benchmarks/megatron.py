@@ -42,7 +42,7 @@ if backend == "torch":
     load_s = 0.0
 else:
     from gyre.train.megatron.learner import MegatronLearner
-    learner = MegatronLearner(json.load(open(model + "/config.json")), size, threads)
+    learner = MegatronLearner(json.load(open(model + "/config.json")), size, num_threads=threads)
     learner.weights().copy_(flatten_parameters(hf))
     started = time.perf_counter()
     learner.loaded(0)

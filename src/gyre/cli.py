@@ -304,7 +304,8 @@ def cmd_trainer_satellite(args: argparse.Namespace) -> int:
 
     from gyre.train.satellite import Satellite
 
-    satellite = Satellite(args.core, args.name, args.threads or 0, args.backend, args.tensor_parallel)
+    satellite = Satellite(args.core, args.name, args.threads or 0, args.backend, args.tensor_parallel,
+                          args.pipeline_parallel)  # fmt: skip
     signal.signal(signal.SIGTERM, lambda *_: satellite.request_leave())
     try:
         while True:
@@ -613,8 +614,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend", choices=["torch", "megatron"], default="torch", help="what computes its gradients"
     )
     s.add_argument(
-        "--tensor-parallel", type=int, default=1, help="processes of a Megatron satellite (TP size)"
+        "--tensor-parallel", type=int, default=1, help="a Megatron satellite's tensor-parallel ranks"
     )
+    s.add_argument("--pipeline-parallel", type=int, default=1, help="a Megatron satellite's pipeline stages")
     s.set_defaults(fn=cmd_trainer_satellite)
 
     s = sub.add_parser(

@@ -145,9 +145,9 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # what computes gradients: Hugging Face models in torch, or Megatron-core models (tensor parallel); either way
     # weights, gradients and the optimizer are in Hugging Face layout, so members of both kinds join one step
     backend: Literal["torch", "megatron"] = "torch"
-    tensor_parallel: Positive = (
-        1  # ranks (processes) per Megatron member: the core's, and satellites this config starts
-    )
+    # a Megatron member's processes: tensor-parallel ranks x pipeline stages (the core's, and satellites' from here)
+    tensor_parallel: Positive = 1
+    pipeline_parallel: Positive = 1
     collective: Literal["gloo", "nccl"] = "gloo"  # torch.distributed backend of pair groups (nccl on GPUs)
     num_threads: NonNegative = 0  # torch threads per trainer process; 0: torch's default
     core_computes: bool = True  # the core claims micro-steps too (False: it only sums and applies)

@@ -120,7 +120,8 @@ class Cell:
 
             trainer_cfg = self.cfg.trainer
             self.satellite = Satellite("", name=spec.name, num_threads=cells.num_threads,
-                                       backend=trainer_cfg.backend, tensor_parallel=trainer_cfg.tensor_parallel)  # fmt: skip
+                                       backend=trainer_cfg.backend, tensor_parallel=trainer_cfg.tensor_parallel,
+                                       pipeline_parallel=trainer_cfg.pipeline_parallel)  # fmt: skip
 
     # ---- the control loop ---------------------------------------------------------------------------------------
     async def run(self) -> None:

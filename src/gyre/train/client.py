@@ -166,7 +166,9 @@ def launch_satellite(
     log: Path | None = None,
     backend: str = "torch",
     tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
 ) -> subprocess.Popen[bytes]:
     """Start ``gyre trainer satellite`` joining the core at ``core`` (computing with ``backend``)."""
     return _spawn(["satellite", "--core", core, "--name", name, "--threads", str(num_threads), "--backend", backend,
-                   "--tensor-parallel", str(tensor_parallel)], log)  # fmt: skip
+                   "--tensor-parallel", str(tensor_parallel), "--pipeline-parallel", str(pipeline_parallel)],
+                  log)  # fmt: skip

@@ -160,8 +160,9 @@ class CoreTrainer:
             own = TorchLearner(state.model, state.flat)  # computes on the authoritative weights themselves
             own.reference = state.reference
             return own
-        learner = make_learner(self.cfg.backend, state.model.config.to_dict(), self.cfg.tensor_parallel,
-                               self.cfg.num_threads)  # fmt: skip
+        cfg = self.cfg
+        learner = make_learner(cfg.backend, state.model.config.to_dict(), cfg.tensor_parallel, cfg.pipeline_parallel,
+                               cfg.num_threads)  # fmt: skip
         if state.reference_flat is not None:
             learner.load_reference(state.reference_flat)
         return learner

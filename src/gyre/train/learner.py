@@ -78,15 +78,16 @@ class TorchLearner:
 
 
 def make_learner(
-    backend: str, model_config: dict[str, Any], tensor_parallel: int = 1, num_threads: int = 0
-) -> Learner:
+    backend: str, model_config: dict[str, Any], tensor_parallel: int = 1, pipeline_parallel: int = 1,
+    num_threads: int = 0,
+) -> Learner:  # fmt: skip
     """A learner of ``backend`` for the architecture in ``model_config`` (weights arrive later)."""
     if backend == "torch":
-        if tensor_parallel != 1:
-            raise ConfigError("tensor_parallel > 1 needs trainer.backend = 'megatron'")
+        if tensor_parallel != 1 or pipeline_parallel != 1:
+            raise ConfigError("tensor_parallel or pipeline_parallel > 1 needs trainer.backend = 'megatron'")
         return TorchLearner.from_config(model_config)
     if backend == "megatron":
         from gyre.train.megatron.learner import MegatronLearner
 
-        return MegatronLearner(model_config, tensor_parallel, num_threads)
+        return MegatronLearner(model_config, tensor_parallel, pipeline_parallel, num_threads)
     raise ConfigError(f"unknown trainer backend {backend!r}: torch or megatron")

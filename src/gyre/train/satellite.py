@@ -63,7 +63,7 @@ class SatelliteSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 class Satellite:
     """One satellite member of the core at ``core`` (``tcp://HOST:PORT``), computing with ``backend`` (torch, or
-    megatron over ``tensor_parallel`` processes: one member however many ranks it has)."""
+    megatron over ``tensor_parallel`` x ``pipeline_parallel`` processes: one member however many ranks it has)."""
 
     def __init__(
         self,
@@ -72,13 +72,18 @@ class Satellite:
         num_threads: int = 0,
         backend: str = "torch",
         tensor_parallel: int = 1,
+        pipeline_parallel: int = 1,
     ) -> None:
         self.core = core
         self.name = name or f"sat-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.num_threads = num_threads
         if num_threads:
             torch.set_num_threads(num_threads)
-        self.backend, self.tensor_parallel = backend, tensor_parallel
+        self.backend, self.tensor_parallel, self.pipeline_parallel = (
+            backend,
+            tensor_parallel,
+            pipeline_parallel,
+        )
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.learner: Learner | None = None  # built at the first Welcome, from the core's model config
         self.group: weight_sync.WeightGroup | None = None
@@ -187,9 +192,8 @@ class Satellite:
 
     def _join_group(self, welcome: Welcome) -> None:
         if self.learner is None:
-            self.learner = make_learner(
-                self.backend, welcome.model_config, self.tensor_parallel, self.num_threads
-            )
+            self.learner = make_learner(self.backend, welcome.model_config, self.tensor_parallel,
+                                        self.pipeline_parallel, self.num_threads)  # fmt: skip
         if self.learner.numel != welcome.numel:
             raise CoreUnreachable(
                 f"{self.name} built a model of {self.learner.numel:,} parameters from the core's config, the core "
@@ -233,10 +237,15 @@ class Satellite:
 
 
 def run_satellite(
-    core: str, name: str | None = None, num_threads: int = 0, backend: str = "torch", tensor_parallel: int = 1
+    core: str,
+    name: str | None = None,
+    num_threads: int = 0,
+    backend: str = "torch",
+    tensor_parallel: int = 1,
+    pipeline_parallel: int = 1,
 ) -> SatelliteSummary:
     """A satellite process's entry: join the core at ``core`` and compute until told to leave."""
-    satellite = Satellite(core, name, num_threads, backend, tensor_parallel)
+    satellite = Satellite(core, name, num_threads, backend, tensor_parallel, pipeline_parallel)
     try:
         return satellite.run()
     finally:

@@ -152,7 +152,9 @@ def test_a_command_scaffold_trains_and_a_held_out_suite_is_evaluated_with_interv
     assert "Held-out eval (95% interval)" in (run_dir / "report.html").read_text()
 
 
-def test_gyre_train_with_megatron_cells_of_two_tensor_parallel_ranks(tiny_model: Path, tmp_path: Path) -> None:
+def test_gyre_train_with_megatron_cells_of_two_tensor_parallel_ranks(
+    tiny_model: Path, tmp_path: Path
+) -> None:
     """Each cell's trainer is a two-process Megatron member; the elastic steps apply and engines get the weights."""
     pytest.importorskip("megatron.core")
     config = tmp_path / "run.toml"

@@ -1,6 +1,6 @@
 """The Megatron-core backend against the torch backend: the same losses and gradients on the same weights, at
-tensor-parallel sizes 1 and 2 (two gloo processes), for chains and trees; and an elastic step with a Megatron core
-and late satellites of both backends that equals one process computing the batch."""
+tensor-parallel sizes 1 and 2 and with two pipeline stages (gloo processes), for chains and trees; and an elastic
+step with a Megatron core and late satellites of both backends that equals one process computing the batch."""
 
 from __future__ import annotations
 
@@ -31,11 +31,12 @@ from gyre.config import LossConfig
 from gyre.protocol import MicroStep
 from gyre.train.megatron.learner import MegatronLearner
 from gyre.train.state import flatten_parameters, load_model
-model, size, steps, loss, out = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+model, steps, loss, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+tensor, pipeline = int(sys.argv[5]), int(sys.argv[6])
 micro = msgspec.msgpack.decode(open(steps, "rb").read(), type=list[MicroStep])
 loss = msgspec.json.decode(loss, type=LossConfig)
 flat = flatten_parameters(load_model(model))
-learner = MegatronLearner(json.load(open(model + "/config.json")), size)
+learner = MegatronLearner(json.load(open(model + "/config.json")), tensor, pipeline)
 if loss.kl_coef > 0:
     learner.load_reference(flat + 0.01 * torch.sin(torch.arange(flat.numel(), dtype=torch.float32)))
 learner.weights().copy_(flat)
@@ -47,11 +48,11 @@ learner.close()
 
 
 def megatron_side(
-    model: Path, size: int, micro: list[MicroStep], loss: LossConfig, tmp: Path
+    model: Path, micro: list[MicroStep], loss: LossConfig, tmp: Path, tensor: int = 1, pipeline: int = 1
 ) -> dict[str, Any]:
-    steps, out = tmp / "steps.msgpack", tmp / f"out-{size}.pt"
+    steps, out = tmp / "steps.msgpack", tmp / f"out-{tensor}x{pipeline}.pt"
     steps.write_bytes(msgspec.msgpack.encode(micro))
-    args = [str(model), str(size), str(steps), msgspec.json.encode(loss).decode(), str(out)]
+    args = [str(model), str(steps), msgspec.json.encode(loss).decode(), str(out), str(tensor), str(pipeline)]
     done = subprocess.run(
         [sys.executable, "-c", MEGATRON_SIDE, *args], capture_output=True, text=True, timeout=600
     )
@@ -118,6 +119,14 @@ CASES = {
 }
 
 
+def assert_same(got: dict[str, Any], want_losses: list[float], want: torch.Tensor, layout: str) -> None:
+    worst_loss = max(abs(a - b) for a, b in zip(got["losses"].tolist(), want_losses, strict=True))
+    worst = float((got["gradient"] - want).abs().max())
+    assert worst_loss <= 1e-4 and worst <= 1e-4, (
+        f"{layout}: losses differ by {worst_loss:g}, gradients by {worst:g}"
+    )
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_megatron_at_tp1_and_tp2_gives_the_torch_backends_loss_and_gradients(
     tiny_model: Path, tmp_path: Path, case: str
@@ -126,20 +135,31 @@ def test_megatron_at_tp1_and_tp2_gives_the_torch_backends_loss_and_gradients(
     micro = make()
     want_losses, want = torch_side(tiny_model, micro, loss)
     assert want.norm() > 0.1
-    for size in (1, 2):
-        got = megatron_side(tiny_model, size, micro, loss, tmp_path)
-        assert max(abs(a - b) for a, b in zip(got["losses"].tolist(), want_losses, strict=True)) <= 1e-4
-        worst = float((got["gradient"] - want).abs().max())
-        assert worst <= 1e-4, f"TP={size}: gradients differ by {worst:g}"
+    for tensor in (1, 2):
+        assert_same(
+            megatron_side(tiny_model, micro, loss, tmp_path, tensor), want_losses, want, f"TP={tensor}"
+        )
+
+
+def test_pipeline_stages_alone_and_with_tensor_parallel_ranks_give_the_same_loss_and_gradients(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """Two stages (the tied output layer a copy on the last), then 2 x 2 processes: trees, the KL term."""
+    micro = random_micro_steps(11, 1) + tree_micro_steps(12, 2)
+    loss = LossConfig(kl_coef=0.1, temperature=0.8)
+    want_losses, want = torch_side(tiny_model, micro, loss)
+    for tensor, pipeline in ((1, 2), (2, 2)):
+        got = megatron_side(tiny_model, micro, loss, tmp_path, tensor, pipeline)
+        assert_same(got, want_losses, want, f"TP={tensor} x PP={pipeline}")
 
 
 def test_a_qwen2_checkpoint_with_biases_and_an_untied_head_matches_too(tmp_path: Path) -> None:
     model = qwen2_model(tmp_path / "qwen2")
     micro = tree_micro_steps(8, 2)
     want_losses, want = torch_side(model, micro, LossConfig())
-    got = megatron_side(model, 2, micro, LossConfig(), tmp_path)
-    assert max(abs(a - b) for a, b in zip(got["losses"].tolist(), want_losses, strict=True)) <= 1e-4
-    assert float((got["gradient"] - want).abs().max()) <= 1e-4
+    for tensor, pipeline in ((2, 1), (1, 2)):
+        got = megatron_side(model, micro, LossConfig(), tmp_path, tensor, pipeline)
+        assert_same(got, want_losses, want, f"TP={tensor} x PP={pipeline}")
 
 
 def test_an_elastic_step_with_a_megatron_core_and_late_satellites_of_both_backends_equals_one_process(
@@ -200,19 +220,19 @@ def test_the_other_ranks_exit_when_their_rank_0_is_killed(tiny_model: Path) -> N
         "print(learner.followers[0].pid, flush=True)\n"
         "time.sleep(600)\n"
     )
-    member = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    try:
-        assert member.stdout is not None
-        follower = int(member.stdout.readline())
-        os.kill(follower, 0)  # alive while its rank 0 is
-        member.send_signal(signal.SIGKILL)
-        member.wait()
-        deadline = time.monotonic() + 60
-        while Path(f"/proc/{follower}").exists() and _state(follower) != "Z":
-            assert time.monotonic() < deadline, "rank 1 outlived its rank 0"
-            time.sleep(0.1)
-    finally:
-        member.kill()
+    with subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True) as member:
+        try:
+            assert member.stdout is not None
+            follower = int(member.stdout.readline())
+            os.kill(follower, 0)  # alive while its rank 0 is
+            member.send_signal(signal.SIGKILL)
+            member.wait()
+            deadline = time.monotonic() + 60
+            while Path(f"/proc/{follower}").exists() and _state(follower) != "Z":
+                assert time.monotonic() < deadline, "rank 1 outlived its rank 0"
+                time.sleep(0.1)
+        finally:
+            member.kill()
 
 
 def _state(pid: int) -> str:

@@ -25,19 +25,19 @@ def random_state(config: dict[str, Any], seed: int = 0) -> dict[str, torch.Tenso
 
 
 @pytest.mark.parametrize("kind", sorted(CONFIGS))
-@pytest.mark.parametrize("size", [1, 2, 4])
-def test_hf_to_megatron_to_hf_is_exact_for_every_tensor_parallel_size(kind: str, size: int) -> None:
+@pytest.mark.parametrize("size,stages", [(1, 1), (2, 1), (4, 1), (1, 2), (2, 2)])
+def test_hf_to_megatron_to_hf_is_exact_for_every_parallel_layout(kind: str, size: int, stages: int) -> None:
     config = CONFIGS[kind]
     arch = convert.Architecture.from_hf(config)
     hf = random_state(config)
-    shards = [convert.to_megatron(hf, arch, rank, size) for rank in range(size)]
-    back = convert.to_hf(shards, arch)
+    shards = [convert.to_megatron(hf, arch, r % size, size, r // size, stages) for r in range(size * stages)]
+    back = convert.to_hf(shards, arch, stages=stages)
     assert back.keys() == hf.keys()
     for name, tensor in hf.items():
         assert torch.equal(back[name], tensor), name
     layout = convert.hf_layout(config)
     flat = convert.flatten(hf, layout)
-    assert torch.equal(convert.flatten(convert.to_hf(shards, arch), layout), flat)
+    assert torch.equal(convert.flatten(convert.to_hf(shards, arch, stages=stages), layout), flat)
     assert all(torch.equal(v, hf[k]) for k, v in convert.unflatten(flat, layout).items())
 
 
@@ -70,6 +70,20 @@ def test_gathered_gradients_sum_the_per_head_norms_and_take_whole_norms_once() -
     name = "model.layers.1.self_attn.q_norm.weight"
     assert torch.equal(grads[name], 2 * hf[name])  # each rank's partial gradient counts
     assert torch.equal(grads["model.norm.weight"], hf["model.norm.weight"])  # complete on every rank: once
+
+
+def test_pipeline_stages_number_their_layers_from_zero_and_the_last_holds_a_tied_heads_copy() -> None:
+    config = CONFIGS["qwen3-tied"]
+    arch = convert.Architecture.from_hf(config)
+    hf = random_state(config)
+    first, last = (convert.to_megatron(hf, arch, 0, 1, stage, 2) for stage in (0, 1))
+    assert "embedding.word_embeddings.weight" in first and "output_layer.weight" not in first
+    assert "embedding.word_embeddings.weight" not in last and "decoder.final_layernorm.weight" in last
+    w = "decoder.layers.0.self_attention.linear_proj.weight"
+    assert torch.equal(last[w], hf["model.layers.1.self_attn.o_proj.weight"])  # global layer 1 is stage 1's 0
+    assert torch.equal(last["output_layer.weight"], hf["model.embed_tokens.weight"])
+    grads = convert.to_hf([first, last], arch, gradients=True, stages=2)
+    assert torch.equal(grads["model.embed_tokens.weight"], 2 * hf["model.embed_tokens.weight"])  # both uses
 
 
 def test_what_the_mapping_does_not_cover_is_refused_with_the_reason() -> None:

@@ -12,8 +12,8 @@ Both are applied by `init_parallel` only when CUDA is unavailable. Everything el
 is: its DDP wrapper and distributed optimizer need CUDA, so Gyre sums gradients itself (in the core, in Hugging Face
 layout) and applies torch's AdamW there, as for the torch backend.
 
-One process holds one tensor-parallel layout: the default process group is this member's tensor-parallel group
-(Gyre's pair groups with the core never use the default group).
+One process holds one layout: the default process group is this member's processes, tensor x pipeline (Gyre's pair
+groups with the core never use the default group).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from gyre.errors import ConfigError
 
-_initialised: tuple[int, int] | None = None  # (rank, size) of this process's tensor-parallel group
+_initialised: tuple[int, int, int] | None = None  # (rank, tensor, pipeline) of this process's member
 
 
 def import_megatron() -> Any:
@@ -54,15 +54,24 @@ def import_megatron() -> Any:
     return megatron.core
 
 
-def init_parallel(rank: int, size: int, address: str, backend: str = "gloo", timeout_s: float = 60.0) -> None:
-    """Make this process rank ``rank`` of a ``size``-way tensor-parallel group rendezvousing at ``address``
-    (``tcp://HOST:PORT``, hosted by rank 0); idempotent for the same layout."""
+def init_parallel(
+    rank: int,
+    address: str,
+    tensor: int = 1,
+    pipeline: int = 1,
+    backend: str = "gloo",
+    timeout_s: float = 600.0,
+) -> None:
+    """Make this process rank ``rank`` of a member of ``tensor`` x ``pipeline`` processes rendezvousing at
+    ``address`` (``tcp://HOST:PORT``, hosted by rank 0); Megatron's layout: rank = stage * tensor + tensor rank.
+    Idempotent for the same layout."""
     global _initialised
+    layout = (rank, tensor, pipeline)
     if _initialised is not None:
-        if _initialised != (rank, size):
+        if _initialised != layout:
             raise ConfigError(
-                f"this process is tensor-parallel rank {_initialised[0]} of {_initialised[1]} already; "
-                f"one process holds one layout (asked for rank {rank} of {size})"
+                f"this process is rank {_initialised[0]} of a {_initialised[1]} x {_initialised[2]} (tensor x "
+                f"pipeline) member already; one process holds one layout (asked for {layout})"
             )
         return
     import_megatron()
@@ -72,17 +81,23 @@ def init_parallel(rank: int, size: int, address: str, backend: str = "gloo", tim
 
     if (
         not torch.cuda.is_available()
-    ):  # only read by CUDA streams; set, it silences a warning on every TP layer
+    ):  # read by CUDA streams only; set, it silences a warning on every TP layer
         os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     if not dist.is_initialized():
         os.environ.setdefault("LOCAL_RANK", str(rank))
         dist.init_process_group(
-            backend, init_method=address, rank=rank, world_size=size, timeout=timedelta(seconds=timeout_s)
+            backend,
+            init_method=address,
+            rank=rank,
+            world_size=tensor * pipeline,
+            timeout=timedelta(seconds=timeout_s),
         )
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=size)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tensor, pipeline_model_parallel_size=pipeline
+    )
     if not torch.cuda.is_available():
         _adjust_for_cpu()
-    _initialised = (rank, size)
+    _initialised = layout
 
 
 def _adjust_for_cpu() -> None:
@@ -106,6 +121,6 @@ def _adjust_for_cpu() -> None:
     random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
 
 
-def parallel_layout() -> tuple[int, int]:
-    """(rank, size) of this process's tensor-parallel group; (0, 1) before `init_parallel`."""
-    return _initialised or (0, 1)
+def parallel_layout() -> tuple[int, int, int]:
+    """(rank, tensor, pipeline) of this process's member; (0, 1, 1) before `init_parallel`."""
+    return _initialised or (0, 1, 1)

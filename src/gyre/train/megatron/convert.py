@@ -11,6 +11,8 @@ gradient maps the way its weight does. How each HF tensor lands in a rank's shar
 - ``o_proj`` -> ``linear_proj`` and ``down_proj`` -> ``linear_fc2``: split along the input dimension.
 - ``embed_tokens`` and ``lm_head`` (unless tied): split along the vocabulary.
 - norms (``input_layernorm``, ``post_attention_layernorm``, ``norm``, ``q_norm``, ``k_norm``): whole on every rank.
+- pipeline stages: stage ``s`` of ``p`` holds layers ``[s L/p, (s+1) L/p)``, numbered from 0; the first holds the
+  embedding, the last the final norm and the output layer (a tied one as its own copy of the embedding).
 
 Gradients of ``q_norm``/``k_norm`` are partial on each rank (each sees only its own heads) and are summed when
 gathered; the other norms' gradients are complete on every rank (their outputs feed layers whose backward sums over
@@ -87,8 +89,8 @@ class Architecture:
             pad=None if config.get("pad_token_id") is None else int(config["pad_token_id"]),
         )
 
-    def check_split(self, size: int) -> None:
-        """Refuse a tensor-parallel size the model's dimensions do not divide."""
+    def check_split(self, size: int, stages: int = 1) -> None:
+        """Refuse a tensor-parallel size, or a number of pipeline stages, the model's dimensions do not divide."""
         for what, n in (
             ("key/value heads", self.groups),
             ("intermediate size", self.ffn),
@@ -96,10 +98,19 @@ class Architecture:
         ):
             if n % size:
                 raise ConfigError(f"tensor_parallel = {size} does not divide the model's {what} ({n})")
+        if self.layers % stages:
+            raise ConfigError(
+                f"pipeline_parallel = {stages} does not divide the model's {self.layers} layers"
+            )
+
+    def stage_layers(self, stage: int, stages: int) -> range:
+        """The (global) layers pipeline stage ``stage`` of ``stages`` holds."""
+        per = self.layers // stages
+        return range(stage * per, (stage + 1) * per)
 
 
-def _layer(i: int) -> tuple[str, str]:
-    return f"model.layers.{i}.", f"decoder.layers.{i}."
+def _layer(i: int, local: int | None = None) -> tuple[str, str]:
+    return f"model.layers.{i}.", f"decoder.layers.{i if local is None else local}."
 
 
 def _interleave_qkv(arch: Architecture, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -121,10 +132,18 @@ def _split_qkv(arch: Architecture, qkv: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 def to_megatron(
-    hf: dict[str, torch.Tensor], arch: Architecture, rank: int = 0, size: int = 1
+    hf: dict[str, torch.Tensor],
+    arch: Architecture,
+    rank: int = 0,
+    size: int = 1,
+    stage: int = 0,
+    stages: int = 1,
 ) -> dict[str, torch.Tensor]:
-    """Rank ``rank``'s shard (of ``size``) of a Hugging Face state dict, under Megatron-core's names."""
-    arch.check_split(size)
+    """Tensor rank ``rank``'s shard (of ``size``) of pipeline stage ``stage`` (of ``stages``) of a Hugging Face
+    state dict, under Megatron-core's names (a stage numbers its layers from 0). The first stage holds the embedding,
+    the last the final norm and the output layer; with more than one stage a tied output layer is the last stage's own
+    copy of the embedding (its gradient is added to the embedding's when gathered)."""
+    arch.check_split(size, stages)
 
     def rows(t: torch.Tensor) -> torch.Tensor:
         return t.chunk(size, dim=0)[rank]
@@ -132,9 +151,12 @@ def to_megatron(
     def cols(t: torch.Tensor) -> torch.Tensor:
         return t.chunk(size, dim=1)[rank]
 
-    out = {"embedding.word_embeddings.weight": rows(hf["model.embed_tokens.weight"])}
-    for i in range(arch.layers):
-        h, m = _layer(i)
+    out: dict[str, torch.Tensor] = {}
+    if stage == 0:
+        out["embedding.word_embeddings.weight"] = rows(hf["model.embed_tokens.weight"])
+    layers = arch.stage_layers(stage, stages)
+    for i in layers:
+        h, m = _layer(i, i - layers.start)
         attn = h + "self_attn."
         out[m + "input_layernorm.weight"] = hf[h + "input_layernorm.weight"]
         for kind in ("weight", "bias") if arch.qkv_bias else ("weight",):
@@ -148,46 +170,62 @@ def to_megatron(
         gate, up = hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]
         out[m + "mlp.linear_fc1.weight"] = torch.cat([rows(gate), rows(up)])
         out[m + "mlp.linear_fc2.weight"] = cols(hf[h + "mlp.down_proj.weight"])
-    out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
-    if not arch.tied:
-        out["output_layer.weight"] = rows(hf["lm_head.weight"])
+    if stage == stages - 1:
+        out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+        if not arch.tied:
+            out["output_layer.weight"] = rows(hf["lm_head.weight"])
+        elif stages > 1:
+            out["output_layer.weight"] = rows(hf["model.embed_tokens.weight"])
     return out
 
 
 def to_hf(
-    shards: list[dict[str, torch.Tensor]], arch: Architecture, gradients: bool = False
+    shards: list[dict[str, torch.Tensor]], arch: Architecture, gradients: bool = False, stages: int = 1
 ) -> dict[str, torch.Tensor]:
-    """The Hugging Face state dict of every rank's shard, in rank order (``gradients``: sum the partial ones)."""
+    """The Hugging Face state dict of every rank's shard, in Megatron's rank order (stage by stage, tensor ranks
+    within each); ``gradients``: sum the partial ones (per-head norms, a tied output layer's copy)."""
+    size = len(shards) // stages
+    by_stage = [shards[s * size : (s + 1) * size] for s in range(stages)]
 
-    def rows(name: str) -> torch.Tensor:
-        return torch.cat([s[name] for s in shards], dim=0)
+    def rows(group: list[dict[str, torch.Tensor]], name: str) -> torch.Tensor:
+        return torch.cat([s[name] for s in group], dim=0)
 
-    def cols(name: str) -> torch.Tensor:
-        return torch.cat([s[name] for s in shards], dim=1)
+    def cols(group: list[dict[str, torch.Tensor]], name: str) -> torch.Tensor:
+        return torch.cat([s[name] for s in group], dim=1)
 
-    def partial(name: str) -> torch.Tensor:
-        return sum((s[name] for s in shards[1:]), shards[0][name].clone()) if gradients else shards[0][name]
+    def partial(group: list[dict[str, torch.Tensor]], name: str) -> torch.Tensor:
+        return sum((s[name] for s in group[1:]), group[0][name].clone()) if gradients else group[0][name]
 
-    out = {"model.embed_tokens.weight": rows("embedding.word_embeddings.weight")}
-    for i in range(arch.layers):
-        h, m = _layer(i)
-        attn = h + "self_attn."
-        out[h + "input_layernorm.weight"] = shards[0][m + "input_layernorm.weight"]
-        for kind in ("weight", "bias") if arch.qkv_bias else ("weight",):
-            q, k, v = _split_qkv(arch, rows(f"{m}self_attention.linear_qkv.{kind}"))
-            out[f"{attn}q_proj.{kind}"], out[f"{attn}k_proj.{kind}"], out[f"{attn}v_proj.{kind}"] = q, k, v
-        if arch.qk_norm:
-            out[attn + "q_norm.weight"] = partial(m + "self_attention.q_layernorm.weight")
-            out[attn + "k_norm.weight"] = partial(m + "self_attention.k_layernorm.weight")
-        out[attn + "o_proj.weight"] = cols(m + "self_attention.linear_proj.weight")
-        out[h + "post_attention_layernorm.weight"] = shards[0][m + "pre_mlp_layernorm.weight"]
-        halves = [s[m + "mlp.linear_fc1.weight"].chunk(2, dim=0) for s in shards]
-        out[h + "mlp.gate_proj.weight"] = torch.cat([g for g, _ in halves])
-        out[h + "mlp.up_proj.weight"] = torch.cat([u for _, u in halves])
-        out[h + "mlp.down_proj.weight"] = cols(m + "mlp.linear_fc2.weight")
-    out["model.norm.weight"] = shards[0]["decoder.final_layernorm.weight"]
+    first, last = by_stage[0], by_stage[-1]
+    embedding = rows(first, "embedding.word_embeddings.weight")
+    if arch.tied and stages > 1 and gradients:  # the output layer's copy learns from the logits
+        embedding = embedding + rows(last, "output_layer.weight")
+    out = {"model.embed_tokens.weight": embedding}
+    for s, group in enumerate(by_stage):
+        layers = arch.stage_layers(s, stages)
+        for i in layers:
+            h, m = _layer(i, i - layers.start)
+            attn = h + "self_attn."
+            out[h + "input_layernorm.weight"] = group[0][m + "input_layernorm.weight"]
+            for kind in ("weight", "bias") if arch.qkv_bias else ("weight",):
+                q, k, v = _split_qkv(arch, rows(group, f"{m}self_attention.linear_qkv.{kind}"))
+                out[f"{attn}q_proj.{kind}"], out[f"{attn}k_proj.{kind}"], out[f"{attn}v_proj.{kind}"] = (
+                    q,
+                    k,
+                    v,
+                )
+            if arch.qk_norm:
+                out[attn + "q_norm.weight"] = partial(group, m + "self_attention.q_layernorm.weight")
+                out[attn + "k_norm.weight"] = partial(group, m + "self_attention.k_layernorm.weight")
+            out[attn + "o_proj.weight"] = cols(group, m + "self_attention.linear_proj.weight")
+            out[h + "post_attention_layernorm.weight"] = group[0][m + "pre_mlp_layernorm.weight"]
+            halves = [g[m + "mlp.linear_fc1.weight"].chunk(2, dim=0) for g in group]
+            out[h + "mlp.gate_proj.weight"] = torch.cat([gate for gate, _ in halves])
+            out[h + "mlp.up_proj.weight"] = torch.cat([up for _, up in halves])
+            out[h + "mlp.down_proj.weight"] = cols(group, m + "mlp.linear_fc2.weight")
+    out["model.norm.weight"] = last[0]["decoder.final_layernorm.weight"]
     if not arch.tied:
-        out["lm_head.weight"] = rows("output_layer.weight")
+        out["lm_head.weight"] = rows(last, "output_layer.weight")
     return out
 
 

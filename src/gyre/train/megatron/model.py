@@ -68,8 +68,10 @@ class SegmentAttention(torch.nn.Module):
         return out.permute(2, 0, 1, 3).reshape(tokens, batch, heads * dim)
 
 
-def build_model(arch: Architecture, size: int = 1) -> Any:
-    """A float32 GPTModel of ``arch`` for a ``size``-way tensor-parallel group (this process's parallel state)."""
+def build_model(arch: Architecture, size: int = 1, stage: int = 0, stages: int = 1) -> Any:
+    """A float32 GPTModel of ``arch``: this process's part of a ``size``-way tensor-parallel, ``stages``-stage
+    pipeline-parallel member (its parallel state set up by `init_parallel`). With several stages a tied output layer
+    is the last stage's own copy (see `convert.to_megatron`): Megatron's own tying across stages starts on CUDA."""
     import_megatron()
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -93,6 +95,8 @@ def build_model(arch: Architecture, size: int = 1) -> Any:
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=size,
+        pipeline_model_parallel_size=stages,
+        pipeline_dtype=torch.float32,  # what stages send each other (Gyre sends float32 hidden states itself)
         params_dtype=torch.float32,
         use_cpu_initialization=not cuda,
         perform_initialization=False,  # the checkpoint's weights are loaded next
@@ -112,8 +116,10 @@ def build_model(arch: Architecture, size: int = 1) -> Any:
         max_sequence_length=arch.max_positions,
         position_embedding_type="rope",
         rotary_base=int(arch.rope_theta) if float(arch.rope_theta).is_integer() else arch.rope_theta,
-        share_embeddings_and_output_weights=arch.tied,
+        share_embeddings_and_output_weights=arch.tied and stages == 1,
         parallel_output=True,
+        pre_process=stage == 0,
+        post_process=stage == stages - 1,
     )
     model.gyre_arch = arch  # what the forward needs beyond Megatron's config (the padding row)
     return model.train()
@@ -123,24 +129,29 @@ def token_logprobs_and_entropy(
     model: Any, micro: MicroStep, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per token of ``micro``: log p(token | its ancestors) at ``temperature`` (0 where a sequence starts) and the
-    entropy of the distribution it was drawn from (no gradient); the same contract as the torch backend's."""
+    entropy of the distribution it was drawn from (no gradient); the same contract as the torch backend's. For a
+    model of one pipeline stage; `gyre.train.megatron.learner` runs the stages of a pipelined one."""
     pieces, entropies = [], []
-    for start, end in sequence_bounds(micro.parents):
-        parents = [p - start if p >= 0 else -1 for p in micro.parents[start:end]]
-        lp, ent = _sequence(
-            model,
-            model.gyre_arch,
-            micro.input_ids[start:end],
-            micro.position_ids[start:end],
-            parents,
-            temperature,
-        )
+    for ids, positions, parents in sequences(micro):
+        lp, ent = head(model, decode(model, ids, positions, parents), ids, parents, temperature)
         pieces.append(lp)
         entropies.append(ent)
     if not pieces:
         empty = torch.zeros(0)
         return empty, empty
     return torch.cat(pieces), torch.cat(entropies)
+
+
+def sequences(micro: MicroStep) -> list[tuple[list[int], list[int], list[int]]]:
+    """Each sequence of a packed micro-step: its input ids, positions and parents (indices within it)."""
+    return [
+        (
+            micro.input_ids[start:end],
+            micro.position_ids[start:end],
+            [p - start if p >= 0 else -1 for p in micro.parents[start:end]],
+        )
+        for start, end in sequence_bounds(micro.parents)
+    ]
 
 
 def _rotary(model: Any, positions: torch.Tensor) -> torch.Tensor:
@@ -150,36 +161,51 @@ def _rotary(model: Any, positions: torch.Tensor) -> torch.Tensor:
     return torch.cat([freqs, freqs], dim=-1)[:, None, None, :]
 
 
-def _sequence(
+def decode(
     model: Any,
-    arch: Architecture,
     input_ids: list[int],
     position_ids: list[int],
     parents: list[int],
-    temperature: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-
-    device = model.embedding.word_embeddings.weight.device
-    ids = torch.tensor([input_ids], device=device)
+    hidden: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """This stage's part of one sequence: its layers over ``hidden`` (``[n, 1, hidden]``, the previous stage's
+    output; the first stage embeds ``input_ids`` instead), and the final norm on the last stage."""
+    arch: Architecture = model.gyre_arch
+    device = next(model.parameters()).device
     positions = torch.tensor(position_ids, device=device)
+    if model.pre_process:
+        ids = torch.tensor([input_ids], device=device)
+        hidden = model.embedding(input_ids=ids, position_ids=positions[None])  # [n, 1, hidden]
+        if arch.pad is not None:  # transformers never trains the padding row's lookup (padding_idx)
+            hidden = torch.where((ids[0] == arch.pad)[:, None, None], hidden.detach(), hidden)
+    else:
+        model.decoder.set_input_tensor(hidden)
     chain = all(p == i - 1 for i, p in enumerate(parents))
-    hidden = model.embedding(input_ids=ids, position_ids=positions[None])  # [n, 1, hidden]
-    if arch.pad is not None:  # transformers never trains the padding row's lookup (padding_idx)
-        hidden = torch.where((ids[0] == arch.pad)[:, None, None], hidden.detach(), hidden)
     token = _segments.set(None if chain else tree_segments(parents, device))
     try:
         rotary = _rotary(model, positions)
-        hidden = model.decoder(hidden_states=hidden, attention_mask=None, rotary_pos_emb=rotary)
+        out: torch.Tensor = model.decoder(hidden_states=hidden, attention_mask=None, rotary_pos_emb=rotary)
     finally:
         _segments.reset(token)
+    return out
+
+
+def head(
+    model: Any, hidden: torch.Tensor, input_ids: list[int], parents: list[int], temperature: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The last stage's output layer over one sequence's final hidden states: per token, its log-probability from its
+    parent's logits and that distribution's entropy (0 where the sequence starts)."""
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    device = hidden.device
+    ids = torch.tensor(input_ids, device=device)
     weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
     logits, _ = model.output_layer(hidden, weight=weight)  # [n, 1, vocab / tp]
     index = torch.tensor(parents, device=device)
     has_parent = index >= 0
     source = logits[index.clamp(min=0)].float() / temperature  # the logits each token was drawn from
-    picked = -vocab_parallel_cross_entropy(source.clone(), ids[0, :, None])[:, 0]
+    picked = -vocab_parallel_cross_entropy(source.clone(), ids[:, None])[:, 0]
     with torch.no_grad():
         group = parallel_state.get_tensor_model_parallel_group()
         size = parallel_state.get_tensor_model_parallel_world_size()
