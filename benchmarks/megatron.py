@@ -2,11 +2,12 @@
 
     python benchmarks/megatron.py [--preset small] [--micro-steps 6] [--tokens 512] [--threads 2] [--trials 2]
 
-For chains and for trees (three branches per sequence), times forward + backward + gradient in the exchange layout
-of the same micro-steps with the torch backend (a Hugging Face model) and with the Megatron backend at
-tensor-parallel sizes 1 and 2 (``threads`` split between the ranks at TP 2), each in a fresh process, after one
-warm-up micro-step, best of ``--trials`` alternating runs. Also times a weight load (the core's flat buffer into Megatron's shards). Prints a table with the
-ratio to torch and writes ``benchmarks/results/megatron.json``.
+For chains and for trees (a trunk with two branches), times forward + backward + the gradient in the exchange
+layout of the same micro-steps with the torch backend (a Hugging Face model) and with the Megatron backend alone,
+with two tensor-parallel ranks and with two pipeline stages (``threads`` split between the processes), each in a
+fresh process after one warm-up micro-step, best of ``--trials`` alternating runs. Also times a weight load (the
+core's flat buffer into Megatron's shards). Prints a table with the ratio to torch and writes
+``benchmarks/results/megatron.json``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ import json, sys, time, msgspec, torch
 from gyre.config import LossConfig
 from gyre.protocol import MicroStep
 from gyre.train.state import flatten_parameters, load_model
-backend, size, threads, model, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+backend, threads, model, steps = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+tensor, pipeline = int(sys.argv[5]), int(sys.argv[6])
 torch.set_num_threads(threads)
 micro = msgspec.msgpack.decode(open(steps, "rb").read(), type=list[MicroStep])
 hf = load_model(model)
@@ -42,7 +44,7 @@ if backend == "torch":
     load_s = 0.0
 else:
     from gyre.train.megatron.learner import MegatronLearner
-    learner = MegatronLearner(json.load(open(model + "/config.json")), size, num_threads=threads)
+    learner = MegatronLearner(json.load(open(model + "/config.json")), tensor, pipeline, threads)
     learner.weights().copy_(flatten_parameters(hf))
     started = time.perf_counter()
     learner.loaded(0)
@@ -57,6 +59,9 @@ took = time.perf_counter() - started
 print(json.dumps({"seconds": took, "tokens": sum(len(m.input_ids) for m in micro), "load_s": load_s}))
 learner.close()
 """
+
+
+LAYOUTS = (("torch", 1, 1), ("megatron", 1, 1), ("megatron", 2, 1), ("megatron", 1, 2))
 
 
 def micro_steps(count: int, tokens: int, tree: bool, seed: int = 0) -> list[MicroStep]:
@@ -82,12 +87,12 @@ def micro_steps(count: int, tokens: int, tree: bool, seed: int = 0) -> list[Micr
     return out
 
 
-def run(backend: str, size: int, threads: int, model: Path, steps: Path) -> dict[str, Any]:
-    per_rank = max(threads // size, 1)
-    args = [backend, str(size), str(per_rank), str(model), str(steps)]
+def run(backend: str, tensor: int, pipeline: int, threads: int, model: Path, steps: Path) -> dict[str, Any]:
+    per_process = max(threads // (tensor * pipeline), 1)
+    args = [backend, str(per_process), str(model), str(steps), str(tensor), str(pipeline)]
     done = subprocess.run([sys.executable, "-c", WORKER, *args], capture_output=True, text=True, timeout=1800)
     if done.returncode:
-        raise SystemExit(f"{backend} TP={size} failed:\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{backend} TP={tensor} x PP={pipeline} failed:\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
@@ -122,20 +127,17 @@ def main() -> None:
                 msgspec.msgpack.encode(micro_steps(args.micro_steps, args.tokens, shape == "tree"))
             )
             base = 0.0
-            runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
-            for trial in range(
-                args.trials
-            ):  # alternating, so a slow minute of the machine hits every backend
-                for backend, size in (("torch", 1), ("megatron", 1), ("megatron", 2)):
-                    with console.status(f"{shape}: {backend} TP={size}, trial {trial + 1}"):
-                        runs.setdefault((backend, size), []).append(
-                            run(backend, size, args.threads, model, steps)
-                        )
-            for (backend, size), trials in runs.items():
+            runs: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+            for trial in range(args.trials):  # alternating: a slow minute of the machine hits every layout
+                for backend, tp, pp in LAYOUTS:
+                    with console.status(f"{shape}: {backend} TP={tp} x PP={pp}, trial {trial + 1}"):
+                        result = run(backend, tp, pp, args.threads, model, steps)
+                    runs.setdefault((backend, tp, pp), []).append(result)
+            for (backend, tp, pp), trials in runs.items():
                 r = min(trials, key=lambda t: t["seconds"])
                 rate = r["tokens"] / r["seconds"]
                 base = base or rate
-                label = backend if backend == "torch" else f"megatron TP={size}"
+                label = "torch" if backend == "torch" else f"megatron TP={tp} x PP={pp}"
                 results["rows"].append({"shape": shape, "backend": label, "tokens_per_s": rate,
                                         "ratio": rate / base, "load_s": r["load_s"]})  # fmt: skip
                 table.add_row(shape, label, f"{rate:,.0f}", f"{rate / base:.2f}x", f"{r['load_s']:.3f}")

@@ -79,11 +79,8 @@ class Satellite:
         self.num_threads = num_threads
         if num_threads:
             torch.set_num_threads(num_threads)
-        self.backend, self.tensor_parallel, self.pipeline_parallel = (
-            backend,
-            tensor_parallel,
-            pipeline_parallel,
-        )
+        self.backend = backend
+        self.tensor_parallel, self.pipeline_parallel = tensor_parallel, pipeline_parallel
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.learner: Learner | None = None  # built at the first Welcome, from the core's model config
         self.group: weight_sync.WeightGroup | None = None
