@@ -1,14 +1,16 @@
-"""A Megatron-core member: one model sharded over a tensor-parallel group of processes, driven by rank 0.
+"""A Megatron-core member: one model sharded over tensor-parallel ranks and pipeline stages (processes), driven
+by rank 0.
 
 Rank 0 lives in the member's own process (the core's, or a satellite's) and is the only rank that talks to the core.
 It starts the other ranks as child processes (``python -m gyre.train.megatron.learner``) and tells them what to do
 next over their stdin, one `gyre.protocol.ShardCommand` at a time (length-prefixed msgpack); the data moves over the
-group's own collectives (gloo on CPU, NCCL on GPUs): the step's weights as one broadcast of the Hugging Face flat
-buffer, each rank taking its shard (`gyre.train.megatron.convert`), and gradients as one gather to rank 0, which
-converts them back to the exchange layout. A rank whose stdin closes (rank 0 died) exits: nothing is orphaned.
+member's own process group (gloo on CPU, NCCL on GPUs): the step's weights as one broadcast of the Hugging Face flat
+buffer, each rank taking its shard (`gyre.train.megatron.convert`); hidden states between pipeline stages point to
+point; gradients from every rank to rank 0, which converts them back to the exchange layout. A rank whose stdin
+closes (rank 0 died) exits: nothing is orphaned.
 
-Order: every collective is issued by every rank in the order rank 0 wrote the commands, so the group never deadlocks
-on mismatched collectives.
+Order: every rank issues its collectives and point-to-point transfers in the order rank 0 wrote the commands, and
+within a micro-step in an order fixed by the micro-step itself, so the group never waits on a mismatched transfer.
 """
 
 from __future__ import annotations
@@ -97,9 +99,8 @@ class Shard:
         if self.last:
             return self._compute_last(micro, loss, version)
         outputs, inputs = [], []
-        models = [self.model] + (
-            [self.reference] if loss.kl_coef > 0 else []
-        )  # as the last stage asks for them
+        reference = [self.reference] if loss.kl_coef > 0 else []
+        models = [self.model, *reference]  # in the order the last stage's loss asks for their forwards
         for model in models:
             for ids, positions, parents in sequences(micro):
                 with torch.set_grad_enabled(model is self.model):
