@@ -398,8 +398,8 @@ class Welcome(msgspec.Struct, tag="welcome", kw_only=True):
     heartbeat_s: float
     member_timeout_s: float
     transfer_timeout_s: float
-    backend: str = "gloo"  # the pair group's torch.distributed backend (trainer.collective), not the training backend
-    numel: int = 0  # values in the flat weight buffer (Hugging Face layout, whatever the member computes with)
+    backend: str = "gloo"  # the pair group's collective (trainer.collective), not the training backend
+    numel: int = 0  # values in the flat weight buffer (Hugging Face layout, whatever computes)
     modelled_tokens_per_s: float = 0.0  # the core's [trainer] pacing, so every member models the same device
 
 
