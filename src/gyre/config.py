@@ -320,7 +320,13 @@ def convert(data: dict[str, Any], type_: type[T], source: str = "config") -> T:
     try:
         return msgspec.convert(data, type_)
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+        trainer = data.get("trainer")
+        hint = ""
+        if isinstance(trainer, dict) and trainer.get("backend") in ("gloo", "nccl"):  # a config from before
+            hint = (
+                " (trainer.backend names what computes gradients now; gloo/nccl moved to trainer.collective)"
+            )
+        raise ConfigError(f"{source}: {exc}{hint}") from None
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> GyreConfig:

@@ -172,3 +172,18 @@ def test_dump_round_trips_any_values(
 def test_dump_escapes_delete() -> None:
     config = GyreConfig(engine=EngineConfig(model_path="a\x7fb"))
     assert msgspec.convert(tomllib.loads(dump_config(config)), GyreConfig) == config
+
+
+def test_a_config_from_before_the_megatron_backend_is_told_where_the_collective_went(tmp_path: Path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text('[trainer]\nbackend = "nccl"\n')
+    with pytest.raises(ConfigError, match=r"gloo/nccl moved to trainer\.collective"):
+        load_config(path)
+    cfg = load_config(
+        path, ['trainer.backend="megatron"', 'trainer.collective="nccl"', "trainer.tensor_parallel=2"]
+    )
+    assert (cfg.trainer.backend, cfg.trainer.collective, cfg.trainer.tensor_parallel) == (
+        "megatron",
+        "nccl",
+        2,
+    )
