@@ -18,6 +18,7 @@ groups with the core never use the default group).
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import Any
@@ -109,9 +110,7 @@ def _adjust_for_cpu() -> None:
         """Megatron's buffer allocates on CUDA; here, on the CPU."""
 
         def get_tensor(self, tensor_shape: Any, dtype: Any, name: Any, mem_alloc_context: Any = None) -> Any:
-            numel = 1
-            for n in tensor_shape:
-                numel *= int(n)
+            numel = math.prod(int(n) for n in tensor_shape)
             held = self.buffer.get((name, dtype))
             if held is None or held.numel() < numel:
                 held = self.buffer[(name, dtype)] = torch.empty(numel, dtype=dtype)

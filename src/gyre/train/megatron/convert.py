@@ -21,6 +21,7 @@ the group), so rank 0's is taken.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,9 +244,7 @@ def unflatten(flat: torch.Tensor, layout: list[tuple[str, tuple[int, ...]]]) -> 
     """Views of ``flat`` by name (``layout`` as `hf_layout` gives it)."""
     out, offset = {}, 0
     for name, shape in layout:
-        n = 1
-        for d in shape:
-            n *= d
+        n = math.prod(shape)
         out[name] = flat[offset : offset + n].view(shape)
         offset += n
     if offset != flat.numel():

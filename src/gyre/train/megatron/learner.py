@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import struct
 import subprocess
@@ -56,7 +57,7 @@ class Shard:
         self.arch = convert.Architecture.from_hf(model_config)
         self.arch.check_split(tensor, pipeline)
         self.layout = convert.hf_layout(model_config)
-        self.numel = sum(_count(shape) for _, shape in self.layout)
+        self.numel = sum(math.prod(shape) for _, shape in self.layout)
         self.model = build_model(self.arch, tensor, self.stage, pipeline)
         self.reference: Any | None = None
         self.staging = torch.empty(self.numel, dtype=torch.float32)  # the Hugging Face flat buffer
@@ -179,12 +180,12 @@ class Shard:
             if r == 0:
                 piece = local
             else:
-                piece = torch.empty(sum(_count(shape) for _, shape in shapes))
+                piece = torch.empty(sum(math.prod(shape) for _, shape in shapes))
                 dist.recv(piece, r)
             offset, shard = 0, {}
             for name, shape in shapes:
-                shard[name] = piece[offset : offset + _count(shape)].view(shape)
-                offset += _count(shape)
+                shard[name] = piece[offset : offset + math.prod(shape)].view(shape)
+                offset += math.prod(shape)
             shards.append(shard)
         hf = convert.to_hf(shards, self.arch, gradients=True, stages=self.stages)
         return convert.flatten(hf, self.layout)
@@ -287,13 +288,6 @@ def follow(rank: int) -> None:
                 shard.gather()
             case ShardStop() | None:
                 return
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 if __name__ == "__main__":
