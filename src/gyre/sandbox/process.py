@@ -3,6 +3,12 @@
 The command's stdout and stderr are read concurrently into `Capture`s that keep the first ``limit`` bytes and count
 and drop the rest: the pipes are always drained, so a chatty command never blocks on a full pipe and the driver's
 memory stays bounded by the limit whatever the command prints.
+
+Processes start off the event loop (`spawn`): ``subprocess.Popen`` in a worker thread, which on Linux clones with
+vfork semantics and costs about 1 ms whatever the driver's heap; the loop then awaits each exit through a pidfd. The
+loop's own subprocess machinery is never used: uvloop's forks the whole driver, page tables and all, on the loop
+thread (measured: 93 ms per process with a 2 GB heap, against 0.9 ms for ``Popen``), which at thousands of
+executions was a quarter of the loop's time.
 """
 
 from __future__ import annotations
@@ -14,8 +20,10 @@ import functools
 import io
 import os
 import signal
+import subprocess
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 _READ_CHUNK = 1 << 20  # bytes per read of a command's pipe
@@ -74,19 +82,117 @@ class Capture:
             self.feed(chunk)
 
 
+_SPAWN_THREADS = 2  # workers that start processes: Popen blocks its thread until the child has exec'd
+_spawner: ThreadPoolExecutor | None = None
+
+
+def _spawn_pool() -> ThreadPoolExecutor:
+    global _spawner
+    if _spawner is None:
+        _spawner = ThreadPoolExecutor(_SPAWN_THREADS, thread_name_prefix="gyre-spawn")
+    return _spawner
+
+
+class Child:
+    """A process `spawn` started: its pid, its exit status once reaped, and `wait`.
+
+    The exit is seen through a pidfd watched by the loop; reaping goes through the ``Popen`` (never a wait for any
+    child, which would take other owners' children). Without pidfds (Linux before 5.3), a thread waits instead.
+    """
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        loop = asyncio.get_running_loop()
+        self._exited: asyncio.Future[None] = loop.create_future()
+        try:
+            self._pidfd: int | None = os.pidfd_open(self.pid)
+        except OSError:  # ENOSYS: an old kernel
+            self._pidfd = None
+            waiting = loop.run_in_executor(None, popen.wait)
+            waiting.add_done_callback(lambda _: self._done())
+            return
+        loop.add_reader(self._pidfd, self._check)
+        self._check()  # it may have exited already
+
+    @property
+    def returncode(self) -> int | None:
+        """As ``Popen`` reports it (negative: ended by that signal); None until reaped."""
+        return self._popen.returncode
+
+    def _check(self) -> None:
+        if self._popen.poll() is not None:
+            self._done()
+
+    def _done(self) -> None:
+        if self._pidfd is not None:
+            asyncio.get_running_loop().remove_reader(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        if not self._exited.done():
+            self._exited.set_result(None)
+
+    async def wait(self) -> int:
+        """Its exit status, once it has exited and been reaped (cancelling the caller leaves it running)."""
+        await asyncio.shield(self._exited)
+        assert self._popen.returncode is not None
+        return self._popen.returncode
+
+
+async def spawn(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    cwd: str | None,
+    stdin: int | None,
+    stdout: int | None,
+    stderr: int | None,
+) -> Child:
+    """Start ``argv`` in a new session from a worker thread (see the module) with these descriptors as its standard
+    streams (None: ``/dev/null``); every other descriptor is closed in the child. Cancelling the caller still
+    waits for the start, then kills and reaps the process before re-raising.
+    """
+    null = subprocess.DEVNULL
+
+    def start() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            list(argv),
+            stdin=null if stdin is None else stdin,
+            stdout=null if stdout is None else stdout,
+            stderr=null if stderr is None else stderr,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+    starting = asyncio.get_running_loop().run_in_executor(_spawn_pool(), start)
+    try:
+        popen = await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        await asyncio.wait([starting])  # a thread cannot be stopped: let it finish, then undo its work
+        if not starting.cancelled() and starting.exception() is None:
+            late = starting.result()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(late.pid, signal.SIGKILL)
+            await asyncio.to_thread(late.wait)
+        raise
+    return Child(popen)
+
+
 class Running:
     """The processes of one sandbox that are not yet reaped."""
 
     def __init__(self) -> None:
-        self._procs: set[asyncio.subprocess.Process] = set()
+        self._procs: set[Child] = set()
         self._empty = asyncio.Event()
         self._empty.set()
 
-    def add(self, proc: asyncio.subprocess.Process) -> None:
+    def add(self, proc: Child) -> None:
         self._procs.add(proc)
         self._empty.clear()
 
-    def discard(self, proc: asyncio.subprocess.Process) -> None:
+    def discard(self, proc: Child) -> None:
         self._procs.discard(proc)
         if not self._procs:
             self._empty.set()
@@ -150,7 +256,7 @@ def _kill_children(pid: int) -> bool:
     return bool(kids)
 
 
-def kill_tree(proc: asyncio.subprocess.Process, children_first: bool = False) -> None:
+def kill_tree(proc: Child, children_first: bool = False) -> None:
     """SIGKILL a launched command (no-op once it is reaped).
 
     ``children_first``: only the launcher's children, for a launcher that then reaps them and exits by itself
@@ -165,7 +271,7 @@ def kill_tree(proc: asyncio.subprocess.Process, children_first: bool = False) ->
         os.killpg(proc.pid, signal.SIGKILL)
 
 
-async def terminate(proc: asyncio.subprocess.Process, children_first: bool) -> None:
+async def terminate(proc: Child, children_first: bool) -> None:
     """Kill a launched command and reap it; a launcher slow to exit after its children is killed too."""
     kill_tree(proc, children_first)
     if children_first:
@@ -254,12 +360,12 @@ async def run_process(
     env: Mapping[str, str],
     cwd: str | None,
     stdin: bytes | None,
-    timeout_s: float,
+    timeout_s: float | None,
     output_limit_bytes: int,
     running: Running | None = None,
     children_first: bool = False,
 ) -> RawExit:
-    """Run ``argv`` in a new session, kill its group at ``timeout_s``, and return its capped output.
+    """Run ``argv`` in a new session, kill its group at ``timeout_s`` (None: never), and return its capped output.
 
     The process is in ``running`` from its start until it is reaped (so a sandbox can kill the commands still
     running when it closes). Cancelling the caller kills the process and reaps it first. ``children_first``: see
@@ -276,15 +382,7 @@ async def run_process(
         *([_driver_end(in_w, "w")] if in_w is not None else []),
     ]
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=in_r if in_r is not None else asyncio.subprocess.DEVNULL,
-            stdout=out_w,
-            stderr=err_w,
-            env=dict(env),
-            cwd=cwd,
-            start_new_session=True,
-        )
+        proc = await spawn(argv, env=env, cwd=cwd, stdin=in_r, stdout=out_w, stderr=err_w)
     except BaseException:
         for f in ours:
             _close(f)

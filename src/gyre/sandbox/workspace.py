@@ -306,21 +306,13 @@ async def copy_tree(src: Path, dest: Path, bounds: tree.Limits | None = None) ->
     """
     if bounds is not None:
         await asyncio.to_thread(tree.usage, src, bounds)  # stops as soon as it is over: bounded too
-    proc = await asyncio.create_subprocess_exec(
-        "cp", "-a", "-T", "--reflink=auto", "--", str(src), str(dest),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        async with asyncio.timeout(None if bounds is None else bounds.timeout_s):
-            _, err = await proc.communicate()
-    except TimeoutError:
-        raise WorkspaceLimitExceeded("time", (bounds and bounds.timeout_s) or 0, 0) from None
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    if proc.returncode != 0:
-        raise SandboxError(
-            f"cannot copy the workspace {src} to {dest}: {err.decode(errors='replace').strip()}"
-        )
+    argv = [limits.tool("cp"), "-a", "-T", "--reflink=auto", "--", str(src), str(dest)]
+    timeout_s = None if bounds is None else bounds.timeout_s
+    done = await run_process(
+        argv, env={"PATH": SYSTEM_PATH}, cwd=None, stdin=None, timeout_s=timeout_s, output_limit_bytes=1 << 16
+    )
+    if done.timed_out:
+        raise WorkspaceLimitExceeded("time", timeout_s or 0, 0)
+    if done.returncode != 0:
+        raise SandboxError(f"cannot copy the workspace {src} to {dest}: {done.stderr.text().strip()}")
     await asyncio.to_thread(tree.sanitize, dest)
