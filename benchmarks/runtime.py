@@ -7,7 +7,8 @@ router to an upstream (its own process) that answers every model call after a re
 (lognormal, median ``--latency-s``) with a scripted reply: run a command (half the time) or submit. While a burst
 runs, a monitor measures the event loop's lag (how late a 20 ms sleep wakes up); driver memory per execution is the
 resident-set growth at the burst's peak divided by the executions waiting. Side by side in the same run: the time
-of ``true`` in a sandbox vs a plain subprocess. Writes ``benchmarks/results/runtime.json``.
+of ``true`` through a sandbox's command server, in a bubblewrap of its own, and as a plain subprocess. The driver's
+loop is uvloop, as in ``gyre train``. Writes ``benchmarks/results/runtime.json``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import msgspec
+import uvloop
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -34,6 +37,7 @@ from gyre.models import init_model, load_tokenizer
 from gyre.router.core import Router
 from gyre.runtime import BuiltinAgentSpec, ExecutionSpec, Runtime
 from gyre.sandbox import make_sandbox
+from gyre.sandbox.process import spawn
 from gyre.tasks import Task
 
 UPSTREAM = str(Path(__file__).with_name("upstream.py"))  # the engine stand-in, run as its own process
@@ -94,19 +98,22 @@ async def burst(runtime: Runtime, n: int, progress: Progress) -> dict[str, float
     }
 
 
-async def command_overhead(cfg: SandboxConfig, runs: int) -> tuple[float, float]:
-    """Median seconds of `true` in a sandbox and as a plain subprocess."""
-    sandboxed, plain = [], []
-    async with make_sandbox(cfg) as sandbox:
+async def command_overhead(cfg: SandboxConfig, runs: int) -> dict[str, float]:
+    """Median seconds of `true`: through the sandbox's command server, in a bubblewrap of its own (the
+    per-command mode), and as a plain subprocess, alternating."""
+    times: dict[str, list[float]] = {"server": [], "per_command": [], "plain": []}
+    per_command = msgspec.structs.replace(cfg, command_server=False)
+    async with make_sandbox(cfg) as server, make_sandbox(per_command) as own:
+        await server.exec("true")  # the server starts with the first command
         for _ in range(runs):
+            for name, sandbox in (("server", server), ("per_command", own)):
+                start = time.perf_counter()
+                await sandbox.exec("true")
+                times[name].append(time.perf_counter() - start)
             start = time.perf_counter()
-            await sandbox.exec("true")
-            sandboxed.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            proc = await asyncio.create_subprocess_exec("true")
-            await proc.wait()
-            plain.append(time.perf_counter() - start)
-    return statistics.median(sandboxed), statistics.median(plain)
+            await (await spawn(["/bin/true"], env={}, cwd=None, stdin=None, stdout=None, stderr=None)).wait()
+            times["plain"].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def main() -> None:
@@ -115,6 +122,7 @@ def main() -> None:
     )
     parser.add_argument("--executions", default="1000,5000,10000")
     parser.add_argument("--latency-s", type=float, default=8.0, help="median model-call latency")
+    parser.add_argument("--overhead-runs", type=int, default=200, help="runs of `true` in each mode")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "runtime.json")
     args = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -136,17 +144,17 @@ def main() -> None:
     try:
         time.sleep(1.0)
 
-        async def run_all() -> tuple[float, float]:
+        async def run_all() -> dict[str, float]:
             router = Router(RouterConfig(model_path=str(model), engines=[f"http://127.0.0.1:{port}"]))
             runtime = Runtime(router, sandbox_cfg)
-            overhead = await command_overhead(sandbox_cfg, 50)
+            overhead = await command_overhead(sandbox_cfg, args.overhead_runs)
             with Progress(console=console) as progress:
                 for n in [int(x) for x in args.executions.split(",")]:
                     rows.append(await burst(runtime, n, progress))
             await router.aclose()
             return overhead
 
-        sandboxed, plain = asyncio.run(run_all())
+        overhead = uvloop.run(run_all())  # the driver's loop, as `gyre train` and `gyre eval` run it
     finally:
         upstream.kill()
     table = Table(
@@ -167,15 +175,23 @@ def main() -> None:
                       f"{r['lag_p99_ms']:.1f} ms", f"{r['kib_per_execution']:.0f}", f"{r['calls']:,}",
                       ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items())))  # fmt: skip
     console.print(table)
-    over = Table(title="Command overhead (median of 50)")
-    for col in ("bubblewrap sandbox", "plain subprocess", "added"):
+    over = Table(title=f"Command overhead: `true` (median of {args.overhead_runs}, alternating)")
+    for col in (
+        "command server",
+        "bubblewrap per command",
+        "plain subprocess",
+        "added: server",
+        "added: per command",
+    ):
         over.add_column(col, justify="right")
-    over.add_row(f"{sandboxed * 1e3:.1f} ms", f"{plain * 1e3:.1f} ms", f"{(sandboxed - plain) * 1e3:.1f} ms")
+    ms = {name: value * 1e3 for name, value in overhead.items()}
+    over.add_row(
+        f"{ms['server']:.2f} ms", f"{ms['per_command']:.2f} ms", f"{ms['plain']:.2f} ms",
+        f"{ms['server'] - ms['plain']:.2f} ms", f"{ms['per_command'] - ms['plain']:.2f} ms",
+    )  # fmt: skip
     console.print(over)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-        json.dumps({"bursts": rows, "sandbox_true_s": sandboxed, "plain_true_s": plain}, indent=2)
-    )
+    args.out.write_text(json.dumps({"bursts": rows, "true_s": overhead}, indent=2))
     console.print(f"wrote {args.out}")
 
 

@@ -92,6 +92,10 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         2.0  # seconds between usage checks while an agent runs
     )
     copy_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0  # wall clock of one copy of a workspace out
+    # bubblewrap: one long-lived sandbox per execution runs its commands (gyre.sandbox.server); false: a new
+    # bubblewrap per command (about 5 ms more each). The server stops after this many seconds without a command.
+    command_server: bool = True
+    server_idle_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
     # container sandboxes (`gyre.sandbox.container`): tasks naming an image; every sandbox when image is set
     image: str = ""  # a local image every sandbox runs in (a task's own replaces it); "": the backend's
     container_runtime: Literal["auto", "podman", "docker"] = "auto"  # auto: podman if it works, else docker

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gyre.config import SandboxConfig
 from gyre.errors import SandboxError
-from gyre.sandbox import limits
+from gyre.sandbox import limits, server
 from gyre.sandbox.base import WORKSPACE, ExecResult, Sandbox, Snapshot
 from gyre.sandbox.bwrap import BwrapSandbox, bwrap_argv
 from gyre.sandbox.container import ContainerSandbox, check_container
@@ -63,7 +63,13 @@ def check_backend(cfg: SandboxConfig) -> str:
     if cfg.backend == "local":
         return f"local (NOT isolated); {how}"
     _probe_bwrap(cfg.network)
-    return f"bubblewrap (isolated, {'HOST network' if cfg.network else 'no network'}); {how}"
+    # the command server is built here, once, not on a busy loop
+    commands = (
+        "a command server per sandbox"
+        if cfg.command_server and server.binary()
+        else "a bubblewrap per command"
+    )
+    return f"bubblewrap (isolated, {'HOST network' if cfg.network else 'no network'}; {commands}); {how}"
 
 
 @functools.cache

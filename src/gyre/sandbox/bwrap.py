@@ -32,6 +32,7 @@ side on the same VM under load: p50 31-36 ms against 27-31 ms before, so about 4
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import fnmatch
@@ -49,8 +50,10 @@ from pathlib import Path
 from typing import ClassVar
 
 from gyre.config import SandboxConfig
-from gyre.sandbox import limits, seccomp, tree
+from gyre.errors import SandboxError
+from gyre.sandbox import limits, seccomp, server, tree
 from gyre.sandbox.base import WORKSPACE
+from gyre.sandbox.process import RawExit
 from gyre.sandbox.workspace import SYSTEM_PATH, HostSandbox
 
 # /etc entries tools need (name resolution, libraries, certificates, locales, Debian alternatives, shells,
@@ -137,11 +140,13 @@ def bwrap_argv(
     cwd: str | None,
     binds: Sequence[tuple[str, str, bool]] = (),
     seccomp_fd: int | None = None,
+    init: bool = True,
 ) -> list[str]:
     """bwrap's command line running ``argv`` over the host directories ``workspace`` and ``tmp``.
 
     ``binds`` adds host paths: (host path, path inside, writable). ``seccomp_fd``: a descriptor bwrap inherits,
-    open on the seccomp filter it installs (`gyre.sandbox.seccomp`).
+    open on the seccomp filter it installs (`gyre.sandbox.seccomp`). ``init``: pid 1 is a small ``sh`` running
+    ``argv`` as its child (see ``_INIT``); without it ``argv`` is pid 1 itself (the command server).
     """
     out = [
         limits.tool("bwrap"),
@@ -168,7 +173,8 @@ def bwrap_argv(
     for key, value in {**_SANDBOX_ENV, **env}.items():
         out += ["--setenv", key, value]
     workdir = WORKSPACE if cwd is None else posixpath.normpath(posixpath.join(WORKSPACE, cwd))
-    return [*out, "--chdir", workdir, "--", "/bin/sh", "-c", _INIT, "sh", *argv]
+    out += ["--chdir", workdir, "--"]
+    return [*out, "/bin/sh", "-c", _INIT, "sh", *argv] if init else [*out, *argv]
 
 
 class BwrapSandbox(HostSandbox):
@@ -189,6 +195,13 @@ class BwrapSandbox(HostSandbox):
         super().__init__(cfg, workspace, binds, python_env, variables)
         self._staged: dict[str, str] = {}  # host path -> where the launcher binds it for the sandbox's uid
         self._owners: dict[tuple[int, int], tuple[int, int]] = {}  # a given workspace's, before: see _remove
+        # its command server (gyre.sandbox.server): None until the first command, and after it stops
+        self._server_binary = server.binary() if cfg.command_server else None
+        self._server: server.CommandServer | None = None
+        self._server_lock = asyncio.Lock()
+        self._idle: asyncio.TimerHandle | None = None
+        self._stopping: asyncio.Future[None] | None = None  # an idle server's ending
+        self._ending = False  # closing: no server starts again
 
     def _prepare(self) -> None:
         system_binds()  # the first call copies /etc: here, in a thread, not on the loop
@@ -207,7 +220,8 @@ class BwrapSandbox(HostSandbox):
         # bwrap, running as that uid, must reach every path it binds (it resolves even fds given to it back to
         # paths): those behind a directory others cannot search are bound first at a mount point it can reach.
         self.root.chmod(0o711)
-        for host in [str(self.workspace), str(self.root / "tmp"), *(h for h, _, _ in self.binds)]:
+        hosts = [str(self.workspace), str(self.root / "tmp"), *(h for h, _, _ in self.binds)]
+        for host in hosts + ([self._server_binary] if self._server_binary else []):
             real = os.path.realpath(host)
             if host not in self._staged and not _reachable(real):
                 point = _stage_root() / f"{self.id}-{len(self._staged)}"
@@ -238,6 +252,61 @@ class BwrapSandbox(HostSandbox):
         binds = [(self._staged.get(h, h), inside, writable) for h, inside, writable in self.binds]
         inner = bwrap_argv(self.cfg, workspace, tmp, argv, env, cwd, binds, fd)
         return self._launcher_prefix() + inner, {"PATH": SYSTEM_PATH}, "/"
+
+    async def _run(
+        self, argv: list[str], env: dict[str, str], cwd: str | None, stdin: bytes | None, timeout_s: float
+    ) -> RawExit:
+        if self._server_binary is None:
+            return await super()._run(argv, env, cwd, stdin, timeout_s)
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        try:
+            running = await self._command_server()
+            workdir = WORKSPACE if cwd is None else posixpath.normpath(posixpath.join(WORKSPACE, cwd))
+            return await running.run(
+                argv, {**_SANDBOX_ENV, **env}, workdir, stdin, timeout_s, self.cfg.output_limit_bytes
+            )
+        finally:
+            if self._server is not None and not self._server.busy and not self._ending:
+                self._idle = asyncio.get_running_loop().call_later(self.cfg.server_idle_s, self._stop_idle)
+
+    async def _command_server(self) -> server.CommandServer:
+        """The running server, started (again) if there is none."""
+        async with self._server_lock:
+            if self._server is None or self._server.closed:
+                self._server = None
+                if self._ending:
+                    raise SandboxError("the sandbox is closed")
+                binary = self._server_binary
+                assert binary is not None
+                fd = _SECCOMP_FD if seccomp.filter_file() is not None else None
+                workspace, tmp = (
+                    self._staged.get(str(p), str(p)) for p in (self.workspace, self.root / "tmp")
+                )
+                binds = [(self._staged.get(h, h), inside, writable) for h, inside, writable in self.binds]
+                binds.append((self._staged.get(binary, binary), server.INSIDE, False))
+                inner = bwrap_argv(self.cfg, workspace, tmp, [server.INSIDE], {}, None, binds, fd, init=False)
+                self._server = await server.CommandServer.start(
+                    self._launcher_prefix() + inner, {"PATH": SYSTEM_PATH}, self._running
+                )
+            return self._server
+
+    def _stop_idle(self) -> None:
+        self._idle = None
+        if self._server is not None and not self._server.busy:
+            stopping, self._server = self._server, None
+            self._stopping = asyncio.ensure_future(stopping.close())
+
+    async def close(self) -> None:
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        self._ending = True  # no new server from here on
+        if self._server is not None:
+            stopping, self._server = self._server, None
+            await stopping.close()
+        await super().close()
 
     def _remove(self) -> None:
         try:

@@ -159,7 +159,7 @@ def join_argv(
         script += f"{mount} || {failed}; "
     script += 'exec "$@"' + (f" 3<{shlex.quote(fd3)}" if fd3 is not None else "")
     unshare = [tool("unshare"), "--mount", "--propagation", "private", "--"] if staged else []
-    return [*unshare, tool("bash"), "-c", script, "bash"]
+    return [*unshare, tool("bash"), "--norc", "--noprofile", "-c", script, "bash"]
 
 
 _MEMORY_WORDS = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")

@@ -23,7 +23,7 @@ from gyre.errors import SandboxError, WorkspaceLimitExceeded
 from gyre.sandbox import limits, paths, pyenv, tree
 from gyre.sandbox.base import ExecResult, Sandbox, Snapshot
 from gyre.sandbox.cgroups import SandboxCgroup, support
-from gyre.sandbox.process import LAUNCHER_EXIT_S, Running, exit_status, run_process
+from gyre.sandbox.process import LAUNCHER_EXIT_S, RawExit, Running, exit_status, run_process
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -195,6 +195,22 @@ class HostSandbox(Sandbox):
         memory_in_cgroup = self._cgroup is not None and self._cgroup.memory_limited
         return limits.join_argv(files) + limits.prlimit_argv(self.cfg, self.containment, memory_in_cgroup)
 
+    async def _run(
+        self, argv: list[str], env: dict[str, str], cwd: str | None, stdin: bytes | None, timeout_s: float
+    ) -> RawExit:
+        """Run one command of this sandbox: by default a new launcher per command (`_launch`)."""
+        full, full_env, host_cwd = self._launch(argv, env, cwd)
+        return await run_process(
+            full,
+            env=full_env,
+            cwd=host_cwd,
+            stdin=stdin,
+            timeout_s=timeout_s,
+            output_limit_bytes=self.cfg.output_limit_bytes,
+            running=self._running,
+            children_first=self._kill_children_first,
+        )
+
     async def exec(
         self,
         cmd: str | list[str],
@@ -215,20 +231,15 @@ class HostSandbox(Sandbox):
             raise SandboxError("a command cannot contain NUL characters")
         if timeout_s is not None and timeout_s <= 0:
             raise SandboxError(f"timeout_s must be positive, not {timeout_s}")
-        full, full_env, host_cwd = self._launch(
-            argv, check_env({**self._python_vars, **self._shown(self._variables), **(env or {})}), cwd
-        )
+        full_env = check_env({**self._python_vars, **self._shown(self._variables), **(env or {})})
         before = self._cgroup.counters() if self._cgroup is not None else (0, 0)
         try:
-            raw = await run_process(
-                full,
-                env=full_env,
-                cwd=host_cwd,
-                stdin=stdin.encode() if isinstance(stdin, str) else stdin,
-                timeout_s=timeout_s or self.cfg.default_timeout_s,
-                output_limit_bytes=self.cfg.output_limit_bytes,
-                running=self._running,
-                children_first=self._kill_children_first,
+            raw = await self._run(
+                argv,
+                full_env,
+                cwd,
+                stdin.encode() if isinstance(stdin, str) else stdin,
+                timeout_s or self.cfg.default_timeout_s,
             )
         except (FileNotFoundError, NotADirectoryError) as exc:  # a host cwd that is not there (local)
             return ExecResult(

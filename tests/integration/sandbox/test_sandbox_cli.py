@@ -19,7 +19,10 @@ def test_a_command_prints_its_result_and_the_set_up(bwrap_available: None) -> No
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("exit code: 0 (") and "flags: none" in out.stdout
     assert "--- stdout ---\nhello\n--- stderr ---\n" in out.stdout
-    assert "sandbox: bubblewrap (isolated, no network)" in out.stderr and "processes" in out.stderr
+    assert (
+        "sandbox: bubblewrap (isolated, no network; a command server per sandbox)" in out.stderr
+        and "processes" in out.stderr
+    )
 
 
 def test_what_is_blocked_shows_as_failures(bwrap_available: None) -> None:

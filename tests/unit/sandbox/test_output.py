@@ -77,9 +77,10 @@ def test_classify_prefers_kernel_counters_then_signals_then_messages() -> None:
 
 def test_join_argv_quotes_paths_and_execs_its_arguments() -> None:
     argv = join_argv(["/sys/fs/cgroup/pids/a b/cgroup.procs"])
-    assert argv[0].endswith("/bash") and argv[1] == "-c" and argv[-1] == "bash"
-    assert "'/sys/fs/cgroup/pids/a b/cgroup.procs'" in argv[2] and argv[2].endswith('exec "$@"')
-    assert join_argv([], "/x y/f.bpf")[2].endswith("exec \"$@\" 3<'/x y/f.bpf'")
+    # --norc: a bash whose stdin is a socket (a command server's) would read ~/.bashrc otherwise
+    assert argv[0].endswith("/bash") and argv[1:4] == ["--norc", "--noprofile", "-c"] and argv[-1] == "bash"
+    assert "'/sys/fs/cgroup/pids/a b/cgroup.procs'" in argv[4] and argv[4].endswith('exec "$@"')
+    assert join_argv([], "/x y/f.bpf")[4].endswith("exec \"$@\" 3<'/x y/f.bpf'")
 
 
 def test_the_launcher_closes_every_descriptor_above_stderr(tmp_path: Path) -> None:
@@ -102,5 +103,5 @@ def test_the_launcher_closes_every_descriptor_above_stderr(tmp_path: Path) -> No
 def test_the_launcher_binds_staged_paths_in_a_mount_namespace_of_its_own() -> None:
     argv = join_argv([], None, [("/root/a b", "/tmp/stage/0")])
     assert argv[0].endswith("/unshare") and argv[1:5] == ["--mount", "--propagation", "private", "--"]
-    assert "--rbind -- '/root/a b' /tmp/stage/0 ||" in argv[7]
+    assert "--rbind -- '/root/a b' /tmp/stage/0 ||" in argv[9]
     assert join_argv([])[0].endswith("/bash")  # nothing to bind: no namespace
