@@ -149,7 +149,7 @@ def main() -> None:
             runtime = Runtime(router, sandbox_cfg)
             overhead = await command_overhead(sandbox_cfg, args.overhead_runs)
             with Progress(console=console) as progress:
-                for n in [int(x) for x in args.executions.split(",")]:
+                for n in [int(x) for x in args.executions.split(",") if x.strip()]:
                     rows.append(await burst(runtime, n, progress))
             await router.aclose()
             return overhead

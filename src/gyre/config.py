@@ -210,6 +210,19 @@ class ControllerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     switch_timeout_s: Annotated[float, msgspec.Meta(gt=0.0)] = 300.0  # one role switch, at most
 
 
+class ChaosConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Faults injected on purpose, to show that a run survives them (`gyre.control.chaos`); all off by default.
+
+    Each message between the controller and a cell (both ways, heartbeats included) is dropped, duplicated, and
+    delayed (which reorders messages) with these probabilities, seeded per side.
+    """
+
+    control_drop: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.0
+    control_duplicate: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
+    control_delay_s: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0  # each message waits uniformly up to this
+    seed: int = 0
+
+
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """What `gyre train` runs: the model, the task suite, the steps and their executions, the built-in agent."""
 
@@ -289,6 +302,7 @@ class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     controller: ControllerConfig = msgspec.field(default_factory=ControllerConfig)
     run: RunConfig = msgspec.field(default_factory=RunConfig)
     sft: SftConfig = msgspec.field(default_factory=SftConfig)
+    chaos: ChaosConfig = msgspec.field(default_factory=ChaosConfig)
 
 
 T = TypeVar("T", bound=msgspec.Struct)

@@ -492,12 +492,16 @@ class CellHello(msgspec.Struct, tag="cell_hello", kw_only=True):
     version: int = -1  # the weights its engine serves
     hostname: str = ""
     pid: int = 0
+    seq: int = 0  # this cell process's message count: a Hello older than what the controller knows is stale
 
 
 class CellBeat(msgspec.Struct, tag="cell_beat", kw_only=True):
-    """A cell is alive (its own thread, also while it switches)."""
+    """A cell is alive (its own thread, also while it switches), and what it is doing now."""
 
     cell: str
+    seq: int = 0  # as in CellHello
+    role: CellRole | None = None  # where a lost report left the controller behind, beats bring it up to date
+    version: int = -1
 
 
 class SwitchDone(msgspec.Struct, tag="switch_done", kw_only=True):

@@ -103,6 +103,7 @@ class TrainSummary(msgspec.Struct, frozen=True, kw_only=True):
     eval_last: float | None = None
     resumes: int = 0
     tampered_executions: int = 0  # executions caught tampering with the grader, over all steps
+    injected_faults: dict[str, int] = {}  # [chaos] on the controller's control messages: sent, dropped...
 
 
 class _PickUp(msgspec.Struct, kw_only=True):
@@ -223,13 +224,14 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
                 await cluster.controller.apply([ToServe(v.name) for v in cluster.controller.cell_views()
                                                 if v.role == "training"])  # fmt: skip
             await evaluate(run.steps)
+            injected = cluster.controller.link.counts() if cluster.controller.link.active else {}
         finally:
             await runtime.aclose()
             await eval_runtime.aclose()
             for journal in (metrics, eval_log, timeline):
                 journal.close()
             board.close()
-    return summarize(rd, cfg, result, records, evals, picked.attempt)
+    return summarize(rd, cfg, result, records, evals, picked.attempt, injected)
 
 
 class Trainer:
@@ -368,6 +370,7 @@ def summarize(
     records: list[StepRecord],
     evals: list[EvalPoint],
     resumes: int,
+    injected: dict[str, int] | None = None,
 ) -> TrainSummary:
     """``train.json`` and ``report.html``, from the whole run (earlier attempts' steps included)."""
     evals = sorted(evals, key=lambda e: e.step)
@@ -378,7 +381,8 @@ def summarize(
                            reward_last=records[-1].reward_mean if records else 0.0,
                            eval_first=evals[0].mean if evals else None,
                            eval_last=evals[-1].mean if evals else None, resumes=resumes,
-                           tampered_executions=sum(r.tampered for r in records))  # fmt: skip
+                           tampered_executions=sum(r.tampered for r in records),
+                           injected_faults=injected or {})  # fmt: skip
     rd.summary.write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
     write_report(rd.root)
     return summary

@@ -20,6 +20,8 @@ cells only serve. The engine is a child process that dies with the cell.
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import logging
 import os
 import socket
@@ -36,6 +38,7 @@ import zmq
 import zmq.asyncio
 
 from gyre.config import GyreConfig
+from gyre.control.chaos import FaultyLink
 from gyre.engine.client import EngineClient
 from gyre.engine.launch import ServerProcess, exit_with_parent, launch_embedded, launch_sglang
 from gyre.errors import GyreError
@@ -90,6 +93,10 @@ class Cell:
         self._satellite_run: asyncio.Task[SatelliteSummary | None] | None = None
         self._tags = ["kv_cache", "weights"] if cfg.cells.release_weights else ["kv_cache"]
         self._joining = False
+        self._link = FaultyLink(cfg.chaos, f"cell {spec.name}")
+        self._seq = itertools.count(1)  # this process's Hellos and beats, in order
+        self._switches: dict[int, SwitchDone | None] = {}  # switch -> its report (None while it runs)
+        self._hello_at = 0.0
 
     # ---- start-up (blocking, in the main thread: the engine dies with it) -----------------------------------------
     def start(self) -> None:
@@ -146,6 +153,12 @@ class Cell:
                         log.warning("%s: the controller said nothing for %.1f s", self.spec.name, timeout_s)
                         self._send(self._hello())
                         continue
+                    if (
+                        self.version < 0
+                        and not self._joining
+                        and time.monotonic() - self._hello_at > timeout_s
+                    ):
+                        self._send(self._hello())  # not welcomed yet: the Hello or the Welcome was lost
                     message = _decoder.decode(await sock.recv())
                     match message:
                         case ControlPing():
@@ -157,9 +170,9 @@ class Cell:
                                     True  # one join at a time; a failed one is tried at the next Welcome
                                 )
                                 tasks.create_task(self._switch(JOINED, self._join_serving))
-                        case StartTraining(switch=n):
+                        case StartTraining(switch=n) if self._new_switch(n):
                             tasks.create_task(self._switch(n, self._to_training))
-                        case StartServing(switch=n):
+                        case StartServing(switch=n) if self._new_switch(n):
                             tasks.create_task(self._switch(n, self._to_serving))
                         case CellRefused(reason=reason):
                             raise GyreError(f"the controller refused cell {self.spec.name}: {reason}")
@@ -169,25 +182,49 @@ class Cell:
                 if self._satellite_run is not None and self.satellite is not None:
                     self.satellite.request_leave()
         finally:
+            if self._link.active:
+                log.info("%s: chaos on its control messages: %s", self.spec.name, self._link.counts())
             await self._engine.aclose()
             sock.close(0)
             ctx.term()
 
+    def _new_switch(self, number: int) -> bool:
+        """Whether switch ``number`` is new: a command repeated (or overtaken by a later one) is not carried out
+        twice; a finished switch's report is repeated, the controller may not have got it."""
+        if number in self._switches:
+            report = self._switches[number]
+            if report is not None:
+                self._send(report)
+            return False
+        if self._switches and number < max(self._switches):
+            return False
+        self._switches[number] = None
+        for old in [n for n in self._switches if n < number - 64]:
+            del self._switches[old]
+        return True
+
     def _hello(self) -> CellHello:
         assert self.engine is not None
+        self._hello_at = time.monotonic()
         return CellHello(cell=self.spec.name, kind=self.spec.kind, order=self.spec.order,
                          engine_url=self.engine.url, capacity=self.cfg.cells.capacity_executions,
                          core_address=self.core_address if self.spec.kind == "core" else "",
                          role=self.role, version=self.version, hostname=socket.gethostname(),
-                         pid=os.getpid())  # fmt: skip
+                         pid=os.getpid(), seq=next(self._seq))  # fmt: skip
 
     def _send(self, message: Any) -> None:
-        self._sock.send(_encoder.encode(message))
+        self._link.send(functools.partial(self._deliver, _encoder.encode(message)))
+
+    def _deliver(self, data: bytes) -> None:
+        if not self._sock.closed:
+            self._sock.send(data)  # queued by zmq.asyncio when it cannot go at once
 
     async def _beat(self, interval_s: float) -> None:
         while True:
             await asyncio.sleep(interval_s)
-            self._send(CellBeat(cell=self.spec.name))
+            self._send(
+                CellBeat(cell=self.spec.name, seq=next(self._seq), role=self.role, version=self.version)
+            )
 
     async def _switch(self, number: int, do: Callable[[Phases], Awaitable[None]]) -> None:
         """Run one switch's phases and report them (an error is reported, not raised: the controller decides)."""
@@ -198,8 +235,11 @@ class Cell:
         except (GyreError, OSError, RuntimeError, TimeoutError) as exc:
             error = f"{type(exc).__name__}: {exc}"
             log.exception("%s: switch %d failed", self.spec.name, number)
-        self._send(SwitchDone(cell=self.spec.name, switch=number, role=self.role, phases=phases,
-                              version=self.version, error=error))  # fmt: skip
+        report = SwitchDone(cell=self.spec.name, switch=number, role=self.role, phases=phases,
+                            version=self.version, error=error)  # fmt: skip
+        if number != JOINED:
+            self._switches[number] = report
+        self._send(report)
 
     async def _timed(self, phases: Phases, name: str, work: Awaitable[Any]) -> None:
         started = time.perf_counter()

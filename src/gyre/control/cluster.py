@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import msgspec
@@ -22,6 +23,8 @@ from gyre.control.controller import Controller
 from gyre.errors import CellError
 from gyre.router.core import Router
 from gyre.router.pool import EnginePool
+
+SHUTDOWN_S = 30.0  # how long cells may take to stop once told; then they are killed
 
 
 class Cluster:
@@ -37,7 +40,7 @@ class Cluster:
             router_cfg.wait_for_engine_s, router_cfg.retry_budget, router_cfg.request_timeout_s
         )
         self.router = Router(router_cfg, pool=self.pool)
-        self.controller = Controller(cfg.controller, self.pool, self.run_dir)
+        self.controller = Controller(cfg.controller, self.pool, self.run_dir, chaos=cfg.chaos)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.specs: dict[str, CellSpec] = {}
 
@@ -83,12 +86,16 @@ class Cluster:
         self.procs[name].wait()
 
     async def __aexit__(self, *exc: object) -> None:
-        with contextlib.suppress(Exception):
-            await self.controller.shutdown_cells()
+        deadline, told = time.monotonic() + SHUTDOWN_S, 0.0
+        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
+            if time.monotonic() - told >= 1.0:  # again each second: the message may be lost on the way
+                told = time.monotonic()
+                with contextlib.suppress(Exception):
+                    await self.controller.shutdown_cells()
+            await asyncio.sleep(0.05)
         for proc in self.procs.values():
-            try:
-                await asyncio.to_thread(proc.wait, 30)
-            except subprocess.TimeoutExpired:
+            if proc.poll() is None:
                 proc.kill()
+                await asyncio.to_thread(proc.wait)
         await self.controller.__aexit__(None, None, None)
         await self.router.aclose()

@@ -15,6 +15,12 @@ Heartbeats both ways: a cell silent for ``cell_timeout_s`` is gone (the router s
 calls elsewhere; the core gives its claimed micro-steps to others by its own member timeout; the policy plans
 without it). A cell that says Hello again, restarted or reconnected, rejoins.
 
+Messages may be lost, repeated or reordered on the way (a flaky network; `gyre.control.chaos` does it on purpose):
+a switch's command is sent again every ``RESEND_BEATS`` heartbeats until the cell reports (the cell runs each switch
+number once and repeats its report), a Hello or beat older than one already applied is ignored (each carries the
+cell process's sequence number), and beats carry the cell's role, so a lost join report cannot leave a serving cell
+unrouted.
+
 The policy (`gyre.control.policy.decide`) is not called here: the loop that drives the run (`gyre.control.loop`)
 builds an ``Observation`` from `cell_views` and its books and carries out the moves with `apply`.
 """
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import time
@@ -34,7 +41,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from gyre.config import ControllerConfig
+from gyre.config import ChaosConfig, ControllerConfig
+from gyre.control.chaos import FaultyLink
 from gyre.control.policy import Action, CellView, ToServe, ToTrain
 from gyre.errors import SwitchFailed
 from gyre.journal import Journal
@@ -58,6 +66,11 @@ from gyre.router.pool import EnginePool
 log = logging.getLogger(__name__)
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(CellMessage)
+RESEND_BEATS = 4  # heartbeats between two sends of a switch's command the cell has not yet reported
+
+
+def _stale(cell: _Cell | None, hello: CellHello) -> bool:
+    return cell is not None and cell.role != "gone" and cell.pid == hello.pid and hello.seq <= cell.seq
 
 
 @dataclass(eq=False)
@@ -73,6 +86,8 @@ class _Cell:
     last_seen: float = field(default_factory=time.monotonic)
     waiting: dict[int, asyncio.Future[SwitchDone]] = field(default_factory=dict)  # switch -> its report
     switches: int = 0
+    pid: int = 0  # its process, as its Hello said
+    seq: int = 0  # the last Hello or beat applied: older ones are stale
 
 
 class CellStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,9 +116,14 @@ class Controller:
     """Cells, their roles and switches; ``async with Controller(...)`` binds the ROUTER and runs its loops."""
 
     def __init__(
-        self, cfg: ControllerConfig, pool: EnginePool, journal_dir: str | Path | None = None
+        self,
+        cfg: ControllerConfig,
+        pool: EnginePool,
+        journal_dir: str | Path | None = None,
+        chaos: ChaosConfig | None = None,
     ) -> None:
         self.cfg, self.pool = cfg, pool
+        self.link = FaultyLink(chaos or ChaosConfig(), "controller")
         self.cells: dict[str, _Cell] = {}
         self.core_address = ""
         self.address = ""
@@ -241,10 +261,14 @@ class Controller:
             )
         future: asyncio.Future[SwitchDone] = asyncio.get_running_loop().create_future()
         cell.waiting[number] = future
-        await self._send(cell, command)
         try:
             async with asyncio.timeout(self.cfg.switch_timeout_s):
-                report = await future
+                while True:  # again until it reports: a command or a report may be lost on the way
+                    await self._send(cell, command)
+                    done, _ = await asyncio.wait([future], timeout=RESEND_BEATS * self.cfg.heartbeat_s)
+                    if done:
+                        report = future.result()
+                        break
         except TimeoutError:
             report = SwitchDone(cell=cell.name, switch=number, role=cell.role, phases={},
                                 error=f"no report within {self.cfg.switch_timeout_s:g} s")  # fmt: skip
@@ -284,7 +308,11 @@ class Controller:
 
     # ---- the control plane --------------------------------------------------------------------------------------
     async def _send(self, cell: _Cell, message: object) -> None:
-        await self._sock.send_multipart([cell.identity, _encoder.encode(message)])
+        self.link.send(functools.partial(self._deliver, [cell.identity, _encoder.encode(message)]))
+
+    def _deliver(self, parts: list[bytes]) -> None:
+        if not self._sock.closed:
+            self._sock.send_multipart(parts)  # queued by zmq.asyncio when it cannot go at once
 
     async def _receive(self) -> None:
         while True:
@@ -299,8 +327,12 @@ class Controller:
                 cell.last_seen = time.monotonic()
             match message:
                 case CellBeat():
-                    pass
+                    if cell is not None and cell.role != "gone" and message.seq > cell.seq:
+                        cell.seq = message.seq
+                        self._beat_state(cell, message)
                 case CellHello():
+                    if _stale(cell, message):
+                        continue  # a duplicate, or overtaken by newer news of the same process
                     await self._hello(identity, message)
                 case SwitchDone(switch=number):
                     if cell is None:
@@ -327,6 +359,7 @@ class Controller:
                      hello.hostname, hello.pid)  # fmt: skip
         cell.identity, cell.last_seen = identity, time.monotonic()
         cell.role, cell.version = hello.role, hello.version
+        cell.pid, cell.seq = hello.pid, hello.seq
         if hello.role == "serving":  # a cell that kept serving while the controller restarted
             self._route(cell)
         self._notify()
@@ -341,6 +374,15 @@ class Controller:
     def _welcome(self, cell: _Cell) -> CellWelcome:
         return CellWelcome(cell=cell.name, core_address=self.core_address, heartbeat_s=self.cfg.heartbeat_s,
                            cell_timeout_s=self.cfg.cell_timeout_s)  # fmt: skip
+
+    def _beat_state(self, cell: _Cell, beat: CellBeat) -> None:
+        """A cell that serves the core's weights while the controller still waits for it to join lost its report:
+        its beat says it serves (never while a switch of it is under way: the controller leads those)."""
+        if beat.role == "serving" and cell.role == "resuming" and cell.version < 0 and not cell.waiting:
+            log.info("cell %s: its join report was lost; its heartbeat says it serves", cell.name)
+            self._joined(
+                cell, SwitchDone(cell=cell.name, switch=0, role="serving", phases={}, version=beat.version)
+            )
 
     def _joined(self, cell: _Cell, report: SwitchDone) -> None:
         if report.error:

@@ -1,0 +1,62 @@
+"""Faults injected on purpose into the control plane (``[chaos]``, `gyre.config.ChaosConfig`).
+
+Each side of the controller <-> cell channel sends through a `FaultyLink`, which drops a message, sends it twice or
+delays it (so that messages also arrive out of order) at the configured rates. The control plane is built to
+survive all three: a cell's Hello and beats carry a sequence number (stale ones are ignored) and its current role
+(beats bring a controller whose report was lost up to date), the controller repeats a switch's command until the
+cell reports it, and a cell carries out each switch number once, repeating its report when asked again. Off by
+default; the chaos suite turns it on under a live `gyre train`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from typing import Any
+
+from gyre.config import ChaosConfig
+
+
+class FaultyLink:
+    """One side's sending, through the configured faults."""
+
+    def __init__(self, cfg: ChaosConfig, side: str) -> None:
+        self.cfg = cfg
+        self._rng = random.Random(f"{cfg.seed}:{side}")
+        self.sent = self.dropped = self.duplicated = self.delayed = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether any fault is configured."""
+        cfg = self.cfg
+        return bool(cfg.control_drop or cfg.control_duplicate or cfg.control_delay_s)
+
+    def counts(self) -> dict[str, int]:
+        """Messages sent through this link, and how many of them were dropped, duplicated and delayed."""
+        return {
+            "sent": self.sent,
+            "dropped": self.dropped,
+            "duplicated": self.duplicated,
+            "delayed": self.delayed,
+        }
+
+    def send(self, deliver: Callable[[], Any]) -> None:
+        """Deliver one message (``deliver`` sends it) zero, one or two times, each after its own delay."""
+        self.sent += 1
+        if not self.active:
+            deliver()
+            return
+        cfg, rng = self.cfg, self._rng
+        if rng.random() < cfg.control_drop:
+            self.dropped += 1
+            return
+        copies = 2 if rng.random() < cfg.control_duplicate else 1
+        self.duplicated += copies - 1
+        for _ in range(copies):
+            delay = rng.uniform(0.0, cfg.control_delay_s) if cfg.control_delay_s else 0.0
+            if delay > 0:
+                self.delayed += 1
+                asyncio.get_running_loop().call_later(delay, deliver)
+            else:
+                deliver()
