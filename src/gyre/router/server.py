@@ -405,6 +405,13 @@ KEEP_ALIVE_S = 300
 
 async def serve_router(router: Router) -> None:
     """Serve both applications until cancelled (agent-facing and admin, one event loop)."""
+    try:
+        await _serve(router)
+    finally:
+        await router.aclose()
+
+
+async def _serve(router: Router) -> None:
     import uvicorn
 
     from gyre.router.listener import AgentServer, bind
@@ -434,9 +441,7 @@ async def serve_router(router: Router) -> None:
         )
     )
     tasks = [asyncio.ensure_future(agent.serve()), asyncio.ensure_future(admin.serve())]
-    try:  # each server traps the interrupt for itself: when one stops, stop the other
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        agent.should_exit = admin.should_exit = True
-        await asyncio.gather(*tasks, return_exceptions=True)
-    finally:
-        await router.aclose()
+    # each server traps the interrupt for itself: when one stops, stop the other
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    agent.should_exit = admin.should_exit = True
+    await asyncio.gather(*tasks, return_exceptions=True)
