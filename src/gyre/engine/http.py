@@ -3,11 +3,14 @@
 httpx's connection pool re-checks every pooled connection (a syscall each) on every request, which made the router
 quadratic in its concurrency (benchmarks/router.py: 1,100 requests/s at 1 concurrent, 370 at 256). This pool hands
 out idle connections in O(1) and parses responses with plain stream reads. Streaming responses still use httpx.
+A request that has to wait for a connection is served before any that arrives after it (issue 17: under a burst,
+requests that found an idle connection overtook those waiting for a connect, for several rounds).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 from collections import deque
@@ -93,8 +96,13 @@ class _Connection:
         self.writer.close()
 
 
+# Connections one pool opens at a time, so a burst of calls does not overflow the engine's accept backlog.
+CONNECTS_AT_ONCE = 64
+
+
 class HttpPool:
-    """Keep-alive connections to one ``http://host:port``; any number of concurrent requests."""
+    """Keep-alive connections to one ``http://host:port``; any number of concurrent requests, first come first
+    served when connections run short."""
 
     def __init__(
         self,
@@ -112,9 +120,14 @@ class HttpPool:
         self.prefix = parts.path.rstrip("/")
         self.timeout_s, self.connect_timeout_s, self.max_idle = timeout_s, connect_timeout_s, max_idle
         self._idle: deque[_Connection] = deque()
-        # requests in flight (so connections, file descriptors, stay bounded), and connections opened at once
-        # (so a burst does not overflow the server's accept backlog)
-        self._open, self._connecting = asyncio.Semaphore(max_open), asyncio.Semaphore(64)
+        # requests in flight, so connections (file descriptors) stay bounded
+        self._open = asyncio.Semaphore(max_open)
+        # Requests that found no idle connection, oldest first. Each gets the next connection that is free, one
+        # released by a request or one just opened, whichever comes first: a request that arrives later never
+        # overtakes one that waits. Value: (connection, reused), or the error of a connect that failed.
+        self._waiters: deque[asyncio.Future[tuple[_Connection, bool]]] = deque()
+        # Connects in flight, owned by the pool (`close` cancels them): each hands its connection to the line.
+        self._connects: set[asyncio.Task[_Connection]] = set()
         self._host_header = f"{self.host}:{self.port}".encode()
 
     async def request(
@@ -147,13 +160,10 @@ class HttpPool:
                     except BaseException:
                         conn.close()  # cancelled or timed out mid-request: the connection's state is unknown
                         raise
-                    if (
-                        response.headers.get("connection", "").lower() == "close"
-                        or len(self._idle) >= self.max_idle
-                    ):
+                    if response.headers.get("connection", "").lower() == "close":
                         conn.close()
                     else:
-                        self._idle.append(conn)
+                        self._release(conn)
                     return response
         except TimeoutError as exc:
             raise EngineUnavailable(
@@ -161,23 +171,74 @@ class HttpPool:
             ) from exc
 
     async def _acquire(self) -> tuple[_Connection, bool]:
-        while self._idle:
-            conn = self._idle.pop()
-            if not conn.reader.at_eof() and not conn.writer.is_closing():
-                return conn, True
-            conn.close()
+        """A free connection and whether it served earlier requests; first come, first served."""
+        if not self._waiters:
+            while self._idle:
+                conn = self._idle.pop()
+                if not conn.reader.at_eof() and not conn.writer.is_closing():
+                    return conn, True
+                conn.close()
+        waiter: asyncio.Future[tuple[_Connection, bool]] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        self._open_for_waiters()
         try:
-            async with self._connecting:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(self.host, self.port, limit=2**24), self.connect_timeout_s
-                )
+            return await waiter
+        except BaseException:  # cancelled (a timeout) or the connect failed: leave the line
+            if not waiter.done() or waiter.cancelled():
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            elif waiter.exception() is None:  # a connection was handed over as this request gave up
+                self._release(waiter.result()[0])
+            raise
+
+    def _open_for_waiters(self) -> None:
+        """Start connects until one is on its way for every waiter, CONNECTS_AT_ONCE at most."""
+        loop = asyncio.get_running_loop()
+        while len(self._connects) < min(len(self._waiters), CONNECTS_AT_ONCE):
+            task = loop.create_task(self._connect())
+            self._connects.add(task)
+            task.add_done_callback(self._connected)
+
+    def _connected(self, task: asyncio.Task[_Connection]) -> None:
+        self._connects.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None:
+            self._release(task.result(), reused=False)
+        else:  # the oldest waiter gets the error; the next ones get connects of their own
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.done():
+                    waiter.set_exception(exc)
+                    break
+        if self._waiters:
+            self._open_for_waiters()
+
+    async def _connect(self) -> _Connection:
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(self.host, self.port, limit=2**24), self.connect_timeout_s
+            )
         except (OSError, TimeoutError) as exc:
             if local_cause(exc) is not None:
                 raise LocalResourceError(
                     f"cannot open a connection to {self.host}:{self.port}: {exc!r}"
                 ) from exc
             raise EngineUnavailable(f"{self.host}:{self.port} unreachable: {exc!r}") from exc
-        return _Connection(reader, writer), False
+        return _Connection(reader, writer)
+
+    def _release(self, conn: _Connection, reused: bool = True) -> None:
+        """A free connection goes to the oldest waiter, else back to the idle ones."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result((conn, reused))
+                return
+        if len(self._idle) >= self.max_idle:
+            conn.close()
+        else:
+            self._idle.append(conn)
 
     @staticmethod
     async def _read(conn: _Connection) -> HttpResponse:
@@ -205,6 +266,12 @@ class HttpPool:
         return HttpResponse(status, headers, content)
 
     def close(self) -> None:
-        """Close idle connections."""
+        """Close idle connections and stop opening new ones; requests still waiting for one fail."""
         while self._idle:
             self._idle.pop().close()
+        for task in self._connects:
+            task.cancel()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(EngineUnavailable(f"{self.host}:{self.port}: the client was closed"))

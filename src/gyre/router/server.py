@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gyre.engine.http import sse_event
-from gyre.errors import EngineRequestError, GyreError
+from gyre.errors import ConfigError, EngineRequestError, GyreError
 from gyre.records import Role
 from gyre.router.core import ROLES, Router
 from gyre.router.openai_types import (
@@ -405,20 +405,32 @@ KEEP_ALIVE_S = 300
 
 async def serve_router(router: Router) -> None:
     """Serve both applications until cancelled (agent-facing and admin, one event loop)."""
-    import asyncio
+    try:
+        await _serve(router)
+    finally:
+        await router.aclose()
 
+
+async def _serve(router: Router) -> None:
     import uvicorn
 
-    agent = uvicorn.Server(
-        uvicorn.Config(
-            build_agent_app(router),
-            host=router.cfg.host,
-            port=router.cfg.port,
-            log_level="warning",
-            timeout_keep_alive=KEEP_ALIVE_S,
-            http=head_timeout_protocol(router.cfg.body_timeout_s),
-        )
+    from gyre.router.listener import AgentServer, bind
+
+    agent_config = uvicorn.Config(
+        build_agent_app(router),
+        host=router.cfg.host,
+        port=router.cfg.port,
+        log_level="warning",
+        timeout_keep_alive=KEEP_ALIVE_S,
+        http=head_timeout_protocol(router.cfg.body_timeout_s),
     )
+    try:
+        sock = bind(router.cfg.host, router.cfg.port, agent_config.backlog)
+    except OSError as exc:
+        raise ConfigError(
+            f"the router cannot listen on {router.cfg.host}:{router.cfg.port} (router.host, router.port): {exc}"
+        ) from None
+    agent = AgentServer(agent_config, sock)  # accepts every waiting connection at once (see its module)
     admin = uvicorn.Server(
         uvicorn.Config(
             build_admin_app(router),
@@ -429,9 +441,7 @@ async def serve_router(router: Router) -> None:
         )
     )
     tasks = [asyncio.ensure_future(agent.serve()), asyncio.ensure_future(admin.serve())]
-    try:  # each server traps the interrupt for itself: when one stops, stop the other
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        agent.should_exit = admin.should_exit = True
-        await asyncio.gather(*tasks, return_exceptions=True)
-    finally:
-        await router.aclose()
+    # each server traps the interrupt for itself: when one stops, stop the other
+    await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    agent.should_exit = admin.should_exit = True
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,139 @@
+"""Fair service under many keep-alive agent connections (issue 17).
+
+A scripted engine answers at once, so the router's one event loop is the bottleneck. Agents that connect while
+others keep the router busy must be answered within a few of the others' rounds. Before the fix the router accepted
+one connection per event-loop iteration (libuv's way under uvloop), and a call waiting for an engine connection
+was overtaken by later ones: late agents waited until the busy ones were done (35-47x the busy agents' median call
+here; p99 8-21x the p50 at 256 concurrent in ``benchmarks/router.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gyre.engine.launch import ServerProcess
+from gyre.router.launch import launch_router
+
+BUSY = 64  # agents calling back to back on their keep-alive connections
+LATE = 128  # agents that connect at once while the router is busy, one call each
+SPREAD = 6.0  # a late agent's first answer arrives within this many of the busy agents' median call latency
+
+
+# The scripted engine in a process of its own: in this one it would share the interpreter with the agents, and the
+# router would not be the bottleneck.
+ENGINE = """
+import sys, time
+from gyre.engine.scripted import ScriptedEngine
+from gyre.models import load_tokenizer
+with ScriptedEngine(load_tokenizer(sys.argv[1]), lambda ids: "ok") as engine:
+    print(engine.url, flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.fixture(scope="module")
+def router(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, str]]:
+    logs = tmp_path_factory.mktemp("fairness")
+    command = [sys.executable, "-c", ENGINE, str(tiny_model)]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as engine:
+        try:
+            assert engine.stdout is not None
+            url = engine.stdout.readline().strip()
+            assert url.startswith("http://"), "the scripted engine did not start"
+            proc, admin = launch_router(tiny_model, [url], log_path=logs / "router.log")
+            with proc:
+                yield proc, admin
+        finally:
+            engine.kill()
+
+
+class Agent:
+    """One keep-alive HTTP/1.1 connection to the router, calling chat completions for one session."""
+
+    def __init__(self, port: int, token: str) -> None:
+        self.port, self.token, self.calls = port, token, 0
+
+    async def connect(self) -> None:
+        self.reader, self.writer = await asyncio.open_connection("127.0.0.1", self.port)
+
+    async def chat(self) -> None:
+        body = json.dumps({
+            "model": "default", "max_tokens": 4,
+            "messages": [{"role": "user", "content": f"question {self.calls}"}],
+        }).encode()  # fmt: skip
+        head = f"POST /s/{self.token}/v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        self.writer.write(f"{head}content-length: {len(body)}\r\n\r\n".encode() + body)
+        header = await self.reader.readuntil(b"\r\n\r\n")
+        assert header.startswith(b"HTTP/1.1 200"), header
+        length = next(
+            int(h.split(b":")[1]) for h in header.split(b"\r\n") if h.lower().startswith(b"content-length")
+        )
+        await self.reader.readexactly(length)
+        self.calls += 1
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def _late_agents_meet_busy_ones(port: int, tokens: list[str]) -> tuple[list[float], list[float]]:
+    """(latencies of the busy agents' calls while the late ones were served, the late agents' first answers)."""
+    busy = [Agent(port, token) for token in tokens[:BUSY]]
+    late = [Agent(port, token) for token in tokens[BUSY:]]
+    latencies: list[float] = []
+    busy_enough = asyncio.Event()  # the busy agents have made three calls each (on average)
+    stop = False
+
+    async def keep_busy(agent: Agent) -> None:
+        await agent.connect()
+        while not stop:
+            start = time.perf_counter()
+            await agent.chat()
+            latencies.append(time.perf_counter() - start)
+            if len(latencies) >= 3 * BUSY:
+                busy_enough.set()
+        agent.close()
+
+    async def first_answer(agent: Agent) -> float:
+        start = time.perf_counter()
+        await agent.connect()
+        await agent.chat()
+        agent.close()
+        return time.perf_counter() - start
+
+    async with asyncio.TaskGroup() as group:
+        for agent in busy:
+            group.create_task(keep_busy(agent))
+        await busy_enough.wait()
+        seen = len(latencies)
+        firsts = await asyncio.gather(*(first_answer(agent) for agent in late))
+        during = latencies[seen:]
+        stop = True
+    return during, firsts
+
+
+def test_agents_that_connect_while_the_router_is_busy_are_answered_within_a_few_rounds(
+    router: tuple[ServerProcess, str],
+) -> None:
+    proc, admin = router
+    with httpx.Client() as http:
+        tokens = [
+            http.post(f"{admin}/admin/sessions", json={"execution_id": f"fair-{i}"}).json()["token"]
+            for i in range(BUSY + LATE)
+        ]
+    during, firsts = asyncio.run(_late_agents_meet_busy_ones(proc.port, tokens))
+    round_s = statistics.median(during)
+    slowest = max(firsts)
+    assert slowest <= SPREAD * round_s, (
+        f"the slowest of {LATE} agents that connected while {BUSY} kept the router busy got its first answer after "
+        f"{slowest * 1e3:.0f} ms, {slowest / round_s:.1f}x the busy agents' median call ({round_s * 1e3:.0f} ms)"
+    )
