@@ -12,6 +12,7 @@ import hashlib
 import os
 import signal
 import time
+from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -25,6 +26,15 @@ MODES = [pytest.param(True, id="server"), pytest.param(False, id="per-command")]
 
 def _mode(cfg: SandboxConfig, server: bool, **changes: object) -> SandboxConfig:
     return msgspec.structs.replace(cfg, command_server=server, **changes)
+
+
+async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
+    """Wait (polling: the sandbox has no event for these) until ``condition()`` holds."""
+    for _ in range(int(timeout_s / 0.02)):
+        if condition():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"still false after {timeout_s:g} s")
 
 
 def _processes(listing: str) -> int:
@@ -122,7 +132,7 @@ def test_a_lost_server_ends_its_commands_and_the_next_command_starts_another(cfg
         async with make_sandbox(cfg) as sb:
             assert isinstance(sb, BwrapSandbox)
             running = asyncio.ensure_future(sb.exec("sleep 30"))
-            await asyncio.sleep(1.0)
+            await _until(lambda: sb._server is not None and sb._server.busy)
             server = sb._server
             assert server is not None
             os.killpg(server._child.pid, signal.SIGKILL)  # the host kills it (an OOM kill, an operator)
@@ -141,8 +151,7 @@ def test_an_idle_server_stops_and_comes_back(cfg: SandboxConfig) -> None:
             await sb.exec("echo kept > /tmp/state")
             first = sb._server
             assert first is not None
-            await asyncio.sleep(1.0)
-            assert sb._server is None and first.closed
+            await _until(lambda: sb._server is None and first.closed)
             r = await sb.exec("cat /tmp/state")
             assert r.stdout == "kept\n" and sb._server is not None, r
 
@@ -154,7 +163,7 @@ def test_closing_ends_the_server_and_everything_it_ran(cfg: SandboxConfig) -> No
         async with make_sandbox(cfg) as sb:
             assert isinstance(sb, BwrapSandbox)
             running = asyncio.ensure_future(sb.exec("sleep 1000"))
-            await asyncio.sleep(0.5)
+            await _until(lambda: sb._server is not None and sb._server.busy)
             assert sb._server is not None and not running.done()
             return sb._server._child.pid
 
