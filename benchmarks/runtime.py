@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import resource
 import statistics
@@ -33,6 +34,7 @@ from rich.table import Table
 from gyre.agents.builtin import BuiltinAgentConfig
 from gyre.config import RouterConfig, SandboxConfig
 from gyre.engine.launch import free_port
+from gyre.loop import freeze_heap
 from gyre.models import init_model, load_tokenizer
 from gyre.router.core import Router
 from gyre.runtime import BuiltinAgentSpec, ExecutionSpec, Runtime
@@ -58,6 +60,16 @@ async def burst(runtime: Runtime, n: int, progress: Progress) -> dict[str, float
     specs = [ExecutionSpec(task=task, group_index=i, agent=BuiltinAgentSpec(config=BuiltinAgentConfig(max_steps=8)))
              for i in range(n)]  # fmt: skip
     lags: list[float] = []
+    pauses: list[tuple[int, float]] = []  # (generation, seconds) of every collection during the burst
+    began = [0.0]
+
+    def on_gc(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+        else:
+            pauses.append((info["generation"], time.perf_counter() - began[0]))
+
+    gc.callbacks.append(on_gc)
     peak = base = rss_mib()
     done = asyncio.Event()
 
@@ -83,6 +95,8 @@ async def burst(runtime: Runtime, n: int, progress: Progress) -> dict[str, float
     elapsed = time.perf_counter() - start
     done.set()
     await watcher
+    gc.callbacks.remove(on_gc)
+    full = [seconds for generation, seconds in pauses if generation == 2]
     progress.update(bar, completed=n)
     statuses = {s: sum(r.status == s for r in results) for s in {r.status for r in results}}
     lags.sort()
@@ -91,6 +105,10 @@ async def burst(runtime: Runtime, n: int, progress: Progress) -> dict[str, float
         "wall_s": elapsed,
         "lag_p50_ms": lags[len(lags) // 2] * 1e3,
         "lag_p99_ms": lags[int(len(lags) * 0.99)] * 1e3,
+        "lag_max_ms": lags[-1] * 1e3,
+        "gc_full": len(full),
+        "gc_full_max_ms": max(full, default=0.0) * 1e3,
+        "gc_total_s": sum(seconds for _, seconds in pauses),
         "peak_rss_mib": peak,
         "kib_per_execution": (peak - base) * 1024 / n,
         "calls": sum(len(r.records) for r in results),
@@ -123,6 +141,12 @@ def main() -> None:
     parser.add_argument("--executions", default="1000,5000,10000")
     parser.add_argument("--latency-s", type=float, default=8.0, help="median model-call latency")
     parser.add_argument("--overhead-runs", type=int, default=200, help="runs of `true` in each mode")
+    parser.add_argument(
+        "--loop",
+        choices=["uvloop", "asyncio"],
+        default="uvloop",
+        help="the driver's loop (gyre train runs uvloop)",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "runtime.json")
     args = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -147,6 +171,7 @@ def main() -> None:
         async def run_all() -> dict[str, float]:
             router = Router(RouterConfig(model_path=str(model), engines=[f"http://127.0.0.1:{port}"]))
             runtime = Runtime(router, sandbox_cfg)
+            freeze_heap()  # as the drivers do (gyre.loop)
             overhead = await command_overhead(sandbox_cfg, args.overhead_runs)
             with Progress(console=console) as progress:
                 for n in [int(x) for x in args.executions.split(",") if x.strip()]:
@@ -154,17 +179,20 @@ def main() -> None:
             await router.aclose()
             return overhead
 
-        overhead = uvloop.run(run_all())  # the driver's loop, as `gyre train` and `gyre eval` run it
+        # the driver's loop, as `gyre train` and `gyre eval` run it, or the standard library's for comparison
+        overhead = uvloop.run(run_all()) if args.loop == "uvloop" else asyncio.run(run_all())
     finally:
         upstream.kill()
     table = Table(
-        title=f"Concurrent executions in one event loop (model latency median {args.latency_s:g} s)"
+        title=f"Concurrent executions in one {args.loop} event loop (model latency median {args.latency_s:g} s)"
     )
     for col in (
         "executions",
         "wall",
         "loop lag p50",
         "loop lag p99",
+        "loop lag max",
+        "full GCs (longest)",
         "driver KiB / execution",
         "model calls",
         "ended",
@@ -172,7 +200,8 @@ def main() -> None:
         table.add_column(col, justify="right")
     for r in rows:
         table.add_row(f"{r['executions']:,}", f"{r['wall_s']:.0f} s", f"{r['lag_p50_ms']:.1f} ms",
-                      f"{r['lag_p99_ms']:.1f} ms", f"{r['kib_per_execution']:.0f}", f"{r['calls']:,}",
+                      f"{r['lag_p99_ms']:.1f} ms", f"{r['lag_max_ms']:.0f} ms",
+                      f"{r['gc_full']} ({r['gc_full_max_ms']:.0f} ms)", f"{r['kib_per_execution']:.0f}", f"{r['calls']:,}",
                       ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items())))  # fmt: skip
     console.print(table)
     over = Table(title=f"Command overhead: `true` (median of {args.overhead_runs}, alternating)")

@@ -9,8 +9,9 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -116,10 +117,9 @@ def cmd_router(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         router = Router(cfg)
-        import gc
+        from gyre.loop import freeze_heap
 
-        gc.collect()
-        gc.freeze()  # the model's tokenizer and templates are permanent: keep them out of every collection
+        freeze_heap()  # the model's tokenizer and templates are permanent: keep them out of every collection
         print(
             f"gyre router: http://{cfg.host}:{cfg.port}/s/{{session}}/v1 for agents, "
             f"http://127.0.0.1:{cfg.admin_port}/admin for sessions and engines; "
@@ -145,14 +145,11 @@ def cmd_session(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_loop(coro: object) -> None:
-    """Run a coroutine on uvloop where available."""
-    try:
-        import uvloop
+def _run_loop(coro: Coroutine[Any, Any, object]) -> None:
+    """Run a driver's coroutine (`gyre.loop`: uvloop where installed, the start-up heap frozen)."""
+    from gyre import loop
 
-        uvloop.run(coro)  # type: ignore[arg-type]
-    except ImportError:
-        asyncio.run(coro)  # type: ignore[arg-type]
+    loop.run(coro)
 
 
 EXIT_NOT_CLEAN = 3  # `gyre eval` finished, but dropped executions or (oracle) a reference scoring below 1
@@ -337,7 +334,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     cfg = (
         load_config(args.config, overrides) if args.resume is None else resume_config(args.resume, overrides)
     )
-    summary = asyncio.run(
+    from gyre import loop
+
+    summary = loop.run(
         train(cfg, live=not args.no_live and sys.stdout.isatty(), resume=args.resume is not None)
     )
     evals = (

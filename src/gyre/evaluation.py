@@ -129,12 +129,9 @@ class EvalSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 def run_eval(options: EvalOptions) -> EvalSummary:
     """Run the evaluation (blocking: owns its event loop) and write the results; see the module."""
-    try:
-        import uvloop
+    from gyre import loop
 
-        return uvloop.run(evaluate(options))
-    except ImportError:
-        return asyncio.run(evaluate(options))
+    return loop.run(evaluate(options))
 
 
 async def evaluate(options: EvalOptions) -> EvalSummary:

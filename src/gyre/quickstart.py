@@ -19,7 +19,6 @@ seconds).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ import msgspec
 from gyre.config import GyreConfig, load_config
 from gyre.evaluation import EvalOptions, run_eval
 from gyre.journal import read_journal
+from gyre.loop import run as run_loop
 from gyre.models import init_model
 from gyre.rundir import default_run_dir
 from gyre.sft import run_sft
@@ -137,7 +137,7 @@ def quickstart(run_dir: str | Path | None = None, model_path: str = "models/tiny
     cfg = msgspec.structs.replace(cfg, run=msgspec.structs.replace(cfg.run, model_path=sft.checkpoint),
                                   trainer=msgspec.structs.replace(cfg.trainer, optimizer_from=sft.checkpoint))  # fmt: skip
     t = time.monotonic()
-    trained = asyncio.run(train(cfg))
+    trained = run_loop(train(cfg))
     timed("rl", t)
     evals = sorted(read_journal(Path(trained.run_dir) / "eval.jsonl", EvalPoint), key=lambda e: e.step)
     points = [Point(phase="base", mean=base.mean_score, ci_low=base.mean_ci[0], ci_high=base.mean_ci[1],

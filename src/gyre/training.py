@@ -34,6 +34,7 @@ from gyre.control.policy import ToServe
 from gyre.errors import ConfigError
 from gyre.evaluation import agent_spec, bootstrap_ci
 from gyre.journal import Journal, read_journal
+from gyre.loop import run as run_loop
 from gyre.protocol import StepMetrics
 from gyre.report import write_report
 from gyre.rundir import RunDir, default_run_dir
@@ -243,13 +244,13 @@ class Trainer:
 
     def run(self, live: bool = False) -> TrainSummary:
         """Train ``cfg.run.steps`` steps; the run directory holds everything (see `gyre.rundir`)."""
-        return asyncio.run(train(self.cfg, live=live))
+        return run_loop(train(self.cfg, live=live))
 
     @classmethod
     def resume(cls, run_dir: str | Path, steps: int | None = None, live: bool = False) -> TrainSummary:
         """Continue the run in ``run_dir`` from its last checkpoint (``steps``: a new total)."""
         cfg = resume_config(run_dir, [f"run.steps={steps}"] if steps is not None else [])
-        return asyncio.run(train(cfg, live=live, resume=True))
+        return run_loop(train(cfg, live=live, resume=True))
 
 
 def resume_config(run_dir: str | Path, overrides: list[str]) -> GyreConfig:

@@ -291,7 +291,10 @@ class BwrapSandbox(HostSandbox):
                 binds.append((self._staged.get(binary, binary), server.INSIDE, False))
                 inner = bwrap_argv(self.cfg, workspace, tmp, [server.INSIDE], {}, None, binds, fd, init=False)
                 self._server = await server.CommandServer.start(
-                    self._launcher_prefix() + inner, {"PATH": SYSTEM_PATH}, self._running
+                    self._launcher_prefix() + inner,
+                    {"PATH": SYSTEM_PATH},
+                    self._running,
+                    server.start_slots(self.cfg.max_starting),
                 )
             return self._server
 

@@ -36,6 +36,7 @@ import struct
 import subprocess
 import tempfile
 import time
+import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -122,6 +123,21 @@ class _Command:
         self.done: asyncio.Future[tuple[int, int, int]] = asyncio.get_running_loop().create_future()
 
 
+_starting: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def start_slots(limit: int) -> asyncio.Semaphore:
+    """The running loop's slots for servers starting at once (``limit`` of them, or the CPU count if 0; the first
+    caller on a loop sets the number)."""
+    loop = asyncio.get_running_loop()
+    slots = _starting.get(loop)
+    if slots is None:
+        slots = _starting[loop] = asyncio.Semaphore(limit or len(os.sched_getaffinity(0)))
+    return slots
+
+
 class CommandServer:
     """One sandbox's running server: `run` commands through it; `close` ends it and everything it started."""
 
@@ -141,8 +157,16 @@ class CommandServer:
         self._reaper = asyncio.ensure_future(self._reap())
 
     @classmethod
-    async def start(cls, argv: Sequence[str], env: Mapping[str, str], running: Running) -> CommandServer:
-        """Spawn the launcher whose bubblewrap runs the server (``argv``) and wait for its hello."""
+    async def start(
+        cls, argv: Sequence[str], env: Mapping[str, str], running: Running, slots: asyncio.Semaphore
+    ) -> CommandServer:
+        """Spawn the launcher whose bubblewrap runs the server (``argv``) and wait for its hello, once one of
+        ``slots`` is free (`start_slots`; the wait does not count against `START_TIMEOUT_S`)."""
+        async with slots:
+            return await cls._start(argv, env, running)
+
+    @classmethod
+    async def _start(cls, argv: Sequence[str], env: Mapping[str, str], running: Running) -> CommandServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             fd = theirs.fileno()
