@@ -34,7 +34,7 @@ from rich.table import Table
 from gyre.agents.builtin import BuiltinAgentConfig
 from gyre.config import RouterConfig, SandboxConfig
 from gyre.engine.launch import free_port
-from gyre.loop import freeze_heap
+from gyre.loop import Governor, freeze_heap
 from gyre.models import init_model, load_tokenizer
 from gyre.router.core import Router
 from gyre.runtime import BuiltinAgentSpec, ExecutionSpec, Runtime
@@ -147,6 +147,12 @@ def main() -> None:
         default="uvloop",
         help="the driver's loop (gyre train runs uvloop)",
     )
+    parser.add_argument(
+        "--gc",
+        choices=["governor", "plain"],
+        default="governor",
+        help="the collector as the drivers run it (gyre.loop.Governor), or Python's own",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "runtime.json")
     args = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -172,6 +178,8 @@ def main() -> None:
             router = Router(RouterConfig(model_path=str(model), engines=[f"http://127.0.0.1:{port}"]))
             runtime = Runtime(router, sandbox_cfg)
             freeze_heap()  # as the drivers do (gyre.loop)
+            if args.gc == "governor":
+                Governor().install()
             overhead = await command_overhead(sandbox_cfg, args.overhead_runs)
             with Progress(console=console) as progress:
                 for n in [int(x) for x in args.executions.split(",") if x.strip()]:
@@ -184,7 +192,7 @@ def main() -> None:
     finally:
         upstream.kill()
     table = Table(
-        title=f"Concurrent executions in one {args.loop} event loop (model latency median {args.latency_s:g} s)"
+        title=f"Concurrent executions in one {args.loop} event loop, gc {args.gc} (model latency median {args.latency_s:g} s)"
     )
     for col in (
         "executions",

@@ -1,10 +1,16 @@
-"""The driver's event loop: uvloop where it is installed, with the heap built before the loop frozen out of the
-garbage collector.
+"""The driver's event loop: uvloop where it is installed, and a garbage collector that keeps its pauses short.
 
 Every driver entry point (`gyre train`, `gyre eval`, `gyre router`, `Trainer.run`, `run_eval`) runs its main
-coroutine through `run`. Freezing matters at scale: torch, transformers and the tokenizer leave a few hundred
-thousand long-lived objects that every full collection would otherwise walk again (about 0.3 s each on this
-project's 2-core machine, measured by ``benchmarks/runtime.py``, which reports collections per burst).
+coroutine through `run`. A full collection walks every tracked object: torch, transformers and the tokenizer leave a
+few hundred thousand, and 10,000 waiting executions a few million more, so at that scale one full collection stood
+the loop still for up to 1.9 s (``benchmarks/runtime.py`` reports collections per burst). `run` therefore
+
+- freezes the heap built before the loop (`freeze_heap`): the imports and set-up, alive for the whole run;
+- installs `Governor`: after each full collection the survivors are frozen too, so the next one walks only what
+  became old since; every ``thaw_every``-th full collection first thaws everything, so cyclic garbage among old
+  objects (finished executions' tasks and frames) is reclaimed then, not kept for the life of the driver.
+
+Objects freed by reference counting (most of them) are freed at once whether frozen or not.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+THAW_EVERY = 8  # full collections between two that walk the whole heap
 
 
 def freeze_heap() -> None:
@@ -24,15 +31,51 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
-def run(main: Coroutine[Any, Any, T]) -> T:
-    """Run ``main`` to completion on a new loop (uvloop if installed) and return its result."""
+class Governor:
+    """A `gc.callbacks` entry: freeze the survivors of each full collection, thaw all before every
+    ``thaw_every``-th one (`install` / `remove`)."""
 
-    async def frozen() -> T:
+    def __init__(self, thaw_every: int = THAW_EVERY) -> None:
+        if thaw_every < 1:
+            raise ValueError(f"thaw_every must be at least 1, not {thaw_every}")
+        self.thaw_every = thaw_every
+        self.full = 0  # full collections seen
+        self.thawed = 0  # of them, how many walked the whole heap
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            if (self.full + 1) % self.thaw_every == 0:
+                gc.unfreeze()  # this collection walks everything: old cycles are reclaimed
+                self.thawed += 1
+            return
+        self.full += 1
+        gc.freeze()  # survivors are old: later collections skip them until the next thaw
+
+    def install(self) -> Governor:
+        if self not in gc.callbacks:
+            gc.callbacks.append(self)
+        return self
+
+    def remove(self) -> None:
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` to completion on a new loop (uvloop if installed) under a `Governor`; return its result."""
+
+    async def governed() -> T:
         freeze_heap()
-        return await main
+        governor = Governor().install()
+        try:
+            return await main
+        finally:
+            governor.remove()
 
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(frozen())
-    return uvloop.run(frozen())
+        return asyncio.run(governed())
+    return uvloop.run(governed())
