@@ -5,10 +5,12 @@
 Each execution is the built-in agent on a trivial task in its own bubblewrap sandbox, talking through the in-process
 router to an upstream (its own process) that answers every model call after a realistic, heavy-tailed latency
 (lognormal, median ``--latency-s``) with a scripted reply: run a command (half the time) or submit. While a burst
-runs, a monitor measures the event loop's lag (how late a 20 ms sleep wakes up); driver memory per execution is the
-resident-set growth at the burst's peak divided by the executions waiting. Side by side in the same run: the time
-of ``true`` through a sandbox's command server, in a bubblewrap of its own, and as a plain subprocess. The driver's
-loop is uvloop, as in ``gyre train``. Writes ``benchmarks/results/runtime.json``.
+runs, a monitor measures the event loop's lag (how late a 20 ms sleep wakes up) and counts the garbage collector's
+full collections; driver memory per execution is the resident-set growth at the burst's peak divided by the
+burst's executions, and by those running (started, not finished) at that moment. Side by side in the same run: the
+time of ``true`` through a sandbox's command server, in a bubblewrap of its own, and as a plain subprocess. The
+driver's loop and collector are those of ``gyre train`` (`gyre.loop`: uvloop, `Governor`); ``--loop asyncio`` and
+``--gc plain`` compare. Writes ``benchmarks/results/runtime.json``.
 """
 
 from __future__ import annotations
@@ -71,15 +73,18 @@ async def burst(runtime: Runtime, n: int, progress: Progress) -> dict[str, float
 
     gc.callbacks.append(on_gc)
     peak = base = rss_mib()
+    running_at_peak = 0  # executions started and not finished when the resident set peaked
     done = asyncio.Event()
 
     async def monitor() -> None:
-        nonlocal peak
+        nonlocal peak, running_at_peak
         while not done.is_set():
             start = time.perf_counter()
             await asyncio.sleep(0.02)
             lags.append(time.perf_counter() - start - 0.02)
-            peak = max(peak, rss_mib())
+            rss = rss_mib()
+            if rss > peak:
+                peak, running_at_peak = rss, runtime.statistics().running
 
     bar = progress.add_task(f"{n:,} executions", total=n)
 
@@ -111,6 +116,8 @@ async def burst(runtime: Runtime, n: int, progress: Progress) -> dict[str, float
         "gc_total_s": sum(seconds for _, seconds in pauses),
         "peak_rss_mib": peak,
         "kib_per_execution": (peak - base) * 1024 / n,
+        "running_at_peak": running_at_peak,
+        "kib_per_running": (peak - base) * 1024 / max(running_at_peak, 1),
         "calls": sum(len(r.records) for r in results),
         "statuses": statuses,  # type: ignore[dict-item]
     }
@@ -202,6 +209,7 @@ def main() -> None:
         "loop lag max",
         "full GCs (longest)",
         "driver KiB / execution",
+        "running at peak (KiB each)",
         "model calls",
         "ended",
     ):
@@ -209,7 +217,8 @@ def main() -> None:
     for r in rows:
         table.add_row(f"{r['executions']:,}", f"{r['wall_s']:.0f} s", f"{r['lag_p50_ms']:.1f} ms",
                       f"{r['lag_p99_ms']:.1f} ms", f"{r['lag_max_ms']:.0f} ms",
-                      f"{r['gc_full']} ({r['gc_full_max_ms']:.0f} ms)", f"{r['kib_per_execution']:.0f}", f"{r['calls']:,}",
+                      f"{r['gc_full']} ({r['gc_full_max_ms']:.0f} ms)", f"{r['kib_per_execution']:.0f}",
+                      f"{r['running_at_peak']:,} ({r['kib_per_running']:.0f})", f"{r['calls']:,}",
                       ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items())))  # fmt: skip
     console.print(table)
     over = Table(title=f"Command overhead: `true` (median of {args.overhead_runs}, alternating)")
