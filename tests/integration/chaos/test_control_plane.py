@@ -78,7 +78,8 @@ def test_lost_repeated_and_reordered_control_messages_change_nothing_a_run_promi
     # colocate: both cells train every step and come back between steps, each switch once and without error
     switches = list(read_journal(run_dir / "switches.jsonl", SwitchRecord))
     assert not any(s.error for s in switches), [s.error for s in switches if s.error]
-    assert len(switches) == len({s.switch for s in switches}) == 3 * 2 + 2 * 2
+    seen = [(s.switch, s.cell, s.direction) for s in switches]
+    assert len(switches) == len({s.switch for s in switches}) == 3 * 2 + 2 * 2, (seen, summary)
     for cell in ("cell-0", "cell-1"):
         directions = [s.direction for s in switches if s.cell == cell]
         assert directions == ["serve_to_train", "train_to_serve"] * 2 + ["serve_to_train"], (cell, directions)
