@@ -197,6 +197,9 @@ class CellsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     release_weights: bool = True  # serve -> train frees the engine's weights too, not only its KV cache
     num_threads: NonNegative = 0  # torch threads of each cell's trainer; 0: torch's default
     startup_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 180.0  # a cell's engine and trainer come up
+    # this machine's address as the other machines see it: a cell's engine and core trainer listen here, and the
+    # controller, router, driver and other cells reach them here (gyre cell --host); loopback: one machine only
+    host: str = "127.0.0.1"
 
 
 class ControllerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
