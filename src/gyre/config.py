@@ -148,7 +148,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # and its step and version from 0: the first updates are not sign-sized (a fresh Adam moves every weight by
     # about the learning rate); ignored when resume_from is set
     optimizer_from: str = ""
-    bind: str = "tcp://127.0.0.1:5570"  # the core's ZeroMQ address; satellites and the driver connect here
+    # the core's ZeroMQ address; satellites and the driver connect here (a core cell binds cells.host, any port)
+    bind: str = "tcp://127.0.0.1:5570"
     group_host: str = ""  # address satellites and engines reach the core's pair groups at; empty: bind's host
     # what computes gradients: Hugging Face models in torch, or Megatron-core models (tensor parallel); either way
     # weights, gradients and the optimizer are in Hugging Face layout, so members of both kinds join one step
