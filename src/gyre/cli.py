@@ -389,7 +389,10 @@ def cmd_cell(args: argparse.Namespace) -> int:
     from gyre.config import load_config
     from gyre.control.cell import CellSpec, run_cell
 
-    cfg = load_config(args.config, list(args.set or []))
+    overrides = list(args.set or [])
+    if args.host:
+        overrides.append(_override("cells.host", args.host))
+    cfg = load_config(args.config, overrides)
     spec = CellSpec(name=args.name, kind=args.kind, order=args.order, controller=args.controller,
                     model_path=args.model or cfg.engine.model_path, log_dir=args.log_dir or "")  # fmt: skip
     if not spec.model_path:
@@ -665,6 +668,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--order", type=int, default=1, help="place in the training order (0: the core)")
     s.add_argument("--model", help="Hugging Face model directory (engine.model_path)")
     s.add_argument("--log-dir", help="where the cell's engine writes its log")
+    s.add_argument(
+        "--host", help="this machine's address as the others reach it (cells.host; default 127.0.0.1)"
+    )
     s.add_argument(
         "--config", type=Path, help="the run's TOML config ([cells], [controller], [trainer], [engine])"
     )

@@ -148,7 +148,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # and its step and version from 0: the first updates are not sign-sized (a fresh Adam moves every weight by
     # about the learning rate); ignored when resume_from is set
     optimizer_from: str = ""
-    bind: str = "tcp://127.0.0.1:5570"  # the core's ZeroMQ address; satellites and the driver connect here
+    # the core's ZeroMQ address; satellites and the driver connect here (a core cell binds cells.host, any port)
+    bind: str = "tcp://127.0.0.1:5570"
     group_host: str = ""  # address satellites and engines reach the core's pair groups at; empty: bind's host
     # what computes gradients: Hugging Face models in torch, or Megatron-core models (tensor parallel); either way
     # weights, gradients and the optimizer are in Hugging Face layout, so members of both kinds join one step
@@ -197,6 +198,9 @@ class CellsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     release_weights: bool = True  # serve -> train frees the engine's weights too, not only its KV cache
     num_threads: NonNegative = 0  # torch threads of each cell's trainer; 0: torch's default
     startup_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 180.0  # a cell's engine and trainer come up
+    # this machine's address as the other machines see it: a cell's engine and core trainer listen here, and the
+    # controller, router, driver and other cells reach them here (gyre cell --host); loopback: one machine only
+    host: str = "127.0.0.1"
 
 
 class ControllerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -41,7 +41,7 @@ from gyre.config import GyreConfig
 from gyre.control.chaos import FaultyLink
 from gyre.engine.client import EngineClient
 from gyre.engine.launch import ServerProcess, exit_with_parent, launch_embedded, launch_sglang
-from gyre.errors import GyreError
+from gyre.errors import ConfigError, GyreError
 from gyre.protocol import (
     CellBeat,
     CellHello,
@@ -102,13 +102,16 @@ class Cell:
     def start(self) -> None:
         """Launch the engine and, on the core cell, the core trainer."""
         cells, spec = self.cfg.cells, self.spec
+        check_local(spec, cells.host, cells.engine_backend)
         log_path = Path(spec.log_dir) / f"{spec.name}-engine.log" if spec.log_dir else None
         if cells.engine_backend == "sglang":
-            self.engine = launch_sglang(spec.model_path, log_path=log_path, die_with_parent=True)
+            self.engine = launch_sglang(
+                spec.model_path, log_path=log_path, die_with_parent=True, host=cells.host
+            )
         else:
             self.engine = launch_embedded(spec.model_path, overrides=list(cells.engine_overrides),
                                           log_path=log_path, timeout_s=cells.startup_timeout_s,
-                                          die_with_parent=True)  # fmt: skip
+                                          die_with_parent=True, host=cells.host)  # fmt: skip
         if spec.kind == "core":
             from gyre.train.core import CoreTrainer
 
@@ -116,7 +119,8 @@ class Cell:
                 self.cfg.trainer,
                 model_path=self.cfg.trainer.model_path or spec.model_path,
                 core_computes=False,  # it computes while the cell trains
-                bind=_any_port(self.cfg.trainer.bind),  # cells announce it to the controller: any free port
+                # cells announce it to the controller: any free port, at the address the others reach this cell at
+                bind=f"tcp://{cells.host}:0",
                 num_threads=cells.num_threads or self.cfg.trainer.num_threads,
             )
             core = CoreTrainer(trainer)
@@ -330,9 +334,20 @@ class Cell:
             self.engine.stop()
 
 
-def _any_port(address: str) -> str:
-    """``tcp://HOST:PORT`` with port 0 (the trainer binds a free one)."""
-    return address.rsplit(":", 1)[0] + ":0"
+UNSPECIFIED = ("0.0.0.0", "::", "*", "")
+
+
+def check_local(spec: CellSpec, host: str, backend: str = "embedded") -> None:
+    """What a cell needs on its own machine: the model directory at the path it was given (each machine holds its
+    own copy; nothing is read from the driver's disk), and an address the others can reach it at."""
+    if host in UNSPECIFIED:
+        raise ConfigError(f"cells.host {host!r} is where the controller, router and other cells reach cell "
+                          f"{spec.name}: give this machine's address (gyre cell --host 10.0.0.5), not a wildcard")  # fmt: skip
+    model = Path(spec.model_path)
+    if backend == "embedded" and not (model / "config.json").is_file():  # SGLang may also take a hub name
+        raise ConfigError(f"cell {spec.name}: no model directory at {model} on {socket.gethostname()}; every "
+                          f"machine needs its own copy of the model directory (config, tokenizer, weights) at "
+                          f"the path its cells are given (--model)")  # fmt: skip
 
 
 def launch_cell(

@@ -34,14 +34,20 @@ class EngineClient:
 
     def __init__(self, base_url: str, timeout_s: float = 600.0, connect_timeout_s: float = 5.0) -> None:
         self.base_url = base_url.rstrip("/")
-        timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url, timeout=timeout, limits=limits
-        )  # streams, https
+        self._timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._httpx: httpx.AsyncClient | None = None  # streams, https, health: made at first use
         self._pool = (
             HttpPool(self.base_url, timeout_s, connect_timeout_s) if base_url.startswith("http:") else None
         )
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        """httpx's client, made at first use: making one loads the TLS certificates (about 80 ms on this project's
+        machine), which 1,000 cells joining the controller at once would otherwise pay on the driver's loop."""
+        if self._httpx is None:
+            limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+            self._httpx = httpx.AsyncClient(base_url=self.base_url, timeout=self._timeout, limits=limits)
+        return self._httpx
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -53,7 +59,8 @@ class EngineClient:
         """Close the connection pools."""
         if self._pool is not None:
             self._pool.close()
-        await self._http.aclose()
+        if self._httpx is not None:
+            await self._httpx.aclose()
 
     # ---- transport ------------------------------------------------------------------------------------------
     async def _request(

@@ -7,6 +7,7 @@ saver enabled so release/resume work (needs ``pip install gyre[gpu]`` and a GPU)
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -21,10 +22,10 @@ from gyre.errors import EngineUnavailable
 from gyre.protocol import format_weight_version
 
 
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on at ``host`` right now."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 
@@ -38,9 +39,10 @@ class ServerProcess:
         log_path: Path | None,
         env: dict[str, str] | None = None,
         die_with_parent: bool = False,
+        host: str = "127.0.0.1",
     ) -> None:
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"http://{host}:{port}"  # where it listens; other machines reach it here when host is not loopback
         self.log_path = log_path
         out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - the child keeps its own descriptor
         try:
@@ -112,8 +114,10 @@ def launch_embedded(
     log_path: Path | None = None,
     timeout_s: float = 120.0,
     die_with_parent: bool = False,
+    host: str = "127.0.0.1",
 ) -> ServerProcess:
-    """Start ``gyre serve-engine`` on ``model_path`` and wait for it to serve.
+    """Start ``gyre serve-engine`` on ``model_path`` at ``host`` (an address of this machine) and wait for it to
+    serve.
 
     Without ``port`` a free one is chosen; if another process takes it before the engine binds (the port was free
     when asked, not when used), the engine is started again on another one. ``die_with_parent`` (Linux): the engine
@@ -121,7 +125,7 @@ def launch_embedded(
     lives as long as the engine should.
     """
     for attempt in range(3):
-        chosen = port or free_port()
+        chosen = port or free_port(host)
         args = [
             sys.executable,
             "-m",
@@ -132,12 +136,12 @@ def launch_embedded(
             "--port",
             str(chosen),
         ]
-        for item in overrides or []:
+        for item in [*(overrides or []), f"engine.host={json.dumps(host)}"]:
             args += ["--set", item]
         try:
-            return ServerProcess(args, chosen, log_path, die_with_parent=die_with_parent).wait_ready(
-                timeout_s
-            )
+            return ServerProcess(
+                args, chosen, log_path, die_with_parent=die_with_parent, host=host
+            ).wait_ready(timeout_s)
         except EngineUnavailable as exc:
             if port is not None or attempt == 2 or "address already in use" not in str(exc):
                 raise
@@ -151,13 +155,14 @@ def sglang_command(
     mem_fraction_static: float = 0.8,
     weight_version: int = 0,
     extra_args: list[str] | None = None,
+    host: str = "127.0.0.1",
 ) -> list[str]:
     """The command line of an SGLang server: memory saver on, weights numbered ``weight_version`` (not SGLang's
     ``"default"``, which Gyre refuses to record)."""
     return [
         sys.executable, "-m", "sglang.launch_server",
         "--model-path", str(model_path),
-        "--host", "127.0.0.1",
+        "--host", host,
         "--port", str(port),
         "--tp-size", str(tp_size),
         "--mem-fraction-static", str(mem_fraction_static),
@@ -177,12 +182,15 @@ def launch_sglang(
     timeout_s: float = 900.0,
     weight_version: int = 0,
     die_with_parent: bool = False,
+    host: str = "127.0.0.1",
 ) -> ServerProcess:
-    """Start a real SGLang server (see `sglang_command`) and wait for it to serve."""
+    """Start a real SGLang server (see `sglang_command`) at ``host`` and wait for it to serve."""
     try:
         import sglang  # noqa: F401
     except ImportError:
         raise EngineUnavailable("the sglang backend needs the gpu extra: pip install 'gyre[gpu]'") from None
-    port = port or free_port()
-    args = sglang_command(model_path, port, tp_size, mem_fraction_static, weight_version, extra_args)
-    return ServerProcess(args, port, log_path, die_with_parent=die_with_parent).wait_ready(timeout_s)
+    port = port or free_port(host)
+    args = sglang_command(model_path, port, tp_size, mem_fraction_static, weight_version, extra_args, host)
+    return ServerProcess(args, port, log_path, die_with_parent=die_with_parent, host=host).wait_ready(
+        timeout_s
+    )

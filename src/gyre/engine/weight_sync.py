@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
+import socket
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -61,12 +63,27 @@ def create_group(
     )
     pg: Any
     if backend == "gloo":
-        pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+        options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+        options._timeout = timeout
+        options._devices = [_gloo_device(master_address)]
+        pg = dist.ProcessGroupGloo(prefixed, rank, world_size, options)
     else:
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
     return WeightGroup(pg, store, rank, world_size)
+
+
+def _gloo_device(master_address: str) -> Any:
+    """The interface gloo's pair listens on: ``GLOO_SOCKET_IFNAME`` if set, else this machine's address on the
+    route to the master (gloo's own default resolves the hostname, which on many hosts is 127.0.1.1: a peer on
+    another machine could not connect back)."""
+    interface = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    if interface:
+        return dist.ProcessGroupGloo.create_device(interface=interface.split(",")[0])
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((master_address, 9))  # no packet is sent: only the route is looked up
+        return dist.ProcessGroupGloo.create_device(hostname=probe.getsockname()[0])
 
 
 class WeightGroup:
