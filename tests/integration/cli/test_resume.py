@@ -125,7 +125,9 @@ def test_a_killed_driver_resumes_and_trains_every_execution_once(
         with open(journal, "ab") as f:
             f.write(fragment)
         torn[str(journal.relative_to(rd.root))] = len(fragment)
-    assert {"journal/executions.jsonl", "journal/calls.jsonl", "switches.jsonl", "timeline.jsonl"} <= set(torn)
+    assert {"journal/executions.jsonl", "journal/calls.jsonl", "switches.jsonl", "timeline.jsonl"} <= set(
+        torn
+    )
 
     if moment is mid_push:  # from Python
         assert Trainer.resume(rd.root).steps == STEPS
