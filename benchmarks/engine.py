@@ -1,10 +1,12 @@
 """Embedded engine throughput and prefix-cache latency, side by side with Hugging Face ``generate``.
 
-    python benchmarks/engine.py [--model DIR] [--threads N] [--new-tokens 128]
+    python benchmarks/engine.py [--model DIR] [--threads N] [--new-tokens 128] [--trials 5] [--compare-lanes]
 
-Prints two tables and writes ``benchmarks/results/engine.json`` (best of ``--trials`` alternating runs):
+Prints two tables and writes ``benchmarks/results/engine.json``:
 1. decode throughput (generated tokens/s) at 1, 8, 32 and 128 concurrent requests, the engine vs HF ``generate`` at
-   the same batch size, same model, same threads, in the same run;
+   the same batch size, same model, same threads, in the same run. Each of ``--trials`` rounds measures every batch
+   size once; the table shows medians, and "engine / engine@1" is the median of each round's own ratio (this
+   machine's speed drifts between rounds). ``--compare-lanes`` also runs an engine with ``decode_lanes`` off;
 2. time to first token of a request extending a cached 2,000-token prefix vs the same request cold.
 """
 
@@ -104,41 +106,79 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prefix-len", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5, help="time-to-first-token samples (median)")
-    parser.add_argument("--trials", type=int, default=3, help="throughput runs per batch size (best)")
+    parser.add_argument("--trials", type=int, default=3, help="throughput rounds (median)")
+    parser.add_argument(
+        "--compare-lanes", action="store_true", help="also run an engine with decode_lanes off"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "engine.json")
     args = parser.parse_args()
+    if args.trials < 1:
+        parser.error("--trials must be at least 1")
     console = Console()
     torch.set_num_threads(args.threads)
     model_dir = args.model or init_model(Path(tempfile.mkdtemp()) / "tiny")
-    engine = EmbeddedEngine(EngineConfig(model_path=str(model_dir), num_threads=args.threads))
+    engines = {"engine": EmbeddedEngine(EngineConfig(model_path=str(model_dir), num_threads=args.threads))}
+    if args.compare_lanes:
+        engines["no lanes"] = EmbeddedEngine(
+            EngineConfig(model_path=str(model_dir), num_threads=args.threads, decode_lanes=False)
+        )
+    engine = engines["engine"]
 
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
     batches = [int(b) for b in args.batches.split(",")]
-    engine_throughput(engine, 4, args.prompt_len, 8)  # warm-up
+    for eng in engines.values():
+        engine_throughput(eng, 4, args.prompt_len, 8)  # warm-up
+    runs: dict[str, dict[int, list[float]]] = {name: {b: [] for b in batches} for name in [*engines, "hf"]}
+    for trial in range(
+        args.trials
+    ):  # rounds over every batch size: each round's ratios share its machine speed
+        for batch in batches:
+            for name, eng in engines.items():
+                runs[name][batch].append(engine_throughput(eng, batch, args.prompt_len, args.new_tokens))
+            runs["hf"][batch].append(hf_throughput(hf, batch, args.prompt_len, args.new_tokens))
+            line = ", ".join(f"{name} {runs[name][batch][-1]:,.0f}" for name in runs)
+            console.print(f"trial {trial + 1}, batch {batch}: {line} tok/s")
+    base = batches[0]
+
+    def scaling(name: str, batch: int) -> float:
+        """Median over rounds of throughput at ``batch`` over throughput at the first batch size, same round."""
+        return statistics.median(a / b for a, b in zip(runs[name][batch], runs[name][base], strict=True))
+
     rows = []
-    for batch in batches:  # best of alternating trials: this machine's speed drifts between runs
-        ours = theirs = 0.0
-        for _ in range(args.trials):
-            ours = max(ours, engine_throughput(engine, batch, args.prompt_len, args.new_tokens))
-            theirs = max(theirs, hf_throughput(hf, batch, args.prompt_len, args.new_tokens))
-        rows.append({"concurrent": batch, "engine_tok_s": ours, "hf_generate_tok_s": theirs})
-        console.print(f"batch {batch}: engine {ours:,.0f} tok/s, HF generate {theirs:,.0f} tok/s")
-    single = rows[0]["engine_tok_s"]
+    for batch in batches:
+        row: dict[str, Any] = {
+            "concurrent": batch,
+            "engine_tok_s": statistics.median(runs["engine"][batch]),
+            "hf_generate_tok_s": statistics.median(runs["hf"][batch]),
+            "engine_scaling": scaling("engine", batch),
+            "trials": {name: runs[name][batch] for name in runs},
+        }
+        if args.compare_lanes:
+            row["no_lanes_tok_s"] = statistics.median(runs["no lanes"][batch])
+            row["no_lanes_scaling"] = scaling("no lanes", batch)
+        rows.append(row)
     table = Table(
-        title=f"Decode throughput, {args.prompt_len}-token prompts, {args.new_tokens} new tokens, {args.threads} thread(s)"
+        title=f"Decode throughput, {args.prompt_len}-token prompts, {args.new_tokens} new tokens, "
+        f"{args.threads} thread(s), median of {args.trials}"
     )
-    for col in ("concurrent", "engine tok/s", "HF generate tok/s", "engine / HF", "engine / engine@1"):
+    cols = ["concurrent", "engine tok/s", "HF generate tok/s", "engine / HF", f"engine / engine@{base}"]
+    if args.compare_lanes:
+        cols += ["no lanes tok/s", f"no lanes / no lanes@{base}"]
+    for col in cols:
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(
+        cells = [
             str(r["concurrent"]),
             f"{r['engine_tok_s']:,.0f}",
             f"{r['hf_generate_tok_s']:,.0f}",
             f"{r['engine_tok_s'] / r['hf_generate_tok_s']:.2f}x",
-            f"{r['engine_tok_s'] / single:.1f}x",
-        )
+            f"{r['engine_scaling']:.1f}x",
+        ]
+        if args.compare_lanes:
+            cells += [f"{r['no_lanes_tok_s']:,.0f}", f"{r['no_lanes_scaling']:.1f}x"]
+        table.add_row(*cells)
     console.print(table)
 
     warm, cold = time_to_first_token(engine, args.prefix_len, args.repeats)
@@ -147,10 +187,12 @@ def main() -> None:
         ttft.add_column(col, justify="right")
     ttft.add_row(f"{warm * 1e3:.1f} ms", f"{cold * 1e3:.1f} ms", f"{cold / warm:.1f}x")
     console.print(ttft)
-    engine.close()
+    for eng in engines.values():
+        eng.close()
 
     result = {
         "threads": args.threads,
+        "trials": args.trials,
         "throughput": rows,
         "ttft": {"prefix_len": args.prefix_len, "cached_s": warm, "cold_s": cold, "speedup": cold / warm},
     }
