@@ -8,11 +8,14 @@ import torch
 from gyre.engine.embedded.cache import DecodeLanes
 
 CPU = torch.device("cpu")
-LAYERS, DIM = 2, 6
+LAYERS, HEADS, HEAD_DIM = 2, 2, 3
+DIM = HEADS * HEAD_DIM
 
 
 def _lanes(budget: int, max_lanes: int = 8, lanes: int = 2, lane_len: int = 4) -> DecodeLanes:
-    return DecodeLanes(LAYERS, DIM, budget, max_lanes, CPU, torch.float32, lanes=lanes, lane_len=lane_len)
+    return DecodeLanes(
+        LAYERS, HEADS, HEAD_DIM, budget, max_lanes, CPU, torch.float32, lanes=lanes, lane_len=lane_len
+    )
 
 
 def _kv(n: int, seed: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,7 +33,9 @@ def _put(lanes: DecodeLanes, owner: object, n: int, seed: float) -> int:
 def _holds(lanes: DecodeLanes, owner: object, n: int, seed: float) -> bool:
     lane = lanes.lane(owner)
     k, v = _kv(n, seed)
-    return bool(torch.equal(lanes.k[:, lane, :n], k) and torch.equal(lanes.v[:, lane, :n], v))
+    as_pool = (lanes.k[:, lane, :, :n].transpose(1, 2).reshape(LAYERS, n, DIM), lanes.v[:, lane, :, :n])
+    head_major = v.view(LAYERS, n, HEADS, HEAD_DIM).transpose(1, 2)  # [layers, heads, n, head_dim]
+    return bool(torch.equal(as_pool[0], k) and torch.equal(as_pool[1], head_major))
 
 
 def test_lanes_are_allocated_on_first_use_and_hold_what_was_filled() -> None:
@@ -86,6 +91,6 @@ def test_lanes_stop_at_max_lanes() -> None:
 
 @pytest.mark.parametrize("budget", [0, 3])
 def test_a_budget_too_small_for_one_lane_disables_lanes(budget: int) -> None:
-    lanes = DecodeLanes(LAYERS, DIM, budget, 8, CPU, torch.float32)
+    lanes = DecodeLanes(LAYERS, HEADS, HEAD_DIM, budget, 8, CPU, torch.float32)
     assert not lanes.enabled
     assert lanes.assign(object(), 1) == -1 and lanes.positions == 0

@@ -117,7 +117,8 @@ class ForwardBatch:
     """One engine step, flattened: decode rows first (those with a lane, then the rest), then prefill segments.
 
     ``out_slots[i]`` is the KV slot token ``i`` writes. Decode row ``r < num_lane`` has its keys and values in lane
-    ``lane_index[r]`` of ``lane_k``/``lane_v`` ([layers, lanes, lane_len, dim], see `DecodeLanes`): it writes its
+    ``lane_index[r]`` of ``lane_k``/``lane_v`` ([layers, lanes, kv_heads, lane_len, head_dim], see `DecodeLanes`):
+    it writes its
     new token at ``positions[r]`` there too and attends to the lane's first ``lane_mask`` positions; ``lane_index``
     is None when the lanes are ``0..num_lane-1`` in order, so attention reads a view. Any other decode row ``r``
     attends to the pool rows ``decode_slots[r - num_lane]`` (masked by ``decode_mask``); prefill segment
@@ -343,10 +344,11 @@ class TransformerLM:
         cos, sin = cos[:, None, :], sin[:, None, :]
         x = self.embed[batch.input_ids]
         nd, nl, lane_idx = batch.num_decode, batch.num_lane, batch.lane_index
-        if nl:  # where each lane row's new token goes in its layer's flattened lanes
+        if nl:  # where each lane row's new key (one row per kv head) goes in its layer's flattened lanes
             assert batch.lane_k is not None
             lane_rows = lane_idx if lane_idx is not None else torch.arange(nl, device=x.device)
-            lane_at = batch.positions[:nl] + lane_rows * batch.lane_k.shape[2]
+            heads = lane_rows[:, None] * kvh + torch.arange(kvh, device=x.device)[None, :]
+            lane_at = (heads * batch.lane_k.shape[3] + batch.positions[:nl, None]).reshape(-1)
         for li, layer in enumerate(self.layers):
             h = self._rms(x, layer.ln1)
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
@@ -366,16 +368,15 @@ class TransformerLM:
             attn = torch.empty(n_tok, nh * hd, dtype=x.dtype, device=x.device)
             if nl:  # one batched attention over the lanes, padded to the longest and masked
                 assert batch.lane_k is not None and batch.lane_v is not None and batch.lane_mask is not None
-                kl, vl = batch.lane_k[li], batch.lane_v[li]  # [lanes, lane_len, kvh * hd]
+                kl, vl = batch.lane_k[li], batch.lane_v[li]  # [lanes, kvh, lane_len, hd]
                 width = batch.lane_mask.shape[-1]
-                kl.view(-1, kvh * hd).index_copy_(0, lane_at, k[:nl].reshape(nl, kvh * hd))
-                vl.view(-1, kvh * hd).index_copy_(0, lane_at, v[:nl].reshape(nl, kvh * hd))
+                kl.view(-1, hd).index_copy_(0, lane_at, k[:nl].reshape(nl * kvh, hd))
+                vl.view(-1, hd).index_copy_(0, lane_at, v[:nl].reshape(nl * kvh, hd))
                 if lane_idx is None:  # a strided view: nothing is copied
-                    kd, vd = kl[:nl, :width], vl[:nl, :width]
+                    kd, vd = kl[:nl, :, :width], vl[:nl, :, :width]  # [B, kvh, L, hd]
                 else:
-                    kd, vd = kl.index_select(0, lane_idx)[:, :width], vl.index_select(0, lane_idx)[:, :width]
-                kd = kd.view(nl, width, kvh, hd).transpose(1, 2)  # [B, kvh, L, hd]
-                vd = vd.view(nl, width, kvh, hd).transpose(1, 2)
+                    kd = kl.index_select(0, lane_idx)[:, :, :width]
+                    vd = vl.index_select(0, lane_idx)[:, :, :width]
                 qd = q[:nl].view(nl, kvh, group, hd)  # query heads grouped by the kv head they share
                 od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=batch.lane_mask)
                 attn[:nl] = od.reshape(nl, nh * hd)

@@ -118,10 +118,9 @@ class Scheduler:
         self.kv_allocated = True
 
     def _new_lanes(self) -> DecodeLanes:
-        s = self.model.spec
-        dim = s.num_kv_heads * s.head_dim
+        s, dev, dtype = self.model.spec, self.model.device, self.model.dtype
         return DecodeLanes(
-            s.num_layers, dim, self.lane_positions, self.max_running, self.model.device, self.model.dtype
+            s.num_layers, s.num_kv_heads, s.head_dim, self.lane_positions, self.max_running, dev, dtype
         )
 
     def release_kv(self) -> None:
