@@ -213,14 +213,14 @@ class DecodeLanes:
     view of lanes ``0..n-1`` instead of gathering every row from the slot pool at every step.
 
     Storage is ``[layers, lanes, kv_heads, lane_len, head_dim]`` for keys and the same for values (head-major:
-    attention reads each head's keys as one contiguous run, a third faster than token-major rows on a cold cache),
-    allocated on first use and grown
-    (lanes, then lane length, doubling) while ``lanes * lane_len`` stays within ``budget`` token positions: memory
-    the engine carves out of the KV budget, so the pool and the lanes together never exceed it. A request that does
-    not fit gets no lane (or loses it) and decodes through the gather path. Growing copies into new storage, so
-    for a moment the old and new ones coexist: at most 1.5 ``budget`` positions. Lanes stay compact: when one is freed,
-    the last lane moves into it, so lanes ``0..count-1`` are always occupied. The pool keeps every token too (the
-    prefix cache takes a finished request's KV from it); a lane is a copy, written alongside.
+    attention reads each head's keys as one contiguous run, ~30% less time than token-major rows on a cold cache),
+    allocated on first use and grown (lanes, then lane length, doubling) while ``lanes * lane_len`` stays within
+    ``budget`` token positions. Growing copies into new storage, so for a moment the old and new ones coexist: at
+    most 1.5 ``budget`` positions, which the engine carves out of the KV budget, so the pool and the lanes together
+    never exceed it. A request that does not fit gets no lane (or loses it) and decodes through the gather path.
+    Lanes stay compact: when one is freed, the last lane moves into it, so lanes ``0..count-1`` are always occupied.
+    The pool keeps every token too (the prefix cache takes a finished request's KV from it); a lane is a copy,
+    written alongside.
     """
 
     def __init__(
