@@ -1,10 +1,14 @@
 """Embedded engine throughput and prefix-cache latency, side by side with Hugging Face ``generate``.
 
-    python benchmarks/engine.py [--model DIR] [--threads N] [--new-tokens 128]
+    python benchmarks/engine.py [--model DIR] [--threads N] [--new-tokens 128] [--trials 5] [--compare-lanes]
 
-Prints two tables and writes ``benchmarks/results/engine.json`` (best of ``--trials`` alternating runs):
+Prints two tables and writes ``benchmarks/results/engine.json``:
 1. decode throughput (generated tokens/s) at 1, 8, 32 and 128 concurrent requests, the engine vs HF ``generate`` at
-   the same batch size, same model, same threads, in the same run;
+   the same batch size, same model, same threads, in the same run. Each of ``--trials`` rounds measures every batch
+   size once; the table shows medians, and "engine / @1" (engine@1) is the median of each round's own ratio (this
+   machine's speed drifts between rounds); "same, CPU time" is that ratio in tokens per second of the process's CPU
+   time, which other processes on a busy machine do not inflate. ``--compare-lanes`` adds an engine with
+   ``decode_lanes`` off;
 2. time to first token of a request extending a cached 2,000-token prefix vs the same request cold.
 """
 
@@ -35,17 +39,20 @@ def _prompts(n: int, length: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(256) for _ in range(length)] for _ in range(n)]
 
 
-def engine_throughput(engine: EmbeddedEngine, batch: int, prompt_len: int, new_tokens: int) -> float:
-    """Generated tokens per second with ``batch`` concurrent requests (all arrive together)."""
+def engine_throughput(
+    engine: EmbeddedEngine, batch: int, prompt_len: int, new_tokens: int
+) -> tuple[float, float]:
+    """Generated tokens per second with ``batch`` concurrent requests (all arrive together): per wall-clock second
+    and per second of this process's CPU time (what other processes on a busy machine cannot inflate)."""
     params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, ignore_eos=True)
     reqs = [GenerateRequest(input_ids=p, sampling_params=params) for p in _prompts(batch, prompt_len, batch)]
 
-    async def run() -> float:
-        start = time.perf_counter()
+    async def run() -> tuple[float, float]:
+        start, cpu = time.perf_counter(), time.process_time()
         outs = await asyncio.gather(*(engine.generate(r) for r in reqs))
-        elapsed = time.perf_counter() - start
+        elapsed, cpu_s = time.perf_counter() - start, time.process_time() - cpu
         assert all(len(o.output_ids) == new_tokens for o in outs)
-        return batch * new_tokens / elapsed
+        return batch * new_tokens / elapsed, batch * new_tokens / cpu_s
 
     return asyncio.run(run())
 
@@ -104,41 +111,90 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--prefix-len", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=5, help="time-to-first-token samples (median)")
-    parser.add_argument("--trials", type=int, default=3, help="throughput runs per batch size (best)")
+    parser.add_argument("--trials", type=int, default=3, help="throughput rounds (median)")
+    parser.add_argument(
+        "--compare-lanes", action="store_true", help="also run an engine with decode_lanes off"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "engine.json")
     args = parser.parse_args()
+    if args.trials < 1:
+        parser.error("--trials must be at least 1")
     console = Console()
     torch.set_num_threads(args.threads)
     model_dir = args.model or init_model(Path(tempfile.mkdtemp()) / "tiny")
-    engine = EmbeddedEngine(EngineConfig(model_path=str(model_dir), num_threads=args.threads))
+    engines = {"engine": EmbeddedEngine(EngineConfig(model_path=str(model_dir), num_threads=args.threads))}
+    if args.compare_lanes:
+        engines["no lanes"] = EmbeddedEngine(
+            EngineConfig(model_path=str(model_dir), num_threads=args.threads, decode_lanes=False)
+        )
+    engine = engines["engine"]
 
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
     batches = [int(b) for b in args.batches.split(",")]
-    engine_throughput(engine, 4, args.prompt_len, 8)  # warm-up
+    for eng in engines.values():
+        engine_throughput(eng, 4, args.prompt_len, 8)  # warm-up
+    runs: dict[str, dict[int, list[float]]] = {name: {b: [] for b in batches} for name in [*engines, "hf"]}
+    cpu: dict[str, dict[int, list[float]]] = {name: {b: [] for b in batches} for name in engines}
+    for trial in range(
+        args.trials
+    ):  # rounds over every batch size: each round's ratios share its machine speed
+        for batch in batches:
+            for name, eng in engines.items():
+                wall, per_cpu_s = engine_throughput(eng, batch, args.prompt_len, args.new_tokens)
+                runs[name][batch].append(wall)
+                cpu[name][batch].append(per_cpu_s)
+            runs["hf"][batch].append(hf_throughput(hf, batch, args.prompt_len, args.new_tokens))
+            line = ", ".join(f"{name} {runs[name][batch][-1]:,.0f}" for name in runs)
+            console.print(f"trial {trial + 1}, batch {batch}: {line} tok/s")
+    base = batches[0]
+
+    def scaling(name: str, batch: int, of: dict[str, dict[int, list[float]]] = runs) -> float:
+        """Median over rounds of throughput at ``batch`` over throughput at the first batch size, same round."""
+        return statistics.median(a / b for a, b in zip(of[name][batch], of[name][base], strict=True))
+
     rows = []
-    for batch in batches:  # best of alternating trials: this machine's speed drifts between runs
-        ours = theirs = 0.0
-        for _ in range(args.trials):
-            ours = max(ours, engine_throughput(engine, batch, args.prompt_len, args.new_tokens))
-            theirs = max(theirs, hf_throughput(hf, batch, args.prompt_len, args.new_tokens))
-        rows.append({"concurrent": batch, "engine_tok_s": ours, "hf_generate_tok_s": theirs})
-        console.print(f"batch {batch}: engine {ours:,.0f} tok/s, HF generate {theirs:,.0f} tok/s")
-    single = rows[0]["engine_tok_s"]
+    for batch in batches:
+        row: dict[str, Any] = {
+            "concurrent": batch,
+            "engine_tok_s": statistics.median(runs["engine"][batch]),
+            "hf_generate_tok_s": statistics.median(runs["hf"][batch]),
+            "engine_scaling": scaling("engine", batch),
+            "engine_cpu_scaling": scaling("engine", batch, cpu),
+            "trials": {name: runs[name][batch] for name in runs},
+            "trials_per_cpu_s": {name: cpu[name][batch] for name in cpu},
+        }
+        if args.compare_lanes:
+            row["no_lanes_tok_s"] = statistics.median(runs["no lanes"][batch])
+            row["no_lanes_scaling"] = scaling("no lanes", batch)
+            row["no_lanes_cpu_scaling"] = scaling("no lanes", batch, cpu)
+        rows.append(row)
     table = Table(
-        title=f"Decode throughput, {args.prompt_len}-token prompts, {args.new_tokens} new tokens, {args.threads} thread(s)"
+        title=f"Decode throughput, {args.prompt_len}-token prompts, {args.new_tokens} new tokens, "
+        f"{args.threads} thread(s), median of {args.trials}"
     )
-    for col in ("concurrent", "engine tok/s", "HF generate tok/s", "engine / HF", "engine / engine@1"):
+    cols = ["concurrent", "engine tok/s", "HF tok/s", "engine / HF", f"engine / @{base}", "same, CPU time"]
+    if args.compare_lanes:
+        cols += ["no lanes tok/s", f"no lanes / @{base}", "same, CPU time"]
+    for col in cols:
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(
+        cells = [
             str(r["concurrent"]),
             f"{r['engine_tok_s']:,.0f}",
             f"{r['hf_generate_tok_s']:,.0f}",
             f"{r['engine_tok_s'] / r['hf_generate_tok_s']:.2f}x",
-            f"{r['engine_tok_s'] / single:.1f}x",
-        )
+            f"{r['engine_scaling']:.1f}x",
+            f"{r['engine_cpu_scaling']:.1f}x",
+        ]
+        if args.compare_lanes:
+            cells += [
+                f"{r['no_lanes_tok_s']:,.0f}",
+                f"{r['no_lanes_scaling']:.1f}x",
+                f"{r['no_lanes_cpu_scaling']:.1f}x",
+            ]
+        table.add_row(*cells)
     console.print(table)
 
     warm, cold = time_to_first_token(engine, args.prefix_len, args.repeats)
@@ -147,10 +203,12 @@ def main() -> None:
         ttft.add_column(col, justify="right")
     ttft.add_row(f"{warm * 1e3:.1f} ms", f"{cold * 1e3:.1f} ms", f"{cold / warm:.1f}x")
     console.print(ttft)
-    engine.close()
+    for eng in engines.values():
+        eng.close()
 
     result = {
         "threads": args.threads,
+        "trials": args.trials,
         "throughput": rows,
         "ttft": {"prefix_len": args.prefix_len, "cached_s": warm, "cold_s": cold, "speedup": cold / warm},
     }

@@ -34,6 +34,7 @@ class EngineConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_prefill_tokens: Positive = 2048  # prompt tokens computed per engine step (chunked prefill)
     context_length: NonNegative = 0  # longest input+output; 0 uses the model's max_position_embeddings
     enable_prefix_cache: bool = True  # reuse the KV of earlier requests' tokens
+    decode_lanes: bool = True  # decode attention over contiguous per-request KV (1/8 of kv_cache_mem_gib)
     seed: int = 0  # seed of the sampling generator
     weight_version: NonNegative = 0  # reported until the first weight update sets another
     modelled_step_s: Annotated[float, msgspec.Meta(ge=0.0)] = (

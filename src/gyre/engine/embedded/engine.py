@@ -94,6 +94,9 @@ class EmbeddedEngine:
             2 * self.spec.num_layers * self.spec.num_kv_heads * self.spec.head_dim * self.dtype.itemsize
         )
         kv_slots = int(cfg.kv_cache_mem_gib * 2**30) // bytes_per_slot
+        # decode lanes take an eighth; growing them briefly holds old and new storage, hence 2/3 of it in lanes
+        lane_slots = kv_slots // 8 if cfg.decode_lanes else 0
+        kv_slots -= lane_slots
         if kv_slots < 16:
             raise ConfigError(
                 f"engine.kv_cache_mem_gib = {cfg.kv_cache_mem_gib} holds only {kv_slots} tokens"
@@ -107,6 +110,7 @@ class EmbeddedEngine:
             enable_prefix_cache=cfg.enable_prefix_cache,
             seed=cfg.seed,
             decode_text=self._decode if self.tokenizer is not None else None,
+            lane_positions=lane_slots * 2 // 3,
         )
         self.weight_version: int = cfg.weight_version  # SGLang's API carries it as a (decimal) string
         self._weights_source = (cfg.model_path, self.weight_version)  # what a memory resume reloads

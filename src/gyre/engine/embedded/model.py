@@ -114,10 +114,15 @@ class _Layer:
 
 @dataclass
 class ForwardBatch:
-    """One engine step, flattened: decode rows first, then prefill segments.
+    """One engine step, flattened: decode rows first (those with a lane, then the rest), then prefill segments.
 
-    ``out_slots[i]`` is the KV slot token ``i`` writes; decode row ``r`` attends to ``decode_slots[r, :decode_lens[r]]``;
-    prefill segment ``(start, length, slots)`` attends causally to ``slots`` (cached prefix followed by its own tokens).
+    ``out_slots[i]`` is the KV slot token ``i`` writes. Decode row ``r < num_lane`` has its keys and values in lane
+    ``lane_index[r]`` of ``lane_k``/``lane_v`` ([layers, lanes, kv_heads, lane_len, head_dim], see `DecodeLanes`):
+    it writes its
+    new token at ``positions[r]`` there too and attends to the lane's first ``lane_mask`` positions; ``lane_index``
+    is None when the lanes are ``0..num_lane-1`` in order, so attention reads a view. Any other decode row ``r``
+    attends to the pool rows ``decode_slots[r - num_lane]`` (masked by ``decode_mask``); prefill segment
+    ``(start, length, slots)`` attends causally to ``slots`` (cached prefix followed by its own tokens).
     """
 
     input_ids: torch.Tensor  # [T] int64
@@ -128,6 +133,11 @@ class ForwardBatch:
     decode_mask: torch.Tensor | None  # [num_decode, 1, 1, max_len] bool
     prefills: list[tuple[int, int, torch.Tensor]]
     logit_rows: torch.Tensor  # [R] rows whose next-token logits are needed
+    num_lane: int = 0
+    lane_index: torch.Tensor | None = None  # [num_lane] int64, None: lanes 0..num_lane-1
+    lane_mask: torch.Tensor | None = None  # [num_lane, 1, 1, width] bool
+    lane_k: torch.Tensor | None = None
+    lane_v: torch.Tensor | None = None
 
 
 class TransformerLM:
@@ -333,7 +343,12 @@ class TransformerLM:
         cos, sin = self._rope(batch.positions)
         cos, sin = cos[:, None, :], sin[:, None, :]
         x = self.embed[batch.input_ids]
-        nd = batch.num_decode
+        nd, nl, lane_idx = batch.num_decode, batch.num_lane, batch.lane_index
+        if nl:  # where each lane row's new key (one row per kv head) goes in its layer's flattened lanes
+            assert batch.lane_k is not None
+            lane_rows = lane_idx if lane_idx is not None else torch.arange(nl, device=x.device)
+            heads = lane_rows[:, None] * kvh + torch.arange(kvh, device=x.device)[None, :]
+            lane_at = (heads * batch.lane_k.shape[3] + batch.positions[:nl, None]).reshape(-1)
         for li, layer in enumerate(self.layers):
             h = self._rms(x, layer.ln1)
             qkv = F.linear(h, layer.qkv, layer.qkv_bias)
@@ -351,14 +366,29 @@ class TransformerLM:
             kp.index_copy_(0, batch.out_slots, k.reshape(n_tok, kvh * hd))
             vp.index_copy_(0, batch.out_slots, v.reshape(n_tok, kvh * hd))
             attn = torch.empty(n_tok, nh * hd, dtype=x.dtype, device=x.device)
-            if nd:
+            if nl:  # one batched attention over the lanes, padded to the longest and masked
+                assert batch.lane_k is not None and batch.lane_v is not None and batch.lane_mask is not None
+                kl, vl = batch.lane_k[li], batch.lane_v[li]  # [lanes, kvh, lane_len, hd]
+                width = batch.lane_mask.shape[-1]
+                kl.view(-1, hd).index_copy_(0, lane_at, k[:nl].reshape(nl * kvh, hd))
+                vl.view(-1, hd).index_copy_(0, lane_at, v[:nl].reshape(nl * kvh, hd))
+                if lane_idx is None:  # a strided view: nothing is copied
+                    kd, vd = kl[:nl, :, :width], vl[:nl, :, :width]  # [B, kvh, L, hd]
+                else:
+                    kd = kl.index_select(0, lane_idx)[:, :, :width]
+                    vd = vl.index_select(0, lane_idx)[:, :, :width]
+                qd = q[:nl].view(nl, kvh, group, hd)  # query heads grouped by the kv head they share
+                od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=batch.lane_mask)
+                attn[:nl] = od.reshape(nl, nh * hd)
+            if nd > nl:
                 assert batch.decode_slots is not None
+                ng = nd - nl
                 flat = batch.decode_slots.view(-1)  # index_select: much faster than fancy indexing
-                kd = kp.index_select(0, flat).view(nd, -1, kvh, hd).transpose(1, 2)  # [B, kvh, L, hd]
-                vd = vp.index_select(0, flat).view(nd, -1, kvh, hd).transpose(1, 2)
-                qd = q[:nd].view(nd, kvh, group, hd)  # query heads grouped by the kv head they share
+                kd = kp.index_select(0, flat).view(ng, -1, kvh, hd).transpose(1, 2)  # [B, kvh, L, hd]
+                vd = vp.index_select(0, flat).view(ng, -1, kvh, hd).transpose(1, 2)
+                qd = q[nl:nd].view(ng, kvh, group, hd)  # query heads grouped by the kv head they share
                 od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=batch.decode_mask)
-                attn[:nd] = od.reshape(nd, nh * hd)
+                attn[nl:nd] = od.reshape(ng, nh * hd)
             for start, length, slots in batch.prefills:
                 ks = (
                     kp.index_select(0, slots).view(-1, kvh, hd).transpose(0, 1).unsqueeze(0)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from gyre.engine.embedded.cache import RadixCache, SlotPool, _Node
+from gyre.engine.embedded.cache import DecodeLanes, RadixCache, SlotPool, _Node
 from gyre.engine.embedded.model import ForwardBatch, TransformerLM
 from gyre.protocol import SamplingParams
 
@@ -67,6 +67,8 @@ class StepStats:
     prefill_tokens: int = 0
     cached_prompt_tokens: int = 0
     retracted: int = 0
+    lane_decodes: int = 0  # decode rows that attended over their lane
+    gathered_decodes: int = 0  # decode rows that gathered their KV from the pool
 
 
 class Scheduler:
@@ -82,9 +84,11 @@ class Scheduler:
         enable_prefix_cache: bool,
         seed: int,
         decode_text: Callable[[list[int]], str] | None,
+        lane_positions: int = 0,
     ) -> None:
         self.model = model
         self.kv_slots = kv_slots
+        self.lane_positions = lane_positions  # token positions of `DecodeLanes` (0: every decode gathers)
         self.max_running = max_running
         self.max_prefill_tokens = max_prefill_tokens
         self.context_length = context_length
@@ -110,13 +114,21 @@ class Scheduler:
         self.free_rows = list(range(self.max_running - 1, -1, -1))
         self.pool = SlotPool(self.kv_slots, dev)
         self.cache = RadixCache(self.pool, enabled=self.enable_prefix_cache)
+        self.lanes = self._new_lanes()
         self.kv_allocated = True
+
+    def _new_lanes(self) -> DecodeLanes:
+        s, dev, dtype = self.model.spec, self.model.device, self.model.dtype
+        return DecodeLanes(
+            s.num_layers, s.num_kv_heads, s.head_dim, self.lane_positions, self.max_running, dev, dtype
+        )
 
     def release_kv(self) -> None:
         """Drop the KV pools and the prefix cache (only when no request is admitted)."""
         assert not self.running
         empty = torch.empty(0)
         self.k_pool = self.v_pool = self.req_to_token = empty
+        self.lanes = self._new_lanes()  # storage is allocated on first use
         self.kv_allocated = False
 
     def _alloc(self, n: int) -> torch.Tensor | None:
@@ -179,7 +191,8 @@ class Scheduler:
             self.stats.cached_prompt_tokens += n
 
     def _release(self, req: Request) -> None:
-        """Hand a request's KV to the prefix cache (or free it) and give back its row."""
+        """Hand a request's KV to the prefix cache (or free it) and give back its row and lane."""
+        self.lanes.release(req)
         if req.row < 0:
             return
         slots = self.req_to_token[req.row, : req.computed].long()
@@ -242,7 +255,10 @@ class Scheduler:
             if self.running:  # memory is full of half-prefilled requests: requeue the newest to let others on
                 self.retract(self.running[-1])
             return news
-        batch = self._build(decodes, dec_slots, chunks, chunk_slots)
+        decodes, num_lane = self._lane_decodes(decodes)
+        self.stats.lane_decodes += num_lane
+        self.stats.gathered_decodes += len(decodes) - num_lane
+        batch = self._build(decodes, num_lane, dec_slots, chunks, chunk_slots)
         logits = self.model.forward(batch, self.k_pool, self.v_pool)
         for req in decodes:
             req.computed += 1
@@ -266,9 +282,31 @@ class Scheduler:
             news.append(req)
         return news
 
+    def _lane_decodes(self, decodes: list[Request]) -> tuple[list[Request], int]:
+        """Order ``decodes`` as the forward wants them: those with a lane first, by lane; return how many have one.
+
+        A request gets a lane at its first decode (its KV is gathered from the pool once) and keeps it while the
+        lanes' budget lets it grow; otherwise it decodes through the gather path."""
+        lanes = self.lanes
+        if not lanes.enabled or not decodes:
+            return decodes, 0
+        laned: list[Request] = []
+        rest: list[Request] = []
+        for req in decodes:
+            room = req.computed + 1
+            if lanes.lane(req) >= 0 and not lanes.reserve(room):
+                lanes.release(req)
+            elif lanes.lane(req) < 0 and (lane := lanes.assign(req, room)) >= 0:
+                slots = self.req_to_token[req.row, : req.computed].long()
+                lanes.fill(lane, self.k_pool[:, slots], self.v_pool[:, slots])
+            (laned if lanes.lane(req) >= 0 else rest).append(req)
+        laned.sort(key=lanes.lane)
+        return laned + rest, len(laned)
+
     def _build(
         self,
         decodes: list[Request],
+        num_lane: int,
         dec_slots: torch.Tensor | None,
         chunks: list[tuple[Request, int]],
         chunk_slots: list[torch.Tensor],
@@ -277,16 +315,25 @@ class Scheduler:
         ids: list[int] = [r.ids[-1] for r in decodes]
         pos: list[int] = [r.computed for r in decodes]
         out = [dec_slots] if dec_slots is not None else []
-        nd = len(decodes)
-        dslots = dmask = None
+        nd, nl = len(decodes), num_lane
+        dslots = dmask = lane_index = lane_mask = None
         if nd:
             assert dec_slots is not None
             rows = torch.tensor([r.row for r in decodes], device=dev)
             pos_t = torch.tensor(pos, device=dev)
             self.req_to_token[rows, pos_t] = dec_slots.to(torch.int32)
-            width = max(pos) + 1
-            dslots = self.req_to_token[rows, :width].long()
-            dmask = (torch.arange(width, device=dev)[None, :] <= pos_t[:, None])[:, None, None, :]
+            if nd > nl:
+                width = max(pos[nl:]) + 1
+                dslots = self.req_to_token[rows[nl:], :width].long()
+                dmask = (torch.arange(width, device=dev)[None, :] <= pos_t[nl:, None])[:, None, None, :]
+        if nl:
+            lanes = [self.lanes.lane(r) for r in decodes[:nl]]
+            for lane, p in zip(lanes, pos, strict=False):
+                self.lanes.lengths[lane] = p + 1
+            if lanes != list(range(nl)):
+                lane_index = torch.tensor(lanes, device=dev)
+            width = max(pos[:nl]) + 1
+            lane_mask = (torch.arange(width, device=dev)[None, :] <= pos_t[:nl, None])[:, None, None, :]
         prefills = []
         logit_rows = list(range(nd))
         start = nd
@@ -309,6 +356,11 @@ class Scheduler:
             decode_mask=dmask,
             prefills=prefills,
             logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=dev),  # may be empty: a middle chunk
+            num_lane=nl,
+            lane_index=lane_index,
+            lane_mask=lane_mask,
+            lane_k=self.lanes.k if nl else None,
+            lane_v=self.lanes.v if nl else None,
         )
 
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> None:
