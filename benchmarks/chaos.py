@@ -53,6 +53,7 @@ from gyre.training import Resume, StepRecord, execution_index
 
 console = Console(width=180)
 PY = sys.executable
+RESULTS = Path(__file__).parent / "results"
 STEPS, TASKS, GROUP = 2, 2, 2
 BATCH = TASKS * GROUP
 RUN_TIMEOUT_S = 240.0
@@ -154,6 +155,21 @@ class TrainRun:
                 continue
             words = [a.decode(errors="replace") for a in argv]
             if "cell" in words and config in words and name in words:
+                return int(entry.name)
+        return None
+
+    def engine_pid(self, name: str) -> int | None:
+        """The pid of cell ``name``'s engine process (a ``gyre serve-engine`` child of the cell)."""
+        cell = self.cell_pid(name)
+        for entry in Path("/proc").iterdir():
+            if cell is None or not entry.name.isdigit():
+                continue
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == cell and b"serve-engine" in argv:
                 return int(entry.name)
         return None
 
@@ -306,24 +322,24 @@ async def baseline(root: Path, model: Path, exact: TokenExactness) -> Row:
 
 
 async def _kill_serving(root: Path, model: Path, exact: TokenExactness, hang: bool) -> Row:
-    """The standalone serving cell (serve-0) killed (SIGKILL) or hung (SIGSTOP: sockets open, nothing answers) once
-    calls are journaled; recovery: the fault -> the last call that was in flight at the fault answered."""
+    """The standalone serving cell (serve-0) killed (SIGKILL), or its engine process hung (SIGSTOP: its sockets stay
+    open, nothing answers, the cell goes on beating), once calls are journaled; recovery: the fault -> the last call that was in flight at the fault answered."""
     name = "hang-engine" if hang else "kill-serving"
     row = Row(name, recovery="fault -> in-flight calls answered")
     run = TrainRun(root, model, ["cells.standalone=1"])
     run.start()
     try:
         await wait_for("calls journaled", lambda: run.lines("journal/calls.jsonl") >= 4, run)
-        pid = run.cell_pid("serve-0")
-        assert pid is not None, "serve-0 not found"
+        pid = run.engine_pid("serve-0") if hang else run.cell_pid("serve-0")
+        assert pid is not None, "serve-0 (or its engine) not found"
         at = time.time()
         os.kill(pid, signal.SIGSTOP if hang else signal.SIGKILL)
-        row.notes.append(f"serve-0 {'stopped' if hang else 'killed'} after "
+        row.notes.append(f"{'serve-0 engine stopped (the cell beats on)' if hang else 'serve-0 killed'} after "
                          f"{run.lines('journal/calls.jsonl')} calls journaled")  # fmt: skip
     except (RuntimeError, AssertionError) as exc:
         row.notes.append(f"fault not injected: {exc}")
         at = None
-    await run.wait(150.0 if hang else RUN_TIMEOUT_S)
+    await run.wait(120.0 if hang else RUN_TIMEOUT_S)
     measure(run, exact, row)
     row.outcome = outcome(run)
     if at is not None:
@@ -352,7 +368,7 @@ async def _kill_training(root: Path, model: Path, exact: TokenExactness, cell: s
     row = Row(f"kill-{label}-training", recovery="kill -> next step applied")
     run = TrainRun(root, model, [], mode="colocate")
     run.start()
-    at = None
+    at, before = None, 0
     try:
         await wait_for("step 0 applied", lambda: run.lines("metrics.jsonl") >= 1, run)
 
@@ -363,7 +379,7 @@ async def _kill_training(root: Path, model: Path, exact: TokenExactness, cell: s
         await wait_for(f"{cell} training step 1", training, run)
         pid = run.cell_pid(cell)
         assert pid is not None, f"{cell} not found"
-        at = time.time()
+        at, before = time.time(), run.lines("metrics.jsonl")
         os.kill(pid, signal.SIGKILL)
     except (RuntimeError, AssertionError) as exc:
         row.notes.append(f"fault not injected: {exc}")
@@ -373,7 +389,7 @@ async def _kill_training(root: Path, model: Path, exact: TokenExactness, cell: s
     if at is not None:
         after = [s.at_s for s in run.steps() if s.at_s > at]
         row.recovery_s = round(min(after) - at, 2) if after else "never"
-        row.notes.append(f"{cell} killed with {run.lines('metrics.jsonl')} steps applied")
+        row.notes.append(f"{cell} killed with {before} steps applied")
     return row
 
 
@@ -477,8 +493,7 @@ async def disk_quota(root: Path, model: Path, exact: TokenExactness) -> Row:
             found = sorted(workspaces.glob("gyre-execution-*/workspace"), key=lambda p: p.stat().st_mtime)
             return found[-1] if found else None
 
-        await wait_for("step 0 applied", lambda: run.lines("metrics.jsonl") >= 1, run)
-        for _ in range(200):
+        for _ in range(200):  # the first workspace seen is a running execution's (one lasts seconds)
             await wait_for("a live workspace", lambda: live_workspace() is not None, run)
             target = live_workspace()
             try:
@@ -655,8 +670,10 @@ async def main_async(args: argparse.Namespace) -> list[Row]:
     console.print(table(rows))
     for r in rows:
         console.print(f"- {r.scenario}: {'; '.join(r.notes)}")
-    (out / "chaos.json").write_text(json.dumps([asdict(r) for r in rows], indent=1))
-    console.print(f"run directories and chaos.json in {out}")
+    RESULTS.mkdir(exist_ok=True)
+    for path in (out / "chaos.json", RESULTS / "chaos.json"):
+        path.write_text(json.dumps([asdict(r) for r in rows], indent=1))
+    console.print(f"run directories in {out}; rows in {RESULTS / 'chaos.json'}")
     return rows
 
 
