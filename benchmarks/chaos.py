@@ -459,7 +459,9 @@ async def _kill_driver(root: Path, model: Path, exact: TokenExactness, tear: boo
     measure(run, exact, row)
     row.outcome = outcome(run) + (" after kill" if at is not None else "")
     if at is not None:
-        after = sorted((s.at_s, s.step) for s in run.steps() if s.at_s > at)
+        after = sorted(
+            (s.at_s, s.step) for s in run.steps() if s.at_s > at and s.step >= before
+        )  # not rebuilt
         row.recovery_s = round(after[0][0] - at, 2) if after else "never"
         path = run.run_dir / "journal" / "resumes.jsonl"
         resumes = list(read_journal(path, Resume)) if path.exists() else []
