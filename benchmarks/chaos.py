@@ -18,7 +18,7 @@ observes in the run directory, and then measures, from the run directory alone:
 The ``switches`` scenario drives role switches of real cells directly (the controller, no trainer steps) under
 live agents on the official ``openai`` client over HTTP; its errors are what the clients raised.
 
-    python benchmarks/chaos.py                     # every scenario, 40 switches under 200 agents (~20 min)
+    python benchmarks/chaos.py                     # every scenario, 40 switches under 200 agents (~30 min on 2 busy cores)
     python benchmarks/chaos.py --scenarios kill-serving,control --switches 1000 --agents 200
 """
 
