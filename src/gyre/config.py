@@ -61,6 +61,11 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     )
     retry_budget: NonNegative = 8  # engine failures one call survives before it fails with 503
     request_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0  # one engine request, end to end
+    # liveness of engines with calls in flight: asked for /health every second, an answer must come within
+    # probe_timeout_s; one silent for hung_after_s is hung and its calls continue elsewhere (generation time, a long
+    # prefill say, plays no part)
+    probe_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    hung_after_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     # larger request bodies get 413; 8 MiB of JSON holds more text than a 1M-token context
     max_body_mib: Annotated[float, msgspec.Meta(gt=0)] = 8.0
     body_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = (
