@@ -175,7 +175,7 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
             task=task, group_index=within % run.group_size, agent=agent,
             execution_id=execution_id(index, picked.attempt, task, within % run.group_size)))  # fmt: skip
         rollout = Rollout(execution_id=result.execution_id, group=f"{step}/{task.id}", reward=result.reward,
-                          records=result.records, dropped=not result.trainable)  # fmt: skip
+                          records=result.records, dropped=not result.trainable, why=dropped_why(result))  # fmt: skip
         rollouts[step].append(rollout)
         if is_tampered(result):
             tampered_ids.add(result.execution_id)
@@ -315,6 +315,19 @@ def _from_checkpoint(rd: RunDir, step: int) -> StepRecord | None:
     rollouts = [Rollout(execution_id=r.execution_id, group="", reward=r.reward, records=r.records,
                         dropped=not r.trainable) for r in results]  # fmt: skip
     return step_record(step, rollouts, trainer, 0.0, tampered=sum(map(is_tampered, results)))
+
+
+def dropped_why(result: ExecutionResult) -> str:
+    """Why an execution is not trained, in a few words (empty when it is)."""
+    if result.trainable:
+        return ""
+    if result.verdict is not None:
+        why = f"verifier {result.verdict.outcome}" + (
+            f": {result.verdict.detail}" if result.verdict.detail else ""
+        )
+    else:
+        why = f"{result.status}" + (f": {result.error}" if result.error else "")
+    return why.splitlines()[0][:200] if why else "dropped"
 
 
 def is_tampered(result: ExecutionResult) -> bool:

@@ -81,9 +81,12 @@ class TrainerClient:
         micro_steps: list[MicroStep],
         seal: bool = False,
         data_cursor: dict[str, Any] | None = None,
+        untrained: str = "",
     ) -> None:
-        """Add micro-steps to ``step`` (streamed: call as data becomes ready); ``seal`` with the last ones."""
-        self._ask(SubmitMicroSteps(step=step, micro_steps=micro_steps, seal=seal, data_cursor=data_cursor))
+        """Add micro-steps to ``step`` (streamed: call as data becomes ready); ``seal`` with the last ones
+        (``untrained``: why, should the step hold none; it then applies no update and its metrics say why)."""
+        self._ask(SubmitMicroSteps(step=step, micro_steps=micro_steps, seal=seal, data_cursor=data_cursor,
+                                   untrained=untrained))  # fmt: skip
 
     def wait_step(self, step: int, timeout_s: float = 3600.0) -> StepMetrics:
         """Block until ``step`` is applied; its metrics."""

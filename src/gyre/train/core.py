@@ -135,6 +135,9 @@ class CoreTrainer:
         self.members: dict[str, _Member] = {}
         self.future: dict[int, list[MicroStep]] = {}  # micro-steps submitted for steps not open yet
         self.sealed_at: dict[int, dict[str, Any]] = {}  # step -> data cursor, once sealed
+        self.untrained: dict[
+            int, str
+        ] = {}  # step -> the driver's reason should it hold no micro-steps, once sealed
         self.waiters: dict[int, list[bytes]] = {}
         self.metrics: dict[int, StepMetrics] = {}
         self.weights_lock = threading.Lock()  # held while weights are read for a transfer; updates wait
@@ -192,7 +195,7 @@ class CoreTrainer:
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.cfg.heartbeat_s
                     self._beat()
-                if self.queue.complete and self.queue.items:
+                if self.queue.complete:  # an empty sealed step too: it applies no update
                     self._finish_step()
         finally:
             self.close()
@@ -399,22 +402,15 @@ class CoreTrainer:
                     identity, Refused(reason=f"step {step}, micro-step {i} of this submit: {problem}")
                 )
                 return
-        if message.seal and not message.micro_steps and not self._has_data(step):
-            self._reply(
-                identity, Refused(reason=f"step {step} has no micro-steps; an empty step cannot be sealed")
-            )
-            return
         if message.seal:
             self.sealed_at[step] = dict(message.data_cursor or {})
+            self.untrained[step] = message.untrained or "no micro-steps were submitted"
         if step == self.queue.step:
             self.queue.add(message.micro_steps, seal=message.seal)
             self._wake_idle()
         else:
             self.future.setdefault(step, []).extend(message.micro_steps)
         self._reply(identity, Ack(detail=f"step {step}: {len(message.micro_steps)} micro-steps"))
-
-    def _has_data(self, step: int) -> bool:
-        return bool(self.queue.items) if step == self.queue.step else bool(self.future.get(step))
 
     def _wake_idle(self) -> None:
         for member in self.members.values():
@@ -521,10 +517,18 @@ class CoreTrainer:
             except Exception as exc:  # the engine keeps its older version; the controller decides what to do
                 log.warning("weight push to %s failed: %s", url, exc)
         self._pushes = []
+        untrained = self.untrained.pop(step, "")
         with self.weights_lock:
-            norm, lr = self.state.apply()
+            if q.items:
+                norm, lr = self.state.apply()
+            else:  # every execution of the step was dropped, say: the run goes on, the metrics say why
+                norm, lr = 0.0, self.state.skip()
+                log.warning("step %d trained nothing (%s): no update, version %d has the same weights",
+                            step, untrained, self.state.version)  # fmt: skip
         self.state.data_cursor = self.sealed_at.pop(step, {})
         metrics = _metrics(step, self.state.version, merge_stats(q.stats), len(q.items), norm, lr, q)
+        if not q.items:
+            metrics = msgspec.structs.replace(metrics, untrained=untrained)
         self.metrics[step] = metrics
         # in the step's checkpoint: a driver that died before journaling them reads them there on resume
         self.state.last_metrics = msgspec.to_builtins(metrics)

@@ -63,5 +63,7 @@ def test_a_hung_engine(tiny_model: Path, tmp_path: Path) -> None:
     stats = live.pool.statistics()
     assert stats.hung_engines == 1  # serve-0, once: busy cells that answer their probe are never judged hung
     assert stats.moved_calls >= 3 and stats.engines == {"cell-0": "serving", "serve-0": "serving"}
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, local_files_only=True, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model, local_files_only=True, dtype=torch.float32
+    ).eval()
     assert live.check_token_exact({0: model}) >= AGENTS
