@@ -230,6 +230,10 @@ class ChaosConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     control_duplicate: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
     control_delay_s: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0  # each message waits uniformly up to this
     seed: int = 0
+    # the driver's SubmitMicroSteps to the core trainer: lost (the request or its answer, half each: the driver asks
+    # again with the same submission id) or duplicated (a second copy reaches the core) with these probabilities
+    trainer_drop: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.0
+    trainer_duplicate: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
 
 
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

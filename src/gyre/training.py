@@ -104,7 +104,8 @@ class TrainSummary(msgspec.Struct, frozen=True, kw_only=True):
     eval_last: float | None = None
     resumes: int = 0
     tampered_executions: int = 0  # executions caught tampering with the grader, over all steps
-    injected_faults: dict[str, int] = {}  # [chaos] on the controller's control messages: sent, dropped...
+    # [chaos] on the controller's control messages (sent, dropped...) and the driver's submits (submits_...)
+    injected_faults: dict[str, int] = {}
 
 
 class _PickUp(msgspec.Struct, kw_only=True):
@@ -226,6 +227,8 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
                                                 if v.role == "training"])  # fmt: skip
             await evaluate(run.steps)
             injected = cluster.controller.link.counts() if cluster.controller.link.active else {}
+            if loop.trainer.faults.active:
+                injected |= {f"submits_{k}": v for k, v in loop.trainer.faults.counts().items()}
         finally:
             await runtime.aclose()
             await eval_runtime.aclose()

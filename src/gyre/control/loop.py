@@ -124,7 +124,8 @@ class ElasticLoop:
         self.controller, self.policy, self.books = controller, policy, books
         self.group_size, self.execute, self.build, self.tick_s = group_size, execute, build, tick_s
         self.on_step = on_step  # called with (books step, metrics) as each step is applied
-        self.trainer = TrainerClient(controller.core_address, timeout_s=120)
+        # submits are asked again when unanswered (the core takes each once); [chaos] may lose or repeat them
+        self.trainer = TrainerClient(controller.core_address, timeout_s=120, chaos=controller.link.cfg)
         self._lock = asyncio.Lock()  # one request at a time on the trainer client
         self._moving: dict[str, str] = {}  # cell -> the role it is switching through
         self._groups: dict[tuple[int, str], list[Rollout]] = defaultdict(list)

@@ -47,9 +47,7 @@ if TYPE_CHECKING:
     from gyre.config import RouterConfig
 
 log = logging.getLogger(__name__)
-PROBE_INTERVAL_S = (
-    1.0  # gone engines (while none serves), busy and hung ones are asked for /health this often
-)
+PROBE_INTERVAL_S = 1.0  # gone engines (none serving), busy and hung ones are asked for /health this often
 ABORT_WAIT_S = (
     10.0  # an aborted call waits this long for its engine to stop, asking again every ABORT_RETRY_S
 )

@@ -18,7 +18,7 @@ import torch
 import zmq
 from safetensors.torch import load_file
 
-from gyre.config import LossConfig, TrainerConfig
+from gyre.config import ChaosConfig, LossConfig, TrainerConfig
 from gyre.engine.launch import free_port
 from gyre.errors import TrainerError
 from gyre.protocol import MicroStep, StepMetrics, TrainerStatistics
@@ -279,6 +279,32 @@ def test_a_step_sealed_with_no_micro_steps_applies_no_update_says_why_and_the_ne
     state = reference(tiny_model, first)
     train_step(state, last)
     assert_same_update(got, state)
+
+
+def test_lost_and_repeated_submits_train_each_micro_step_once(tiny_model: Path, tmp_path: Path) -> None:
+    steps = [random_micro_steps(91, 12), random_micro_steps(92, 6)]
+    chaos = ChaosConfig(trainer_drop=0.3, trainer_duplicate=0.3, seed=13)  # all three faults, more than once
+    with (
+        cluster(tiny_model, tmp_path) as c,
+        TrainerClient(c.address, timeout_s=30, retries=20, chaos=chaos) as driver,
+    ):
+        metrics = []
+        for step, items in enumerate(steps):
+            for i in range(0, len(items), 2):  # streamed, two micro-steps a submit
+                driver.submit(step, items[i : i + 2], seal=i + 2 >= len(items))
+            metrics.append(c.client.wait_step(step, timeout_s=300))
+        got = c.weights_after(tmp_path / "ckpt")
+        faults = driver.faults.counts()
+    assert faults["lost_requests"] and faults["lost_answers"] and faults["duplicated"]  # each fault happened
+    assert driver.retried == faults["lost_requests"] + faults["lost_answers"]
+    for m, items in zip(metrics, steps, strict=True):
+        assert_accounted(m, items)  # each micro-step trained exactly once
+    # every copy that reached the core after the first was acknowledged, not taken (a duplicate may land after
+    # its step was applied: then no step counts it)
+    assert 0 < sum(m.repeated_submits for m in metrics) <= faults["lost_answers"] + faults["duplicated"]
+    want = reference(tiny_model, steps[0])
+    train_step(want, steps[1])
+    assert_same_update(got, want)  # the update of a fault-free run
 
 
 def test_attached_engines_get_every_update_and_generate_what_a_freshly_loaded_engine_does(
