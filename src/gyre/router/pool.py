@@ -154,6 +154,7 @@ class Engine:
     managed: bool = False  # a controller owns its state (a cell's engine): no health probe revives it
     destination: str | None = None  # while draining: where its moved calls continue (capacity reserved there)
     silent_since: float | None = None  # time.monotonic() at the start of the first unanswered probe in a row
+    probes: int = 0  # liveness probes sent while it was busy or hung
     waits: set[asyncio.Timeout] = field(
         default_factory=set
     )  # calls' waits on it: expired when it is judged hung
@@ -351,6 +352,7 @@ class EnginePool:
     async def _probe(self, engine: Engine) -> None:
         """One liveness probe: an answer revives a hung engine; silence for ``hung_after_s`` makes a busy one hung."""
         asked = time.monotonic()
+        engine.probes += 1
         try:
             async with asyncio.timeout(self.probe_timeout_s):
                 alive = await engine.client.health()
