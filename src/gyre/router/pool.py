@@ -268,7 +268,7 @@ class EnginePool:
         """Let a drained engine (back from training, say) or a fixed misconfigured one serve again."""
         engine = self.get(name)
         engine.state = EngineState.SERVING
-        engine.problem, engine.destination = "", None
+        engine.problem, engine.destination, engine.silent_since = "", None, None
         self._notify()
 
     def mark_gone(self, name: str, reason: str) -> None:
