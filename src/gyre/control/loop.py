@@ -95,7 +95,7 @@ def untrained_reason(executions: int, dropped: list[str]) -> str:
     counts = Counter(why[:200] for why in dropped)
     commonest = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:3]  # ties: alphabetical
     reasons = "; ".join(f"{n}x {why}" for why, n in commonest)
-    more = f"; {len(counts) - 3} other reasons" if len(counts) > 3 else ""
+    more = f"; {len(counts) - 3} more" if len(counts) > 3 else ""
     rest = (
         ""
         if len(dropped) == executions
