@@ -62,6 +62,11 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     )
     retry_budget: NonNegative = 8  # engine failures one call survives before it fails with 503
     request_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 3600.0  # one engine request, end to end
+    # liveness of engines with calls in flight: asked for /health every second, an answer must come within
+    # probe_timeout_s; one silent for hung_after_s is hung and its calls continue elsewhere (generation time, a long
+    # prefill say, plays no part)
+    probe_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 5.0
+    hung_after_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
     # larger request bodies get 413; 8 MiB of JSON holds more text than a 1M-token context
     max_body_mib: Annotated[float, msgspec.Meta(gt=0)] = 8.0
     body_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = (
@@ -230,6 +235,10 @@ class ChaosConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     control_duplicate: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
     control_delay_s: Annotated[float, msgspec.Meta(ge=0.0)] = 0.0  # each message waits uniformly up to this
     seed: int = 0
+    # the driver's SubmitMicroSteps to the core trainer: lost (the request or its answer, half each: the driver asks
+    # again with the same submission id) or duplicated (a second copy reaches the core) with these probabilities
+    trainer_drop: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.0
+    trainer_duplicate: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
 
 
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -8,6 +8,7 @@
     ├── EngineError            an inference engine failed or refused a request
     │   ├── EngineRequestError     the engine rejected the request (HTTP 4xx): the caller's input is wrong
     │   ├── EngineUnavailable      the engine cannot be reached, crashed, timed out or answered 5xx
+    │   │   └── EngineHung         it keeps its sockets open but stopped answering /health (router.hung_after_s)
     │   └── EngineCapacityError    the request can never fit (longer than the context or the KV cache)
     ├── SandboxError           a sandbox could not be created, used or cleaned up
     │   └── WorkspaceLimitExceeded a workspace passed its disk, inode or copy-time limit (recorded on its execution)
@@ -48,6 +49,10 @@ class EngineRequestError(EngineError):
 
 class EngineUnavailable(EngineError):
     """The engine cannot serve: connection refused, crashed, timed out or answered 5xx."""
+
+
+class EngineHung(EngineUnavailable):
+    """The engine stopped answering its ``/health`` probe while calls were in flight there."""
 
 
 class EngineCapacityError(EngineRequestError):

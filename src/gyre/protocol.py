@@ -290,6 +290,10 @@ class StepMetrics(msgspec.Struct, frozen=True, kw_only=True):
     by_member: dict[str, int]  # micro-steps each member computed (accepted gradients)
     discarded: int  # gradients received for micro-steps already done (a member declared gone came back)
     reclaimed: int  # claims returned to the queue (members that left or were declared gone mid-micro-step)
+    # why the step trained nothing (its every execution dropped, say): no update, weights and optimizer unchanged,
+    # the version still moves on; empty when it trained
+    untrained: str = ""
+    repeated_submits: int = 0  # submits of this step the core acknowledged without taking (seen before)
 
 
 class Hello(msgspec.Struct, tag="hello", kw_only=True):
@@ -337,6 +341,10 @@ class SubmitMicroSteps(msgspec.Struct, tag="submit", kw_only=True):
     micro_steps: list[MicroStep]
     seal: bool = False
     data_cursor: dict[str, Any] | None = None  # kept in the checkpoint of this step (set with ``seal``)
+    # with ``seal``: why the step may hold no micro-steps (kept in its metrics if it holds none)
+    untrained: str = ""
+    # the driver's id for this submit: the core takes each once, a repeat (a retry, a duplicate) is only acknowledged
+    submission: str = ""
 
 
 class WaitStep(msgspec.Struct, tag="wait_step", kw_only=True):

@@ -104,7 +104,8 @@ class TrainSummary(msgspec.Struct, frozen=True, kw_only=True):
     eval_last: float | None = None
     resumes: int = 0
     tampered_executions: int = 0  # executions caught tampering with the grader, over all steps
-    injected_faults: dict[str, int] = {}  # [chaos] on the controller's control messages: sent, dropped...
+    # [chaos] on the controller's control messages (sent, dropped...) and the driver's submits (submits_...)
+    injected_faults: dict[str, int] = {}
 
 
 class _PickUp(msgspec.Struct, kw_only=True):
@@ -175,7 +176,7 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
             task=task, group_index=within % run.group_size, agent=agent,
             execution_id=execution_id(index, picked.attempt, task, within % run.group_size)))  # fmt: skip
         rollout = Rollout(execution_id=result.execution_id, group=f"{step}/{task.id}", reward=result.reward,
-                          records=result.records, dropped=not result.trainable)  # fmt: skip
+                          records=result.records, dropped=not result.trainable, why=dropped_why(result))  # fmt: skip
         rollouts[step].append(rollout)
         if is_tampered(result):
             tampered_ids.add(result.execution_id)
@@ -226,6 +227,8 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
                                                 if v.role == "training"])  # fmt: skip
             await evaluate(run.steps)
             injected = cluster.controller.link.counts() if cluster.controller.link.active else {}
+            if loop.trainer.faults.active:
+                injected |= {f"submits_{k}": v for k, v in loop.trainer.faults.counts().items()}
         finally:
             await runtime.aclose()
             await eval_runtime.aclose()
@@ -315,6 +318,19 @@ def _from_checkpoint(rd: RunDir, step: int) -> StepRecord | None:
     rollouts = [Rollout(execution_id=r.execution_id, group="", reward=r.reward, records=r.records,
                         dropped=not r.trainable) for r in results]  # fmt: skip
     return step_record(step, rollouts, trainer, 0.0, tampered=sum(map(is_tampered, results)))
+
+
+def dropped_why(result: ExecutionResult) -> str:
+    """Why an execution is not trained, in a few words (empty when it is)."""
+    if result.trainable:
+        return ""
+    if result.verdict is not None:
+        why = f"verifier {result.verdict.outcome}" + (
+            f": {result.verdict.detail}" if result.verdict.detail else ""
+        )
+    else:
+        why = f"{result.status}" + (f": {result.error}" if result.error else "")
+    return why.splitlines()[0][:200] if why else "dropped"
 
 
 def is_tampered(result: ExecutionResult) -> bool:

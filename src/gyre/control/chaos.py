@@ -6,6 +6,9 @@ survive all three: a cell's Hello and beats carry a sequence number (stale ones 
 (beats bring a controller whose report was lost up to date), the controller repeats a switch's command until the
 cell reports it, and a cell carries out each switch number once, repeating its report when asked again. Off by
 default; the chaos suite turns it on under a live `gyre train`.
+
+The driver's submits to the core trainer go through `FaultySubmits`: a submit or its answer is lost (the client asks
+again, with the same submission id) or a second copy reaches the core; the core takes each submission id once.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from gyre.config import ChaosConfig
 
@@ -60,3 +63,41 @@ class FaultyLink:
                 asyncio.get_running_loop().call_later(delay, deliver)
             else:
                 deliver()
+
+
+SubmitFate = Literal["deliver", "lose_request", "lose_answer", "duplicate"]
+
+
+class FaultySubmits:
+    """The fate of each of the driver's ``SubmitMicroSteps`` (`gyre.train.client.TrainerClient` carries it out)."""
+
+    def __init__(self, cfg: ChaosConfig, side: str = "driver") -> None:
+        self.cfg = cfg
+        self._rng = random.Random(f"{cfg.seed}:{side}:submits")
+        self.sent = self.lost_requests = self.lost_answers = self.duplicated = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether any fault is configured."""
+        return bool(self.cfg.trainer_drop or self.cfg.trainer_duplicate)
+
+    def counts(self) -> dict[str, int]:
+        """Submits sent (retries included), and how many were lost on the way there or back, and duplicated."""
+        return {"sent": self.sent, "lost_requests": self.lost_requests, "lost_answers": self.lost_answers,
+                "duplicated": self.duplicated}  # fmt: skip
+
+    def fate(self) -> SubmitFate:
+        """What happens to the next submit."""
+        self.sent += 1
+        if not self.active:
+            return "deliver"
+        if self._rng.random() < self.cfg.trainer_drop:
+            if self._rng.random() < 0.5:
+                self.lost_requests += 1
+                return "lose_request"
+            self.lost_answers += 1
+            return "lose_answer"
+        if self._rng.random() < self.cfg.trainer_duplicate:
+            self.duplicated += 1
+            return "duplicate"
+        return "deliver"

@@ -36,9 +36,7 @@ class Cluster:
         router_cfg = cfg.router
         if not router_cfg.model_path:
             router_cfg = msgspec.structs.replace(router_cfg, model_path=self.model_path)
-        self.pool = EnginePool(
-            router_cfg.wait_for_engine_s, router_cfg.retry_budget, router_cfg.request_timeout_s
-        )
+        self.pool = EnginePool.from_config(router_cfg)
         self.router = Router(router_cfg, pool=self.pool)
         self.controller = Controller(cfg.controller, self.pool, self.run_dir, chaos=cfg.chaos)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}

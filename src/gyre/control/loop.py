@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterator
 
 import msgspec
@@ -87,6 +87,23 @@ def group_micro_steps(cfg: TrajectoryConfig, batch_executions: int) -> Build:
     return build
 
 
+def untrained_reason(executions: int, dropped: list[str]) -> str:
+    """Why a step of ``executions`` executions, of which those dropped for the reasons ``dropped``, has no
+    micro-steps: the commonest reasons first, with counts."""
+    if not dropped:
+        return f"its {executions} executions gave no trainable tokens"
+    counts = Counter(why[:200] for why in dropped)
+    commonest = sorted(counts.items(), key=lambda item: (-item[1], item[0]))[:3]  # ties: alphabetical
+    reasons = "; ".join(f"{n}x {why}" for why, n in commonest)
+    more = f"; {len(counts) - 3} more" if len(counts) > 3 else ""
+    rest = (
+        ""
+        if len(dropped) == executions
+        else f", the other {executions - len(dropped)} gave no trainable tokens"
+    )
+    return f"{len(dropped)} of {executions} executions dropped ({reasons}{more}){rest}"
+
+
 class ElasticLoop:
     """Runs ``books.steps`` steps of ``books.batch`` executions each, in groups of ``group_size``; the books' step 0
     is the core's next step."""
@@ -107,11 +124,16 @@ class ElasticLoop:
         self.controller, self.policy, self.books = controller, policy, books
         self.group_size, self.execute, self.build, self.tick_s = group_size, execute, build, tick_s
         self.on_step = on_step  # called with (books step, metrics) as each step is applied
-        self.trainer = TrainerClient(controller.core_address, timeout_s=120)
+        # submits are asked again when unanswered (the core takes each once); [chaos] may lose or repeat them
+        self.trainer = TrainerClient(controller.core_address, timeout_s=120, chaos=controller.link.cfg)
         self._lock = asyncio.Lock()  # one request at a time on the trainer client
         self._moving: dict[str, str] = {}  # cell -> the role it is switching through
         self._groups: dict[tuple[int, str], list[Rollout]] = defaultdict(list)
         self._submitted_in_step: dict[int, int] = defaultdict(int)
+        self._micro_in_step: dict[int, int] = defaultdict(int)
+        self._dropped: dict[int, list[str]] = defaultdict(
+            list
+        )  # step -> why each dropped execution was dropped
         self._wake = asyncio.Event()
         self._failed = 0
         self._metrics: list[StepMetrics] = []
@@ -209,7 +231,7 @@ class ElasticLoop:
             log.warning("execution %d failed: %s", index, exc)
             self._failed += 1
             rollout = Rollout(execution_id=f"x{index}", group=f"failed-{index}", reward=0.0, records=[],
-                              dropped=True)  # fmt: skip
+                              dropped=True, why=f"crashed: {exc}")  # fmt: skip
         self.books.finish(index, ready=False)
         group_key = (step, f"{index // self.group_size}")
         self._groups[group_key].append(rollout)
@@ -223,12 +245,24 @@ class ElasticLoop:
         self.books.make_ready(step, count)  # taken once a trainer has begun its step (``_pending``)
         async with self._lock:
             self._submitted_in_step[step] += count
+            self._micro_in_step[step] += len(micro)
             self._trained[step] += [r.execution_id for r in group if not r.dropped]
+            self._dropped[step] += [r.why or "dropped" for r in group if r.dropped]
             seal = self._submitted_in_step[step] == self.books.batch
             # the cursor lands in the step's checkpoint: what a resumed driver finds trained
             cursor = {"step": self._base + step, "execution_ids": self._trained.pop(step)} if seal else None
+            untrained = ""
+            if seal:
+                dropped = self._dropped.pop(step)
+                if not self._micro_in_step.pop(
+                    step
+                ):  # the core applies no update; its metrics keep the reason
+                    untrained = untrained_reason(self.books.batch, dropped)
+                    log.warning("step %d trains nothing: %s", step, untrained)
             if micro or seal:
-                await asyncio.to_thread(self.trainer.submit, self._base + step, micro, seal, cursor)
+                await asyncio.to_thread(
+                    self.trainer.submit, self._base + step, micro, seal, cursor, untrained
+                )
 
     async def _wait_steps(self) -> None:
         with TrainerClient(self.controller.core_address, timeout_s=120) as waiter:

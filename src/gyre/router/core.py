@@ -47,7 +47,7 @@ class Router:
         self.cfg = cfg
         self.renderer = renderer
         self.model_name = cfg.model_name or Path(cfg.model_path).name or "gyre"
-        self.pool = pool or EnginePool(cfg.wait_for_engine_s, cfg.retry_budget, cfg.request_timeout_s)
+        self.pool = pool or EnginePool.from_config(cfg)
         for url in cfg.engines:
             self.pool.add(url)
         self.sessions = SessionStore()

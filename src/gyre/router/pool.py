@@ -1,7 +1,12 @@
 """The pool of inference engines a router sends calls to, and the one loop that makes a call survive them.
 
-Each engine is ``serving``, ``draining``, ``gone`` or ``misconfigured``. An engine a controller manages (a cell's)
-changes state only when the controller says so (``drain``, ``resume``, ``mark_gone``), never by a health probe. A
+Each engine is ``serving``, ``draining``, ``gone``, ``hung`` or ``misconfigured``. An engine a controller manages (a
+cell's) changes state only when the controller says so (``drain``, ``resume``, ``mark_gone``), never by a health
+probe, with one exception: ``hung``. The controller hears the cell, not its engine, so while calls are in flight on
+an engine the pool itself asks it for ``/health`` every second; one that has not answered within
+``probe_timeout_s`` for ``hung_after_s`` (stopped, deadlocked, its host unreachable with sockets still open) is
+``hung``: its calls in flight continue elsewhere as after a crash, and it serves again once it answers. Generation
+time plays no part in the judgement, so a long prefill on an engine that still answers its probe is never cut. A
 call sticks to the engine that holds its
 session's prefix while that engine serves, else goes to the least loaded one. When its engine drains or fails
 mid-generation, the call continues on another engine from the tokens generated so far (its KV handed over where both
@@ -20,18 +25,29 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import msgspec
 
 from gyre.engine.client import EngineClient
 from gyre.engine.http import LocalResourceError
-from gyre.errors import EngineCapacityError, EngineError, EngineRequestError, EngineUnavailable, ProtocolError
+from gyre.errors import (
+    EngineCapacityError,
+    EngineError,
+    EngineHung,
+    EngineRequestError,
+    EngineUnavailable,
+    ProtocolError,
+)
 from gyre.protocol import GenerateResponse, SamplingParams, parse_weight_version
 from gyre.records import RecordSource
 
+if TYPE_CHECKING:
+    from gyre.config import RouterConfig
+
 log = logging.getLogger(__name__)
-PROBE_INTERVAL_S = 1.0  # while no engine serves, gone engines are asked for /health this often
+PROBE_INTERVAL_S = 1.0  # gone engines (none serving), busy and hung ones are asked for /health this often
 ABORT_WAIT_S = (
     10.0  # an aborted call waits this long for its engine to stop, asking again every ABORT_RETRY_S
 )
@@ -44,6 +60,9 @@ class EngineState(enum.Enum):
     SERVING = "serving"
     DRAINING = "draining"
     GONE = "gone"
+    # stopped answering /health while calls were in flight (``hung_after_s``): gets no calls; serves again, managed
+    # or not, once it answers
+    HUNG = "hung"
     # answered what Gyre cannot record (a non-integer weight version): gets no calls, and no health probe brings
     # it back; `EnginePool.resume` does, once it is fixed
     MISCONFIGURED = "misconfigured"
@@ -134,6 +153,11 @@ class Engine:
     problem: str = ""  # why it is misconfigured
     managed: bool = False  # a controller owns its state (a cell's engine): no health probe revives it
     destination: str | None = None  # while draining: where its moved calls continue (capacity reserved there)
+    silent_since: float | None = None  # time.monotonic() at the start of the first unanswered probe in a row
+    probes: int = 0  # liveness probes sent while it was busy or hung
+    waits: set[asyncio.Timeout] = field(
+        default_factory=set
+    )  # calls' waits on it: expired when it is judged hung
 
 
 class PoolStatistics(msgspec.Struct, frozen=True):
@@ -146,6 +170,7 @@ class PoolStatistics(msgspec.Struct, frozen=True):
     kv_handovers: int
     engine_failures: int
     local_connect_failures: int = 0  # connections this process could not open (descriptors, ports): retried
+    hung_engines: int = 0  # times an engine was judged hung (its calls moved)
 
 
 @dataclass
@@ -177,11 +202,20 @@ class EnginePool:
     """Engines, their states, and call placement with transparent continuation."""
 
     def __init__(
-        self, wait_for_engine_s: float = 60.0, retry_budget: int = 8, timeout_s: float = 3600.0
+        self,
+        wait_for_engine_s: float = 60.0,
+        retry_budget: int = 8,
+        timeout_s: float = 3600.0,
+        probe_timeout_s: float = 5.0,
+        hung_after_s: float = 30.0,
     ) -> None:
         self.wait_for_engine_s = wait_for_engine_s
         self.retry_budget = retry_budget
         self.timeout_s = timeout_s
+        self.probe_timeout_s = probe_timeout_s
+        self.hung_after_s = hung_after_s
+        self._watch: asyncio.Task[None] | None = None  # probes busy and hung engines; ends when none is left
+        self._hung = 0
         self.engines: dict[str, Engine] = {}
         self._changed = asyncio.Event()
         self._names = itertools.count()
@@ -189,6 +223,12 @@ class EnginePool:
         self._handovers = 0
         self._failures = 0
         self._local_failures = 0  # connections this process could not open (descriptors, ports)
+
+    @classmethod
+    def from_config(cls, cfg: RouterConfig) -> EnginePool:
+        """A pool with the waits, budget and liveness deadlines of ``[router]``."""
+        return cls(cfg.wait_for_engine_s, cfg.retry_budget, cfg.request_timeout_s, cfg.probe_timeout_s,
+                   cfg.hung_after_s)  # fmt: skip
 
     # ---- membership -----------------------------------------------------------------------------------------
     def add(self, url: str, name: str | None = None, managed: bool = False) -> Engine:
@@ -214,7 +254,7 @@ class EnginePool:
         return when none is left there."""
         engine = self.get(name)
         engine.destination = destination
-        if engine.state is EngineState.SERVING:
+        if engine.state in (EngineState.SERVING, EngineState.HUNG):
             engine.state = EngineState.DRAINING
         while engine.inflight and engine.state is EngineState.DRAINING:
             try:  # the router is the engine's only client: abort everything, until nothing is in flight
@@ -228,7 +268,7 @@ class EnginePool:
         """Let a drained engine (back from training, say) or a fixed misconfigured one serve again."""
         engine = self.get(name)
         engine.state = EngineState.SERVING
-        engine.problem, engine.destination = "", None
+        engine.problem, engine.destination, engine.silent_since = "", None, None
         self._notify()
 
     def mark_gone(self, name: str, reason: str) -> None:
@@ -242,7 +282,11 @@ class EnginePool:
         await engine.client.aclose()
 
     async def aclose(self) -> None:
-        """Close every engine client."""
+        """Stop probing; close every engine client."""
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
         for engine in self.engines.values():
             await engine.client.aclose()
 
@@ -260,6 +304,7 @@ class EnginePool:
             kv_handovers=self._handovers,
             engine_failures=self._failures,
             local_connect_failures=self._local_failures,
+            hung_engines=self._hung,
         )
 
     def _notify(self) -> None:
@@ -282,6 +327,72 @@ class EnginePool:
             engine.problem = str(problem)
             engine.failures += 1
             self._notify()
+
+    # ---- liveness ---------------------------------------------------------------------------------------------
+    def _ensure_watch(self) -> None:
+        """Probe busy engines while any call is in flight: started by the first attempt, it ends by itself."""
+        if self._watch is None or self._watch.done():
+            self._watch = asyncio.get_running_loop().create_task(
+                self._watch_engines(), name="gyre-pool-liveness"
+            )
+
+    async def _watch_engines(self) -> None:
+        """Every ``PROBE_INTERVAL_S``, ask engines with calls in flight (and hung ones) for ``/health``, at most
+        ``probe_timeout_s`` each, concurrently; returns once none is busy or hung."""
+        while True:
+            await asyncio.sleep(PROBE_INTERVAL_S)
+            watched = [
+                e for e in self.engines.values()
+                if e.state is EngineState.HUNG or (e.inflight and e.state in (EngineState.SERVING, EngineState.DRAINING))
+            ]  # fmt: skip
+            if not watched:
+                return
+            await asyncio.gather(*(self._probe(e) for e in watched))
+
+    async def _probe(self, engine: Engine) -> None:
+        """One liveness probe: an answer revives a hung engine; silence for ``hung_after_s`` makes a busy one hung."""
+        asked = time.monotonic()
+        engine.probes += 1
+        try:
+            async with asyncio.timeout(self.probe_timeout_s):
+                alive = await engine.client.health()
+        except TimeoutError:
+            alive = False
+        now = time.monotonic()
+        if alive:
+            engine.silent_since = None
+            if engine.state is EngineState.HUNG:
+                log.warning("engine %s (%s) answers again: serving", engine.name, engine.url)
+                engine.state = EngineState.SERVING
+                self._notify()
+            return
+        silent = engine.silent_since = engine.silent_since or asked
+        if now - silent >= self.hung_after_s and engine.state in (EngineState.SERVING, EngineState.DRAINING):
+            log.warning("engine %s (%s) has not answered /health for %.1f s: hung; its %d calls move",
+                        engine.name, engine.url, now - silent, len(engine.inflight))  # fmt: skip
+            engine.state = EngineState.HUNG
+            engine.failures += 1
+            self._hung += 1
+            for wait in engine.waits:
+                wait.reschedule(asyncio.get_running_loop().time())
+            self._notify()
+
+    @contextlib.asynccontextmanager
+    async def _waiting_on(self, engine: Engine) -> AsyncIterator[None]:
+        """A wait for ``engine``'s answer, cut short (``EngineHung``) when the engine is judged hung."""
+        try:
+            async with asyncio.timeout(None) as wait:
+                engine.waits.add(wait)
+                try:
+                    if engine.state is EngineState.HUNG:
+                        wait.reschedule(asyncio.get_running_loop().time())
+                    yield
+                finally:
+                    engine.waits.discard(wait)
+        except TimeoutError:
+            if wait.expired() and engine.state is EngineState.HUNG:
+                raise EngineHung(f"{engine.url}: no answer to /health for {self.hung_after_s:g} s") from None
+            raise
 
     async def _pick(self, affinity: str | None, moved_from: Engine | None = None) -> Engine:
         """The session's engine while it serves, else the least loaded serving one; waits for one to appear. A call
@@ -404,6 +515,7 @@ class EnginePool:
             finished = False
             reached = True  # the request may have reached the engine
             control.begin(engine, rid)
+            self._ensure_watch()
             try:
                 if stream:
                     seen = 0
@@ -411,7 +523,12 @@ class EnginePool:
                         input_ids + out, attempt, rid=rid, return_logprob=True, top_logprobs_num=top
                     )
                     async with contextlib.aclosing(chunks):
-                        async for resp in chunks:  # each chunk's version, before its tokens
+                        while True:  # each chunk's version, before its tokens
+                            async with self._waiting_on(engine):
+                                got = await anext(chunks, None)
+                            if got is None:
+                                break
+                            resp = got
                             version, scripted = self._provenance(engine, resp)
                             source = "scripted" if scripted else source
                             if len(resp.output_ids) > seen:
@@ -422,9 +539,10 @@ class EnginePool:
                     if resp is None:
                         raise EngineUnavailable(f"{engine.url}: the stream ended without a response")
                 else:
-                    resp = await engine.client.generate(
-                        input_ids + out, attempt, rid=rid, return_logprob=True, top_logprobs_num=top
-                    )
+                    async with self._waiting_on(engine):
+                        resp = await engine.client.generate(
+                            input_ids + out, attempt, rid=rid, return_logprob=True, top_logprobs_num=top
+                        )
                     version, scripted = self._provenance(engine, resp)
                     source = "scripted" if scripted else source
                     if resp.output_ids:
@@ -448,6 +566,14 @@ class EnginePool:
                 previous, reached = None, False
                 backoff_s = min(0.05 * 2**pressure_retries, 1.0)
                 continue
+            except EngineHung as exc:
+                # Like a crash, minus the mark: the engine stays hung until it answers its probe again.
+                failures += 1
+                if failures > self.retry_budget:
+                    raise NoCapacity(f"gave up after {failures} engine failures; last: {exc}") from exc
+                previous = None  # a hung engine exports nothing; tokens streamed so far are kept
+                self._moved += 1
+                continue
             except (EngineUnavailable, ProtocolError) as exc:
                 # An engine whose answer cannot be recorded is misconfigured, not the caller's problem: its
                 # tokens of this attempt are dropped (tokens of earlier chunks, recorded correctly, are kept)
@@ -467,7 +593,8 @@ class EnginePool:
                 control.end()
                 engine.inflight.discard(rid)
                 engine.outstanding_tokens -= cost
-                if not finished and reached and engine.state is not EngineState.GONE:  # the caller went away
+                gone = engine.state in (EngineState.GONE, EngineState.HUNG)
+                if not finished and reached and not gone:  # the caller went away
                     with contextlib.suppress(Exception):
                         async with asyncio.timeout(5):
                             await engine.client.abort(rid)

@@ -41,7 +41,7 @@ class UpstreamRouter(Router):
         self.base_url = base_url.rstrip("/")
         self.upstream_model = model or cfg.model_name or "default"
         self.model_name = cfg.model_name or self.upstream_model
-        self.pool = EnginePool(cfg.wait_for_engine_s, cfg.retry_budget, cfg.request_timeout_s)  # stays empty
+        self.pool = EnginePool.from_config(cfg)  # stays empty
         self.sessions = SessionStore()
         self.journal = (
             Journal(cfg.journal_dir, "api_calls.jsonl", cfg.journal_fsync) if cfg.journal_dir else None

@@ -1,19 +1,26 @@
 """``TrainerClient``: what the driver (or a script) uses to feed the core trainer and wait for its updates.
 
 Blocking calls over one ZeroMQ DEALER socket, one request at a time; from an event loop call them through
-``asyncio.to_thread``. ``launch_core`` / ``launch_satellite`` start trainer processes (``gyre trainer ...``).
+``asyncio.to_thread``. A request the core does not answer in time leaves its socket behind (a late answer must not
+be taken for the next request's); a submit is then asked again, up to ``retries`` times, under the same submission
+id, which the core takes once, so a lost answer or a repeated request never trains a micro-step twice.
+``launch_core`` / ``launch_satellite`` start trainer processes (``gyre trainer ...``).
 """
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import zmq
 
+from gyre.config import ChaosConfig
+from gyre.control.chaos import FaultySubmits
 from gyre.errors import TrainerError
 from gyre.protocol import (
     Ack,
@@ -34,15 +41,25 @@ from gyre.protocol import (
     WaitStep,
 )
 
+log = logging.getLogger(__name__)
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TrainerReply)
+DUPLICATE_LINGER_MS = 5000  # a duplicated submit's extra socket delivers within this, then closes
+
+
+class _Unanswered(TrainerError):
+    """The core did not answer in time (the request or its answer may be lost)."""
 
 
 class TrainerClient:
-    """Requests to the core at ``address`` (``tcp://HOST:PORT``)."""
+    """Requests to the core at ``address`` (``tcp://HOST:PORT``); ``chaos``: faults injected on submits."""
 
-    def __init__(self, address: str, timeout_s: float = 60.0) -> None:
-        self.address, self.timeout_s = address, timeout_s
+    def __init__(
+        self, address: str, timeout_s: float = 60.0, retries: int = 4, chaos: ChaosConfig | None = None
+    ) -> None:
+        self.address, self.timeout_s, self.retries = address, timeout_s, retries
+        self.faults = FaultySubmits(chaos or ChaosConfig())
+        self.retried = 0  # submits asked again after no answer
         self._sock = self._connect()
 
     def _connect(self) -> zmq.Socket[bytes]:
@@ -62,12 +79,26 @@ class TrainerClient:
         self._sock.close(0)
 
     def _ask(self, request: TrainerRequest, timeout_s: float | None = None) -> TrainerReply:
-        self._sock.send(_encoder.encode(request))
+        payload = _encoder.encode(request)
         wait_s = self.timeout_s if timeout_s is None else timeout_s
-        if not self._sock.poll(int(wait_s * 1000)):
+        fate = self.faults.fate() if isinstance(request, SubmitMicroSteps) else "deliver"
+        if fate == "duplicate":  # a second copy reaches the core over a socket whose answer nobody reads
+            extra = self._connect()
+            extra.setsockopt(zmq.LINGER, DUPLICATE_LINGER_MS)
+            extra.send(payload)
+            extra.close()
+        if fate != "lose_request":
+            self._sock.send(payload)
+        if fate == "lose_answer":  # the core acts on it; its answer never arrives
+            self._sock.poll(int(wait_s * 1000))
+        if fate in ("lose_request", "lose_answer") or not self._sock.poll(int(wait_s * 1000)):
             self._sock.close(0)  # a late answer must not be taken for the next request's
             self._sock = self._connect()
-            raise TrainerError(
+            if fate in ("lose_request", "lose_answer"):
+                raise _Unanswered(
+                    f"[chaos] lost the {'request' if fate == 'lose_request' else 'answer'} of a submit"
+                )
+            raise _Unanswered(
                 f"the core at {self.address} did not answer {type(request).__name__} in {wait_s:g} s"
             )
         reply = _decoder.decode(self._sock.recv())
@@ -81,9 +112,22 @@ class TrainerClient:
         micro_steps: list[MicroStep],
         seal: bool = False,
         data_cursor: dict[str, Any] | None = None,
+        untrained: str = "",
     ) -> None:
-        """Add micro-steps to ``step`` (streamed: call as data becomes ready); ``seal`` with the last ones."""
-        self._ask(SubmitMicroSteps(step=step, micro_steps=micro_steps, seal=seal, data_cursor=data_cursor))
+        """Add micro-steps to ``step`` (streamed: call as data becomes ready); ``seal`` with the last ones
+        (``untrained``: why, should the step hold none; it then applies no update and its metrics say why). Asked
+        again when unanswered, under one submission id: the core takes it once."""
+        request = SubmitMicroSteps(step=step, micro_steps=micro_steps, seal=seal, data_cursor=data_cursor,
+                                   untrained=untrained, submission=uuid.uuid4().hex)  # fmt: skip
+        for attempt in range(self.retries + 1):
+            try:
+                self._ask(request)
+                return
+            except _Unanswered as exc:
+                if attempt == self.retries:
+                    raise TrainerError(f"{exc}, {self.retries + 1} times; giving up") from None
+                self.retried += 1
+                log.warning("%s; asking again (submission %s)", exc, request.submission)
 
     def wait_step(self, step: int, timeout_s: float = 3600.0) -> StepMetrics:
         """Block until ``step`` is applied; its metrics."""

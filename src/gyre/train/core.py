@@ -84,6 +84,7 @@ from gyre.train.state import TrainState
 
 log = logging.getLogger(__name__)
 CORE = "core"
+KEEP_SUBMISSIONS_STEPS = 16  # submission ids are remembered this many steps after theirs was applied
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TrainerRequest)
 
@@ -135,6 +136,11 @@ class CoreTrainer:
         self.members: dict[str, _Member] = {}
         self.future: dict[int, list[MicroStep]] = {}  # micro-steps submitted for steps not open yet
         self.sealed_at: dict[int, dict[str, Any]] = {}  # step -> data cursor, once sealed
+        # step -> why it may hold no micro-steps (the driver's), once sealed
+        self.untrained: dict[int, str] = {}
+        # step -> ids of the submits taken (a repeat is only acknowledged)
+        self.submissions: dict[int, set[str]] = {}
+        self.repeats: dict[int, int] = {}  # step -> repeated submits acknowledged while it was open
         self.waiters: dict[int, list[bytes]] = {}
         self.metrics: dict[int, StepMetrics] = {}
         self.weights_lock = threading.Lock()  # held while weights are read for a transfer; updates wait
@@ -192,7 +198,7 @@ class CoreTrainer:
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.cfg.heartbeat_s
                     self._beat()
-                if self.queue.complete and self.queue.items:
+                if self.queue.complete:  # an empty sealed step too: it applies no update
                     self._finish_step()
         finally:
             self.close()
@@ -386,7 +392,13 @@ class CoreTrainer:
         self._reply(identity, Ack(detail=f"{name} leaves after the micro-step it holds"))
 
     def _submit(self, identity: bytes, message: SubmitMicroSteps) -> None:
-        step = message.step
+        step, submission = message.step, message.submission
+        if submission and submission in self.submissions.get(step, ()):  # a retry or a duplicate: taken
+            if step >= self.queue.step:
+                self.repeats[step] = self.repeats.get(step, 0) + 1
+            log.info("step %d: submission %s again; taken once", step, submission)
+            self._reply(identity, Ack(detail=f"step {step}: submission {submission} was taken already"))
+            return
         if step < self.queue.step or (step == self.queue.step and self.queue.sealed):
             self._reply(
                 identity, Refused(reason=f"step {step} is sealed or applied (open step: {self.queue.step})")
@@ -399,22 +411,17 @@ class CoreTrainer:
                     identity, Refused(reason=f"step {step}, micro-step {i} of this submit: {problem}")
                 )
                 return
-        if message.seal and not message.micro_steps and not self._has_data(step):
-            self._reply(
-                identity, Refused(reason=f"step {step} has no micro-steps; an empty step cannot be sealed")
-            )
-            return
+        if submission:
+            self.submissions.setdefault(step, set()).add(submission)
         if message.seal:
             self.sealed_at[step] = dict(message.data_cursor or {})
+            self.untrained[step] = message.untrained or "no micro-steps were submitted"
         if step == self.queue.step:
             self.queue.add(message.micro_steps, seal=message.seal)
             self._wake_idle()
         else:
             self.future.setdefault(step, []).extend(message.micro_steps)
         self._reply(identity, Ack(detail=f"step {step}: {len(message.micro_steps)} micro-steps"))
-
-    def _has_data(self, step: int) -> bool:
-        return bool(self.queue.items) if step == self.queue.step else bool(self.future.get(step))
 
     def _wake_idle(self) -> None:
         for member in self.members.values():
@@ -521,10 +528,21 @@ class CoreTrainer:
             except Exception as exc:  # the engine keeps its older version; the controller decides what to do
                 log.warning("weight push to %s failed: %s", url, exc)
         self._pushes = []
+        untrained = self.untrained.pop(step, "")
         with self.weights_lock:
-            norm, lr = self.state.apply()
+            if q.items:
+                norm, lr = self.state.apply()
+            else:  # every execution of the step was dropped, say: the run goes on, the metrics say why
+                norm, lr = 0.0, self.state.skip()
+                log.warning("step %d trained nothing (%s): no update, version %d has the same weights",
+                            step, untrained, self.state.version)  # fmt: skip
         self.state.data_cursor = self.sealed_at.pop(step, {})
         metrics = _metrics(step, self.state.version, merge_stats(q.stats), len(q.items), norm, lr, q)
+        metrics = msgspec.structs.replace(
+            metrics, untrained="" if q.items else untrained, repeated_submits=self.repeats.pop(step, 0)
+        )
+        for old in [s for s in self.submissions if s <= step - KEEP_SUBMISSIONS_STEPS]:
+            del self.submissions[old]
         self.metrics[step] = metrics
         # in the step's checkpoint: a driver that died before journaling them reads them there on resume
         self.state.last_metrics = msgspec.to_builtins(metrics)

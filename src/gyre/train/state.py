@@ -176,6 +176,15 @@ class TrainState:
         self.version += 1
         return norm, lr
 
+    def skip(self) -> float:
+        """A step that trained nothing: no update (weights and AdamW moments unchanged), but step and version move
+        on, so versions keep counting steps. Returns the learning rate the step would have had."""
+        lr = self.lr_at(self.step)
+        self.gradient_sum.zero_()
+        self.step += 1
+        self.version += 1
+        return lr
+
     # ---- checkpoints ----------------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
         """Write a checkpoint (see the module); replaces what ``directory`` held."""

@@ -40,6 +40,7 @@ class Rollout(msgspec.Struct, frozen=True, kw_only=True):
     reward: float
     records: list[CallRecord]
     dropped: bool = False  # the verifier failed: it leaves its group and is not trained
+    why: str = ""  # why it was dropped
 
 
 class StepData(msgspec.Struct, frozen=True, kw_only=True):

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
+import torch
 from live import Live
+from safetensors.torch import load_file
 
 from gyre.config import TrajectoryConfig
 from gyre.control.books import Books, replay
@@ -16,6 +18,7 @@ from gyre.control.loop import ElasticLoop, LoopResult, group_micro_steps
 from gyre.control.policy import PolicyConfig, ToServe, ToTrain, decide
 from gyre.sim.simulate import Books as SimBooks
 from gyre.sim.simulate import decide as sim_decide
+from gyre.train.step import Rollout
 
 pytestmark = pytest.mark.slow
 STEPS, BATCH, GROUP = 3, 4, 2
@@ -67,3 +70,41 @@ def test_each_mode_runs_its_steps_and_replays(tiny_model: Path, tmp_path: Path) 
             if mode == "colocate" and any(isinstance(a, ToTrain) for a in d.actions):
                 assert observation.in_flight == 0  # the barrier: nothing is sampled while cells train
         assert msgspec.json.decode(msgspec.json.encode(result), type=LoopResult) == result
+
+
+def test_a_step_whose_every_execution_was_dropped_trains_nothing_and_the_run_goes_on(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    checkpoints = tmp_path / "checkpoints"
+    overrides = [
+        "cells.count=1",
+        "trainer.checkpoint_every_steps=1",
+        f'trainer.checkpoint_dir="{checkpoints}"',
+    ]
+
+    async def main() -> LoopResult:
+        async with Live(tiny_model, tmp_path, overrides) as live:
+
+            async def execute(i: int) -> Rollout:
+                if i >= BATCH:  # step 1 runs as usual
+                    return await live.execution(i, GROUP)
+                if i % 2:
+                    raise RuntimeError("sandbox quota exceeded")
+                return Rollout(execution_id=f"x{i}", group=f"g{i // GROUP}", reward=0.0, records=[], dropped=True,
+                               why="verifier failed to start: bwrap: No permissions")  # fmt: skip
+
+            loop = ElasticLoop(live.controller, PolicyConfig(mode="colocate"), Books(BATCH, 1, 2), GROUP, execute,
+                               group_micro_steps(TrajectoryConfig(), BATCH))  # fmt: skip
+            return await loop.run()
+
+    result = asyncio.run(main())
+    empty, trained = result.steps
+    assert (empty.micro_steps, empty.version, trained.version) == (0, 1, 2)
+    assert empty.untrained == (
+        "4 of 4 executions dropped (2x crashed: sandbox quota exceeded; "
+        "2x verifier failed to start: bwrap: No permissions)"
+    )
+    assert trained.micro_steps > 0 and trained.untrained == ""
+    assert result.failed_executions == 2
+    initial, kept = (load_file(str(d / "model.safetensors")) for d in (tiny_model, checkpoints / "step-1"))
+    assert all(torch.equal(initial[k], kept[k]) for k in kept)  # the empty step left the weights alone

@@ -18,7 +18,7 @@ import torch
 import zmq
 from safetensors.torch import load_file
 
-from gyre.config import LossConfig, TrainerConfig
+from gyre.config import ChaosConfig, LossConfig, TrainerConfig
 from gyre.engine.launch import free_port
 from gyre.errors import TrainerError
 from gyre.protocol import MicroStep, StepMetrics, TrainerStatistics
@@ -227,9 +227,6 @@ def test_a_released_satellite_finishes_its_micro_step_and_leaves(tiny_model: Pat
         assert proc.poll() is None
     (tmp_path / "empty").mkdir()
     with cluster(tiny_model, tmp_path / "empty") as c:
-        with pytest.raises(TrainerError, match="has no micro-steps"):
-            c.client.submit(0, [], seal=True)
-        assert (c.stats().step, c.stats().sealed) == (0, False)
         good = random_micro_steps(71, 2)
         bad = {
             "outside the model's vocabulary": msgspec.structs.replace(
@@ -253,6 +250,61 @@ def test_a_released_satellite_finishes_its_micro_step_and_leaves(tiny_model: Pat
         raw.close(0)
         c.client.submit(0, good, seal=True)  # nothing of the refused submits went in
         assert c.client.wait_step(0, timeout_s=300).micro_steps == 2
+
+
+def test_a_step_sealed_with_no_micro_steps_applies_no_update_says_why_and_the_next_step_trains(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    first, last = random_micro_steps(81, 2), random_micro_steps(82, 2)
+    with cluster(tiny_model, tmp_path) as c:
+        c.client.submit(0, first, seal=True)
+        assert c.client.wait_step(0, timeout_s=300).untrained == ""
+        before = c.weights_after(tmp_path / "before")
+        c.client.submit(1, [], seal=True, untrained="8 of 8 executions dropped (8x verifier failed to start)")
+        empty = c.client.wait_step(1, timeout_s=300)
+        assert (empty.micro_steps, empty.tokens, empty.version) == (0, 0, 2)
+        assert empty.untrained == "8 of 8 executions dropped (8x verifier failed to start)"
+        after = c.weights_after(tmp_path / "after")
+        for saved, kept in zip(before, after, strict=True):  # weights and AdamW moments untouched
+            assert saved.keys() == kept.keys() and all(torch.equal(saved[k], kept[k]) for k in saved)
+        c.client.submit(
+            3, [], seal=True
+        )  # sealed ahead of its turn, with no reason given: the core names one
+        c.client.submit(2, last, seal=True)
+        assert c.client.wait_step(2, timeout_s=300).micro_steps == 2
+        assert c.client.wait_step(3, timeout_s=300).untrained == "no micro-steps were submitted"
+        assert c.stats().step == 4
+        got = c.weights_after(tmp_path / "end")
+    # two updates, as if the empty steps were never there (the learning rate schedule is flat here)
+    state = reference(tiny_model, first)
+    train_step(state, last)
+    assert_same_update(got, state)
+
+
+def test_lost_and_repeated_submits_train_each_micro_step_once(tiny_model: Path, tmp_path: Path) -> None:
+    steps = [random_micro_steps(91, 12), random_micro_steps(92, 6)]
+    chaos = ChaosConfig(trainer_drop=0.3, trainer_duplicate=0.3, seed=13)  # all three faults, more than once
+    with (
+        cluster(tiny_model, tmp_path) as c,
+        TrainerClient(c.address, timeout_s=30, retries=20, chaos=chaos) as driver,
+    ):
+        metrics = []
+        for step, items in enumerate(steps):
+            for i in range(0, len(items), 2):  # streamed, two micro-steps a submit
+                driver.submit(step, items[i : i + 2], seal=i + 2 >= len(items))
+            metrics.append(c.client.wait_step(step, timeout_s=300))
+        got = c.weights_after(tmp_path / "ckpt")
+        faults = driver.faults.counts()
+    assert faults["lost_requests"] and faults["lost_answers"] and faults["duplicated"]  # each fault happened
+    assert driver.retried == faults["lost_requests"] + faults["lost_answers"]
+    for m, items in zip(metrics, steps, strict=True):
+        assert_accounted(m, items)  # each micro-step trained exactly once
+    # every copy that reached the core after the first was acknowledged, not taken (a duplicate may land after
+    # its step was applied: then no step counts it)
+    assert 0 < sum(m.repeated_submits for m in metrics) <= faults["lost_answers"] + faults["duplicated"]
+    want = reference(tiny_model, steps[0])
+    train_step(want, steps[1])
+    assert_same_update(got, want)  # the update of a fault-free run
 
 
 def test_attached_engines_get_every_update_and_generate_what_a_freshly_loaded_engine_does(

@@ -1,0 +1,69 @@
+"""An engine that stops answering but keeps its sockets open (SIGSTOP): the router judges it hung from its silent
+``/health``, its calls in flight continue on the other cell with no error and token-exact records, and once it runs
+again it serves again."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from live import Live
+from test_faults import eventually
+from transformers import AutoModelForCausalLM
+
+from gyre.router.pool import EngineState
+
+pytestmark = pytest.mark.slow
+AGENTS = 16
+# the controller keeps hearing the cell: only the router's probe can tell its engine stopped
+HUNG = ["cells.count=1", "cells.standalone=1", "router.probe_timeout_s=2", "router.hung_after_s=4"]
+
+
+def engine_pid(cell_pid: int, port: int) -> int:
+    """The cell's engine: its child process started with ``port`` on its command line."""
+    for children in Path(f"/proc/{cell_pid}/task").glob("*/children"):
+        for child in children.read_text().split():
+            if str(port) in Path(f"/proc/{child}/cmdline").read_text().split("\0"):
+                return int(child)
+    raise AssertionError(f"no engine process on port {port} under cell {cell_pid}")
+
+
+def test_a_hung_engine(tiny_model: Path, tmp_path: Path) -> None:
+    async def main() -> Live:
+        async with Live(tiny_model, tmp_path, HUNG) as live:
+            stop = asyncio.Event()
+            agents = [asyncio.ensure_future(live.agent(i, stop, turns=4)) for i in range(AGENTS)]
+            engine = live.pool.engines["serve-0"]
+            await eventually("calls in flight on serve-0", lambda: len(engine.inflight) >= 3)
+            port = int(engine.url.rsplit(":", 1)[1])
+            pid = engine_pid(live.cluster.procs["serve-0"].pid, port)
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                await eventually("serve-0 judged hung", lambda: engine.state is EngineState.HUNG, 60)
+                await eventually("its calls to leave it", lambda: not engine.inflight, 30)
+                replies = sum(len(c.replies) for c in live.conversations)
+                await eventually("agents to go on", lambda: sum(len(c.replies) for c in live.conversations)
+                                 >= replies + AGENTS)  # fmt: skip
+                assert live.controller.statistics().cells[1].role == "serving"  # the cell itself is fine
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            await eventually("serve-0 to serve again", lambda: engine.state is EngineState.SERVING, 60)
+            calls = engine.calls
+            await eventually("new calls on serve-0", lambda: engine.calls > calls + 3)
+            stop.set()
+            await asyncio.gather(*agents)
+            return live
+
+    live = asyncio.run(main())
+    assert live.errors == []
+    stats = live.pool.statistics()
+    assert stats.hung_engines == 1  # serve-0, once: busy cells that answer their probe are never judged hung
+    assert stats.moved_calls >= 3 and stats.engines == {"cell-0": "serving", "serve-0": "serving"}
+    model = AutoModelForCausalLM.from_pretrained(
+        tiny_model, local_files_only=True, dtype=torch.float32
+    ).eval()
+    assert live.check_token_exact({0: model}) >= AGENTS
