@@ -166,7 +166,8 @@ def test_tampered_executions_are_counted_in_eval_and_training_statistics() -> No
     assert summary.mean_score == 1 / 3  # trained and evaluated as a 0
     rollouts = [Rollout(execution_id=r.execution_id, group="g", reward=r.reward, records=[]) for r in results]
     trained = msgspec.convert(
-        {f: {} if f == "by_member" else 0 for f in StepMetrics.__struct_fields__}, StepMetrics
+        {f: {} if f == "by_member" else "" if f == "untrained" else 0 for f in StepMetrics.__struct_fields__},
+        StepMetrics,
     )
     record = step_record(0, rollouts, trained, 1.0, tampered=sum(map(is_tampered, results)))
     assert (record.tampered, record.dropped, record.reward_mean) == (2, 0, 1 / 3)
