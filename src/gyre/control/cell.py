@@ -20,6 +20,7 @@ cells only serve. The engine is a child process that dies with the cell.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -282,9 +283,23 @@ class Cell:
             raise GyreError(f"{self.spec.name} is a standalone serving cell; it never trains")
         self.role = "draining"
         await self._timed(phases, "stop_pushes", self._core_request(False))
-        await self._timed(phases, "release", self._engine.release_memory_occupation(self._tags))
+        await self._timed(phases, "release", self._release())
         await self._timed(phases, "join", self._join_step())
         self.role = "training"
+
+    async def _release(self) -> None:
+        """Stop the engine, ending what still runs on it, and free its memory. The router has drained the cell by
+        now, but an abort of a call it moved can still be on its way, and a request may have reached the engine
+        by its URL rather than through the router: either would make the release refuse ("requests are
+        running") and fail the switch. Its caller sees the request end as aborted; the router continues its own
+        calls elsewhere. `_to_serving` lets the engine step again."""
+        await self._engine.pause_generation("abort")
+        try:
+            await self._engine.release_memory_occupation(self._tags)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._engine.continue_generation()  # still serving: it must step again
+            raise
 
     async def _join_step(self) -> None:
         if self.core is not None:
@@ -311,10 +326,14 @@ class Cell:
     async def _to_serving(self, phases: Phases) -> None:
         self.role = "resuming"
         await self._timed(phases, "leave", self._leave_step())
-        await self._timed(phases, "resume", self._engine.resume_memory_occupation(self._tags))
+        await self._timed(phases, "resume", self._resume())
         await self._timed(phases, "weights", self._core_request(True))
         self.version = await self._engine.get_weight_version()
         self.role = "serving"
+
+    async def _resume(self) -> None:
+        await self._engine.resume_memory_occupation(self._tags)
+        await self._engine.continue_generation()  # paused by `_release`
 
     async def _leave_step(self) -> None:
         if self.core is not None:

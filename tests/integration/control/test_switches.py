@@ -4,9 +4,11 @@ micro-step is trained exactly once (the update equals one process computing each
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import msgspec
 import pytest
 import torch
@@ -100,3 +102,38 @@ def test_switch_phases_and_statistics(tiny_model: Path, tmp_path: Path) -> None:
     assert list(records[0].phases) == ["drain", "stop_pushes", "release", "join"]
     assert list(records[1].phases) == ["leave", "resume", "weights", "route"]
     assert records[1].version == 0
+
+
+def test_a_request_left_on_the_engine_does_not_fail_the_switch(tiny_model: Path, tmp_path: Path) -> None:
+    """A request that reached the cell's engine by its URL (not through the router, so no drain moves it) is ended
+    as aborted by serve -> train instead of failing the switch; the cell serves again after train -> serve."""
+
+    async def main() -> tuple[SwitchRecord, dict[str, Any], dict[str, Any]]:
+        async with Live(tiny_model, tmp_path, ["cells.count=2"]) as live:
+            url = live.controller.cells["cell-0"].engine_url.rstrip("/")
+            body = {"input_ids": [1, 2, 3], "stream": True,
+                    "sampling_params": {"max_new_tokens": 20000, "ignore_eos": True}}  # fmt: skip
+            async with httpx.AsyncClient(timeout=120) as http:
+                running, chunks = asyncio.Event(), []
+
+                async def generate() -> None:
+                    async with http.stream("POST", f"{url}/generate", json=body) as resp:
+                        async for line in resp.aiter_lines():
+                            if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                                chunks.append(json.loads(line[5:]))
+                                running.set()
+
+                left = asyncio.ensure_future(generate())
+                await asyncio.wait_for(running.wait(), 60)
+                record = await live.controller.to_train("cell-0")
+                await asyncio.wait_for(left, 60)
+                await live.controller.to_serve("cell-0")
+                short = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 3}}
+                served = (await http.post(f"{url}/generate", json=short)).json()
+                return record, chunks[-1], served
+
+    record, last, served = asyncio.run(main())
+    assert not record.error and list(record.phases) == ["drain", "stop_pushes", "release", "join"], record
+    assert last["meta_info"]["finish_reason"]["type"] == "abort", last["meta_info"]
+    assert len(last["output_ids"]) < 20000
+    assert len(served["output_ids"]) == 3, served  # it steps again
