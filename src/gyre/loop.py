@@ -73,6 +73,7 @@ def run(main: Coroutine[Any, Any, T]) -> T:
             return await main
         finally:
             governor.remove()
+            gc.unfreeze()  # a caller's process (Trainer.run from a notebook) collects as before
 
     try:
         import uvloop
