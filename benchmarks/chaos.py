@@ -326,7 +326,8 @@ async def _kill_serving(root: Path, model: Path, exact: TokenExactness, hang: bo
     open, nothing answers, the cell goes on beating), once calls are journaled; recovery: the fault -> the last call that was in flight at the fault answered."""
     name = "hang-engine" if hang else "kill-serving"
     row = Row(name, recovery="fault -> in-flight calls answered")
-    run = TrainRun(root, model, ["cells.standalone=1"])
+    # a hung engine also misses the core's weight pushes: each waits at most transfer_timeout_s, then it is detached
+    run = TrainRun(root, model, ["cells.standalone=1", *(["trainer.transfer_timeout_s=10"] if hang else [])])
     run.start()
     try:
         await wait_for("calls journaled", lambda: run.lines("journal/calls.jsonl") >= 4, run)
@@ -339,7 +340,7 @@ async def _kill_serving(root: Path, model: Path, exact: TokenExactness, hang: bo
     except (RuntimeError, AssertionError) as exc:
         row.notes.append(f"fault not injected: {exc}")
         at = None
-    await run.wait(120.0 if hang else RUN_TIMEOUT_S)
+    await run.wait(RUN_TIMEOUT_S)
     measure(run, exact, row)
     row.outcome = outcome(run)
     if at is not None:
@@ -349,6 +350,13 @@ async def _kill_serving(root: Path, model: Path, exact: TokenExactness, hang: bo
         row.recovery_s = round(max(spanning) - at, 2) if spanning else "-"
         row.notes.append(
             f"{len(spanning)} calls were in flight at the fault, {len(moved)} answered by another cell"
+        )
+    core_log = run.run_dir / "logs" / "cell-0.log"
+    if hang and core_log.exists():  # the core's side: pushes to the stopped engine
+        detached = [line.split("detached: ", 1)[1] for line in core_log.read_text().splitlines()
+                    if " detached: " in line]  # fmt: skip
+        row.notes.append(
+            f"the core detached the engine {len(detached)}x" + (f" ({detached[0]})" if detached else "")
         )
     return row
 

@@ -475,6 +475,7 @@ class TrainerStatistics(msgspec.Struct, tag="statistics", kw_only=True, frozen=T
     weight_bytes: int = 0  # size of one copy of the weights
     push_s: dict[str, float] = {}  # engine url -> seconds its fastest weight push took
     push_total_s: float = 0.0  # seconds of every push so far, summed over engines
+    detached: dict[str, str] = {}  # engine url -> why the core stopped pushing to it (until it answers again)
 
 
 TrainerReply = (

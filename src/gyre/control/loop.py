@@ -159,6 +159,8 @@ class ElasticLoop:
                 last = time.monotonic()
                 while not self.books.done:
                     pending = await self._pending()
+                    if self.books.done:  # the last step was applied while the trainer was asked
+                        break  # no decision after it: the cells stay where the last step left them
                     now = time.monotonic()
                     self._idle += (now - last) * self._idle_cells()
                     last = now

@@ -7,9 +7,11 @@ runs data parallelism and an engine process can both join any number of them. Gl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import socket
+import threading
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -125,13 +127,40 @@ async def push_weights(
     )
     buffers = [flat_bytes([t for _, t in tensors])] if flattened else [t for _, t in tensors]
 
-    def send() -> None:
-        for t in buffers:
-            group.broadcast(t)
+    loop = asyncio.get_running_loop()
+    sent: asyncio.Future[None] = loop.create_future()
 
-    async with asyncio.TaskGroup() as tasks:  # the engine receives while we send; either failing ends both
-        tasks.create_task(request)
-        tasks.create_task(asyncio.to_thread(send))
+    def send() -> None:
+        error: BaseException | None = None
+        try:
+            for t in buffers:
+                group.broadcast(t)
+        except BaseException as exc:  # handed to the awaiting side
+            error = exc if isinstance(exc, Exception) else RuntimeError(f"the weight sender stopped: {exc!r}")
+        loop.call_soon_threadsafe(_settle, sent, error)
+
+    async def sending() -> None:
+        await asyncio.shield(sent)  # a cancelled push does not cancel the send: it waits for it below
+
+    # its own thread, not the loop's executor: a push cut short still waits for it (below), so it must have started
+    threading.Thread(target=send, name="gyre-weight-send", daemon=True).start()
+    try:  # the engine receives while we send; either failing ends both
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(request)
+            tasks.create_task(sending())
+    finally:
+        if not sent.done():  # cut short (a deadline, the request failed): the tensors are ours until sent
+            with contextlib.suppress(Exception):  # the group's own timeout ends the send
+                await asyncio.shield(sent)
+
+
+def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(None)
+    else:
+        future.set_exception(exc)
 
 
 def flat_bytes(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -44,7 +44,7 @@ import zmq
 from gyre.config import TrainerConfig
 from gyre.engine import weight_sync
 from gyre.engine.launch import free_port
-from gyre.errors import GyreError
+from gyre.errors import EngineUnavailable, GyreError
 from gyre.protocol import (
     Ack,
     Assign,
@@ -84,6 +84,7 @@ from gyre.train.state import TrainState
 
 log = logging.getLogger(__name__)
 CORE = "core"
+REATTACH_EVERY_S = 1.0  # a detached engine is asked for /health this often
 KEEP_SUBMISSIONS_STEPS = 16  # submission ids are remembered this many steps after theirs was applied
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TrainerRequest)
@@ -146,6 +147,8 @@ class CoreTrainer:
         self.weights_lock = threading.Lock()  # held while weights are read for a transfer; updates wait
         self.engines: dict[str, tuple[Any, weight_sync.WeightGroup, str]] = {}  # url -> client, group, name
         self.inactive: set[str] = set()  # attached engines that get no pushes now (their cell trains)
+        self.detached: dict[str, str] = {}  # url -> why it gets no pushes (its last push missed or failed)
+        self._reattaching: set[str] = set()  # detached engines probed until they answer (engine loop only)
         self._engine_locks: dict[str, asyncio.Lock] = {}  # url -> held by its push (one collective at a time)
         self.computing = threading.Event()  # the compute worker claims micro-steps while set
         if cfg.core_computes:
@@ -567,26 +570,42 @@ class CoreTrainer:
             return
 
         async def attach() -> None:
-            from gyre.engine.client import EngineClient
-
-            client = EngineClient(url, timeout_s=self.cfg.transfer_timeout_s)
-            port, name = free_port(), f"gyre-weights-{next(self._group_names)}"
             try:
-                _, group = await asyncio.gather(
-                    client.init_weights_update_group(self.group_host, port, 1, 2, name, self.cfg.collective),
-                    asyncio.to_thread(weight_sync.create_group, self.group_host, port, 0, 2, name,
-                                      self.cfg.collective, self.cfg.transfer_timeout_s),
-                )  # fmt: skip
-                self.engines[url] = (client, group, name)
-                await self._push(url)
+                await self._connect(url)
             except (GyreError, OSError, RuntimeError) as exc:
-                self.engines.pop(url, None)
-                await client.aclose()
                 self._notify("reply", identity, "refused", f"could not attach engine {url}: {exc}")
                 return
             self._notify("reply", identity, "ack", f"{url} serves version {self.state.version}")
 
         asyncio.run_coroutine_threadsafe(attach(), self._engine_loop)
+
+    async def _connect(self, url: str) -> None:
+        """(engine loop) Join a new weight-transfer group with the engine at ``url`` and push it the current
+        weights; raises what went wrong (a failed push also detaches it, see ``_send``)."""
+        from gyre.engine.client import EngineClient
+
+        async with self._engine_lock(url):
+            if url in self.engines:  # attached meanwhile (the controller, or ``_reattach``)
+                return
+            client = EngineClient(url, timeout_s=self.cfg.transfer_timeout_s)
+            port, name = free_port(), f"gyre-weights-{next(self._group_names)}"
+            try:
+                async with asyncio.timeout(
+                    self.cfg.transfer_timeout_s + 5
+                ):  # the group's deadline, then ours
+                    _, group = await asyncio.gather(
+                        client.init_weights_update_group(self.group_host, port, 1, 2, name, self.cfg.collective),
+                        asyncio.to_thread(weight_sync.create_group, self.group_host, port, 0, 2, name,
+                                          self.cfg.collective, self.cfg.transfer_timeout_s),
+                    )  # fmt: skip
+            except (GyreError, OSError, RuntimeError, TimeoutError) as exc:
+                await client.aclose()
+                if isinstance(exc, TimeoutError):
+                    raise EngineUnavailable(f"{url} did not join a weight-transfer group in time") from None
+                raise
+            self.engines[url] = (client, group, name)
+            self.detached.pop(url, None)
+            await self._send(url)
 
     def _set_engine(self, identity: bytes, url: str, active: bool) -> None:
         if active:
@@ -620,21 +639,75 @@ class CoreTrainer:
     async def _push(self, url: str) -> None:
         """Send the current weights to one engine (it reports the new version once they are in)."""
         async with self._engine_lock(url):
-            client, group, name = self.engines[url]
-            await asyncio.to_thread(self.weights_lock.acquire)
+            if url not in self.engines:
+                why = self.detached.get(url, "not attached")
+                raise EngineUnavailable(f"{url} gets no weights: {why}")
+            await self._send(url)
+
+    async def _send(self, url: str) -> None:
+        """(holding the engine's lock) The push itself, within ``transfer_timeout_s``. An engine that misses the
+        deadline or fails is detached: no later update waits for it, and ``_reattach`` attaches it again once it
+        answers. The weights lock is held until the tensors' sender has stopped, so what an engine received is
+        always one version (a cut-short push ends in the group's own timeout, the same deadline)."""
+        client, group, name = self.engines[url]
+        await asyncio.to_thread(self.weights_lock.acquire)
+        version = self.state.version
+        try:
+            named = [(n, p.detach()) for n, p in self.state.named]
+            started = time.perf_counter()
+            log.info("pushing version %d to %s", version, url)
             try:
-                named = [(n, p.detach()) for n, p in self.state.named]
-                started = time.perf_counter()
-                log.info("pushing version %d to %s", self.state.version, url)
-                if self.cfg.modelled_push_s:  # the weights arrive at the end of the modelled transfer
-                    await asyncio.sleep(self.cfg.modelled_push_s)
-                await weight_sync.push_weights(client, group, named, self.state.version, name, flattened=True)
-                took = time.perf_counter() - started
-                log.info("pushed version %d to %s in %.2f s", self.state.version, url, took)
-                self.push_s[url] = min(self.push_s.get(url, took), took)
-                self.push_total_s += took
-            finally:
-                self.weights_lock.release()
+                async with asyncio.timeout(self.cfg.transfer_timeout_s):
+                    if self.cfg.modelled_push_s:  # the weights arrive at the end of the modelled transfer
+                        await asyncio.sleep(self.cfg.modelled_push_s)
+                    await weight_sync.push_weights(client, group, named, version, name, flattened=True)
+            except (GyreError, OSError, RuntimeError, TimeoutError) as exc:
+                why = (
+                    f"the push of version {version} timed out after {self.cfg.transfer_timeout_s:g} s"
+                    if isinstance(exc, TimeoutError)
+                    else f"the push of version {version} failed: {exc}"
+                )
+                await self._detach(url, why)
+                raise EngineUnavailable(f"{url}: {why}") from None
+            took = time.perf_counter() - started
+            log.info("pushed version %d to %s in %.2f s", version, url, took)
+            self.push_s[url] = min(self.push_s.get(url, took), took)
+            self.push_total_s += took
+        finally:
+            self.weights_lock.release()
+
+    async def _detach(self, url: str, why: str) -> None:
+        """(engine loop) Stop pushing to ``url``: it keeps serving the version it has; its group is dropped."""
+        entry = self.engines.pop(url, None)
+        if entry is None:
+            return
+        self.detached[url] = why
+        log.warning("engine %s detached: %s; it is attached again once it answers", url, why)
+        await entry[0].aclose()
+        if url not in self._reattaching:
+            self._reattaching.add(url)
+            asyncio.get_running_loop().create_task(self._reattach(url), name=f"gyre-reattach-{url}")
+
+    async def _reattach(self, url: str) -> None:
+        """(engine loop) Probe a detached engine until it answers ``/health``, then attach it again: a new group
+        and the current weights. One whose cell trains waits: the controller attaches it when it serves again."""
+        from gyre.engine.client import EngineClient
+
+        probe = EngineClient(url, timeout_s=5.0)
+        try:
+            while url in self.detached and url not in self.engines and not self.stopping:
+                await asyncio.sleep(REATTACH_EVERY_S)
+                if url in self.inactive or not await probe.health():
+                    continue
+                try:
+                    await self._connect(url)
+                except (GyreError, OSError, RuntimeError) as exc:
+                    log.warning("engine %s answers but could not be attached again: %s", url, exc)
+                    continue
+                log.warning("engine %s attached again: serves version %d", url, self.state.version)
+        finally:
+            self._reattaching.discard(url)
+            await probe.aclose()
 
     def statistics(self) -> TrainerStatistics:
         """The current step, members and claims."""
@@ -645,7 +718,7 @@ class CoreTrainer:
                 claims=q.claims(), pending=sum(1 for i in q.pending if not q.done[i]), done=q.done_count,
                 sealed=q.sealed, engines=sorted(self.engines),
                 weight_bytes=sum(p.numel() * p.element_size() for _, p in self.state.named),
-                push_s=dict(self.push_s), push_total_s=self.push_total_s,
+                push_s=dict(self.push_s), push_total_s=self.push_total_s, detached=dict(self.detached),
             )  # fmt: skip
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,10 @@ from live import Live
 from test_faults import eventually
 from transformers import AutoModelForCausalLM
 
+from gyre.engine.client import EngineClient
+from gyre.protocol import TrainerStatistics
 from gyre.router.pool import EngineState
+from reference import random_micro_steps
 
 pytestmark = pytest.mark.slow
 AGENTS = 16
@@ -67,3 +71,53 @@ def test_a_hung_engine(tiny_model: Path, tmp_path: Path) -> None:
         tiny_model, local_files_only=True, dtype=torch.float32
     ).eval()
     assert live.check_token_exact({0: model}) >= AGENTS
+
+
+def test_a_hung_engine_misses_weight_pushes_without_holding_training_up(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    """The core's push to a hung engine ends at ``transfer_timeout_s``, the engine is detached (steps after it do
+    not wait for it at all), and once it answers again it is attached again with the newest weights."""
+    deadline = 4.0
+    steps = [random_micro_steps(11, 2), random_micro_steps(12, 2), random_micro_steps(13, 2)]
+
+    async def main() -> tuple[list[float], TrainerStatistics, TrainerStatistics, int]:
+        async with Live(tiny_model, tmp_path, [*HUNG, f"trainer.transfer_timeout_s={deadline}"]) as live:
+            engine = live.pool.engines["serve-0"]
+            port = int(engine.url.rsplit(":", 1)[1])
+            pid = engine_pid(live.cluster.procs["serve-0"].pid, port)
+            await live.controller.to_train("cell-0")
+            os.kill(pid, signal.SIGSTOP)
+            took = []
+            try:
+                for step, items in enumerate(steps):  # version 1 is pushed to the stopped engine
+                    started = time.monotonic()
+                    await asyncio.to_thread(live.trainer.submit, step, items, True)
+                    await asyncio.to_thread(live.trainer.wait_step, step, 300)
+                    took.append(time.monotonic() - started)
+                detached = await asyncio.to_thread(live.trainer.statistics)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            client = EngineClient(engine.url, timeout_s=10)
+            try:
+                for _ in range(240):  # it answers again: the core attaches it and pushes what it missed
+                    attached = await asyncio.to_thread(live.trainer.statistics)
+                    if engine.url in attached.engines:
+                        version = await client.get_weight_version()
+                        if version == len(steps):
+                            break
+                    await asyncio.sleep(0.5)
+            finally:
+                await client.aclose()
+            await live.controller.to_serve("cell-0")
+            return took, detached, attached, version
+
+    took, detached, attached, version = asyncio.run(main())
+    assert took[0] < deadline + 30  # step 0 applies; its push to the stopped engine starts after
+    assert took[1] < deadline + 30  # waits at most the deadline for version 1's push
+    assert took[2] < 30  # the engine is detached: no wait
+    url = next(iter(detached.detached))  # serve-0's engine, and only it
+    assert "serve-0" not in str(detached.engines) and url not in detached.engines
+    assert "timed out" in detached.detached[url] or "did not" in detached.detached[url], detached.detached
+    assert url in attached.engines and not attached.detached
+    assert version == len(steps)  # it serves the newest weights

@@ -6,11 +6,13 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
 from gyre.engine import weight_sync
 from gyre.engine.client import EngineClient
+from gyre.errors import EngineUnavailable
 from gyre.engine.launch import ServerProcess, free_port
 from gyre.protocol import SamplingParams
 from reference import hf_greedy
@@ -131,3 +133,34 @@ def test_a_weight_update_waits_for_the_requests_in_flight_so_no_response_spans_t
     assert len(ids) == 400 and version == old
     assert ids[:20] == hf_greedy(_hf(tiny_model), PROMPT, 20)  # all of it sampled with the old weights
     assert new == str(int(old) + 1) and after == hf_greedy(_hf(tiny_model_b), PROMPT, 20)
+
+
+def test_an_update_broken_off_mid_transfer_leaves_no_weights_to_sample_with(
+    server: ServerProcess, tiny_model: Path, tiny_model_b: Path
+) -> None:
+    """The trainer side of an update sends one tensor, then goes away: the engine's weights are part one version,
+    part another, so it answers 503 to every generation until a whole update arrives."""
+    tensors = sorted(load_file(str(tiny_model_b / "model.safetensors")).items())
+    port = free_port()
+
+    async def go() -> tuple[str, str, list[int]]:
+        async with EngineClient(server.url) as client:
+            group = asyncio.to_thread(weight_sync.create_group, "127.0.0.1", port, 0, 2, "broken", "gloo", 5.0)
+            init = client.init_weights_update_group("127.0.0.1", port, 1, 2, group_name="broken")
+            pg, _ = await asyncio.gather(group, init)
+            update = asyncio.ensure_future(client.update_weights_from_distributed(
+                names=[n for n, _ in tensors], dtypes=[weight_sync.dtype_name(t.dtype) for _, t in tensors],
+                shapes=[list(t.shape) for _, t in tensors], group_name="broken", weight_version=43,
+            ))  # fmt: skip
+            await asyncio.to_thread(pg.broadcast, tensors[0][1].contiguous())  # one tensor of many
+            del pg  # its sockets close: the engine's next receive fails
+            with pytest.raises(EngineUnavailable) as broke:
+                await update
+            with pytest.raises(EngineUnavailable) as refused:
+                await client.generate(PROMPT, GREEDY)
+            await client.update_weights_from_disk(str(tiny_model), weight_version=7)  # a whole update
+            return str(broke.value), str(refused.value), (await client.generate(PROMPT, GREEDY)).output_ids
+
+    broke, refused, ids = asyncio.run(go())
+    assert "503" in refused and "broke off mid-transfer" in refused and "43" in refused, (broke, refused)
+    assert ids == hf_greedy(_hf(tiny_model), PROMPT, 20)

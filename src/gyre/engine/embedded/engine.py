@@ -116,6 +116,7 @@ class EmbeddedEngine:
         self._weights_source = (cfg.model_path, self.weight_version)  # what a memory resume reloads
         self._released: set[str] = set()
         self._groups: dict[str, weight_sync.WeightGroup] = {}
+        self._torn = ""  # why the weights are part one version, part another (an update broke off)
         self._bucket: dict[str, torch.Tensor] = {}  # group -> receive buffer of flattened weight updates
         self._incoming: deque[Request] = deque()
         self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
@@ -249,6 +250,9 @@ class EmbeddedEngine:
     async def generate_stream(self, body: GenerateRequest) -> AsyncGenerator[GenerateResponse, None]:
         """Yield a cumulative response at every step that brings new tokens, the last one finished."""
         self._bind_loop()
+        if self._torn:  # some weights are the new version's, some the old: nothing it sampled would be true
+            raise EngineRequestError(f"no weights to sample with: {self._torn}; waiting for a whole update",
+                                     status=503)  # fmt: skip
         req = self._prepare(body)
         while self._update_done is not None:  # a weight update is waiting for the requests before it
             await self._update_done.wait()
@@ -392,7 +396,7 @@ class EmbeddedEngine:
             if "weights" in chosen and not self.model.loaded:
                 path, version = self._weights_source
                 self.model.load_dir(path)
-                self.weight_version = version
+                self.weight_version, self._torn = version, ""
             self._released -= chosen
 
         await self._call(run)
@@ -411,7 +415,7 @@ class EmbeddedEngine:
         def run() -> int:
             self.model.load_dir(body.model_path)
             self.scheduler.cache.invalidate()
-            self.weight_version = version
+            self.weight_version, self._torn = version, ""
             self._weights_source = (body.model_path, self.weight_version)
             return self.weight_version
 
@@ -481,6 +485,7 @@ class EmbeddedEngine:
                 same = set(dtypes) == {self.model.dtype}
                 direct = self.model.receive_buffer(body.names, self.model.dtype) if same else None
                 if direct is not None and direct.numel() == size:  # the bucket is our own layout: in place
+                    self._torn = f"the update to version {version} broke off mid-transfer"  # until it ends
                     group.broadcast(direct)
                 else:
                     flat = self._bucket.get(body.group_name)
@@ -496,10 +501,11 @@ class EmbeddedEngine:
                 for name, dtype, shape in zip(body.names, dtypes, body.shapes, strict=True):
                     buf = torch.empty(shape, dtype=dtype, device=device)
                     group.broadcast(buf)
+                    self._torn = f"the update to version {version} broke off mid-transfer"
                     self.model.update_tensor(name, buf)
             if body.flush_cache:
                 self.scheduler.cache.invalidate()
-            self.weight_version = version
+            self.weight_version, self._torn = version, ""
             return self.weight_version
 
         async with self._weights_exclusive(body.abort_all_requests):
