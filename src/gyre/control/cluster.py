@@ -85,7 +85,8 @@ class Cluster:
 
     async def __aexit__(self, *exc: object) -> None:
         deadline, told = time.monotonic() + SHUTDOWN_S, 0.0
-        gone = {c.name for c in self.controller.cells.values() if c.role == "gone"}  # silent: it would not hear
+        # a cell declared gone (silent) would not hear CellShutdown: it is killed without waiting
+        gone = {c.name for c in self.controller.cells.values() if c.role == "gone"}
         while time.monotonic() < deadline and any(
             p.poll() is None and name not in gone for name, p in self.procs.items()
         ):
