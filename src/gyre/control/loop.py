@@ -23,7 +23,7 @@ from gyre.config import ControllerConfig, TrajectoryConfig
 from gyre.control.books import Books
 from gyre.control.controller import Controller
 from gyre.control.policy import CellView, Dispatch, ToServe, ToTrain, decide
-from gyre.errors import CoreLost, SwitchFailed
+from gyre.errors import CoreLost, SwitchFailed, TrainerError
 from gyre.protocol import MicroStep, StepMetrics, SwitchRecord
 from gyre.train.client import TrainerClient
 from gyre.train.step import Rollout, build_step_from_config
@@ -277,15 +277,30 @@ class ElasticLoop:
                 )
 
     async def _watch_core(self) -> None:
-        """`CoreLost` once the controller declares the core cell gone (silent for ``cell_timeout_s``): it held the
+        """`CoreLost` once the controller declares the core cell gone (silent for ``cell_timeout_s``) and its trainer
+        does not answer either (within ``cell_timeout_s``: a cell whose beats were only late goes on): it held the
         optimizer and the weights, so no step can apply; every wait on it is abandoned at once."""
-        reason = await self.controller.wait_core_gone()
+        while True:
+            reason = await self.controller.wait_core_gone()
+            if not await asyncio.to_thread(self._core_answers):
+                break
+            log.warning("the core cell is silent (%s) but its trainer answers: the run goes on", reason)
+            await asyncio.sleep(self.policy.cell_timeout_s)
         why = (
             f"the core cell died ({reason}): it holds the optimizer and the weights, so this run cannot go on"
         )
         for client in (self.trainer, self._waiter):
             client.abandon(why)
         raise CoreLost(why)
+
+    def _core_answers(self) -> bool:
+        """Whether the core trainer answers a statistics request within ``cell_timeout_s`` (blocking)."""
+        with TrainerClient(self.controller.core_address, timeout_s=self.policy.cell_timeout_s) as probe:
+            try:
+                probe.statistics()
+            except TrainerError:
+                return False
+        return True
 
     async def _wait_steps(self) -> None:
         with self._waiter as waiter:
