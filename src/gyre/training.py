@@ -108,9 +108,7 @@ class TrainSummary(msgspec.Struct, frozen=True, kw_only=True):
     # [chaos] on the controller's control messages (sent, dropped...), the driver's submits (submits_...) and the
     # verifier's sandbox starts (verifier_starts...)
     injected_faults: dict[str, int] = {}
-    unverified_executions: int = (
-        0  # executions the verifier could not run on any attempt: dropped, never scored
-    )
+    unverified_executions: int = 0  # the verifier could not run on any attempt: dropped, never scored
 
 
 class _PickUp(msgspec.Struct, kw_only=True):
@@ -210,9 +208,8 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
         evals.append(point)
         board.add_scalar("eval/mean", point.mean, step)
 
-    starts = FaultyStarts(
-        cfg.chaos
-    )  # [chaos] verifier_start_fail, on the run's executions (not held-out ones)
+    # [chaos] verifier_start_fail, on the run's executions (not held-out ones)
+    starts = FaultyStarts(cfg.chaos)
     verifier = Verifier(cfg.sandbox, start_fault=starts.fails if starts.active else None)
     async with Cluster(cfg, run.model_path, rd.root) as cluster:
         runtime = Runtime(cluster.router, cfg.sandbox, str(rd.journal), verifier=verifier)
@@ -234,9 +231,8 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
                     result = await loop.run()
                     for watcher in watchers:
                         watcher.cancel()
-            except (
-                ExceptionGroup
-            ) as failed:  # the core died: the run stops, resumable from its last checkpoint
+            # the core died: the run stops, resumable from its last checkpoint
+            except ExceptionGroup as failed:
                 lost, _ = failed.split(CoreLost)
                 if lost is None:
                     raise

@@ -126,9 +126,8 @@ class ElasticLoop:
         self.on_step = on_step  # called with (books step, metrics) as each step is applied
         # submits are asked again when unanswered (the core takes each once); [chaos] may lose or repeat them
         self.trainer = TrainerClient(controller.core_address, timeout_s=120, chaos=controller.link.cfg)
-        self._waiter = TrainerClient(
-            controller.core_address, timeout_s=120
-        )  # waits for the steps, one by one
+        # waits for the steps, one by one
+        self._waiter = TrainerClient(controller.core_address, timeout_s=120)
         self._lock = asyncio.Lock()  # one request at a time on the trainer client
         self._moving: dict[str, str] = {}  # cell -> the role it is switching through
         self._groups: dict[tuple[int, str], list[Rollout]] = defaultdict(list)
@@ -173,9 +172,8 @@ class ElasticLoop:
                             await self._wake.wait()
                 await waiter
                 watch.cancel()
-        except (
-            ExceptionGroup
-        ) as failed:  # a lost core is one clear error, whatever else failed on the way out
+        # a lost core is one clear error, whatever else failed on the way out
+        except ExceptionGroup as failed:
             lost, _ = failed.split(CoreLost)
             if lost is None:
                 raise
@@ -287,7 +285,8 @@ class ElasticLoop:
             log.warning("the core cell is silent (%s) but its trainer answers: the run goes on", reason)
             await asyncio.sleep(self.policy.cell_timeout_s)
         why = (
-            f"the core cell died ({reason}): it holds the optimizer and the weights, so this run cannot go on"
+            f"the core cell died ({reason}): it holds the optimizer and the weights, "
+            + "so this run cannot go on"
         )
         for client in (self.trainer, self._waiter):
             client.abandon(why)
