@@ -402,7 +402,50 @@ async def _kill_training(root: Path, model: Path, exact: TokenExactness, cell: s
 
 
 async def kill_core(root: Path, model: Path, exact: TokenExactness) -> Row:
-    return await _kill_training(root, model, exact, "cell-0")
+    """The core (``cell-0``: the optimizer and the weights) killed right after its serve -> train switch of step 1
+    (colocate); the driver must stop at once (``CoreLost``, exit 2, naming ``--resume``), then ``gyre train --resume``
+    completes the run; recovery: the kill -> the resumed run applies step 1 (the detection time is in the notes)."""
+    row = Row("kill-core-training + resume", recovery="kill -> resumed step applied")
+    run = TrainRun(root, model, [], mode="colocate")
+    run.start()
+    at, before = None, 0
+    try:
+        await wait_for("step 0 applied", lambda: run.lines("metrics.jsonl") >= 1, run)
+
+        def training() -> bool:
+            mine = [s.direction for s in run.switches() if s.cell == "cell-0"]
+            return len(mine) >= 3 and mine[-1] == "serve_to_train"
+
+        await wait_for("cell-0 training step 1", training, run)
+        pid = run.cell_pid("cell-0")
+        assert pid is not None, "cell-0 not found"
+        at, before = time.time(), run.lines("metrics.jsonl")
+        os.kill(pid, signal.SIGKILL)
+    except (RuntimeError, AssertionError) as exc:
+        row.notes.append(f"fault not injected: {exc}")
+    code = await run.wait()
+    if at is not None:
+        stopped = time.time() - at
+        log = (run.root / "driver-0.log").read_text(errors="replace")
+        said = [line for line in log.splitlines() if "error:" in line]
+        row.notes.append(f"driver exited {code} {stopped:.1f} s after the kill, {before} steps applied; said: "
+                         f"{said[-1][:300] if said else '(nothing)'}")  # fmt: skip
+        if code not in (0, None):
+            run.start(resume=True)
+            await run.wait()
+    measure(run, exact, row)
+    codes = run.exit_codes
+    row.outcome = outcome(run) if len(codes) < 2 else (f"stops (exit {codes[0]}); `--resume` "
+                                                       + ("completes" if codes[1] == 0 else f"fails ({codes[1]})"))  # fmt: skip
+    if at is not None:
+        after = sorted((s.at_s, s.step) for s in run.steps() if s.at_s > at and s.step >= before)
+        row.recovery_s = round(after[0][0] - at, 2) if after else "never"
+        path = run.run_dir / "journal" / "resumes.jsonl"
+        resumes = list(read_journal(path, Resume)) if path.exists() else []
+        row.notes.append(
+            "resumes: " + "; ".join(f"from step {r.from_step}, {r.reused} reused" for r in resumes)
+        )
+    return row
 
 
 async def kill_satellite(root: Path, model: Path, exact: TokenExactness) -> Row:
@@ -525,19 +568,88 @@ async def disk_quota(root: Path, model: Path, exact: TokenExactness) -> Row:
     return row
 
 
-async def not_run(what: str, why: str) -> Row:
-    return Row(what, outcome="not run", notes=[why])
+# A scaffold of its own on the official openai client (two calls through its router session); the execution the
+# scenario aims at (HOG: an execution id prefix) then allocates memory until its sandbox kills it.
+HOG_SCAFFOLD = """
+import os, openai
+client, messages = openai.OpenAI(), [{"role": "user", "content": os.environ["GYRE_TASK"]}]
+for _ in range(2):
+    reply = client.chat.completions.create(model=os.environ["OPENAI_MODEL"], messages=messages, max_tokens=12)
+    messages += [{"role": "assistant", "content": reply.choices[0].message.content or ""},
+                 {"role": "user", "content": "Go on."}]
+if os.environ["GYRE_EXECUTION_ID"].startswith(os.environ.get("HOG", "-")):
+    hog = []
+    while True:
+        hog.append(b"x" * (32 << 20))
+"""
+HOG_MIB = 384
+
+
+def hog_agent(target: str) -> str:
+    """``run.agent``: `HOG_SCAFFOLD`, run as ``command:`` with execution ids starting ``target`` hogging memory."""
+    import shlex
+
+    return f"command:{shlex.join(['env', f'HOG={target}', PY, '-c', HOG_SCAFFOLD])}"
 
 
 async def memory(root: Path, model: Path, exact: TokenExactness) -> Row:
-    return await not_run("exhaust a sandbox's memory", "no way yet to run a memory hog inside one execution's "
-                         "sandbox of a live gyre train from outside (the built-in agent's commands come from the "
-                         "model); covered by tests/integration/sandbox, not measured here")  # fmt: skip
+    """One execution's scaffold (execution 5: step 1) allocates memory past ``sandbox.memory_mib`` (384 MiB) after
+    its calls; recovery: its last call answered -> that execution journaled (``resource_exceeded``, killed in its
+    sandbox)."""
+    row = Row("exhaust a sandbox's memory", recovery="last call -> execution stopped")
+    target = "e000005."
+    run = TrainRun(
+        root, model, [f"run.agent={json.dumps(hog_agent(target))}", f"sandbox.memory_mib={HOG_MIB}"]
+    )
+    run.start()
+    await run.wait()
+    results = measure(run, exact, row, targeted=1)
+    row.outcome = outcome(run)
+    over = [r for r in results if r.execution_id.startswith(target)]
+    others = [r for r in results if not r.execution_id.startswith(target)]
+    if over:
+        r = over[0]
+        row.outcome += f"; {r.execution_id}: {r.status}, verdict {r.verdict.outcome if r.verdict else None}"
+        last = max((c.timing.finished_s for c in r.records), default=r.started_s)
+        row.recovery_s = round(r.finished_s - last, 2)
+        row.notes.append(f"its error: {(r.error or '').splitlines()[0][:160]}")
+    else:
+        row.notes.append(f"fault not injected: no execution {target}*")
+    row.notes.append(f"the other {len(others)}: " + ", ".join(f"{n} {s}" for s, n in
+                                                           Counter(r.status for r in others).items()))  # fmt: skip
+    switches = run.switches()
+    row.notes.append(f"{len(switches)} switches, {sum(bool(s.error) for s in switches)} failed")
+    return row
 
 
 async def verifier_fails(root: Path, model: Path, exact: TokenExactness) -> Row:
-    return await not_run("verifier's sandbox fails to start", "no fault-injection hook for the verifier's sandbox "
-                         "start in gyre train yet")  # fmt: skip
+    """Each start of the verifier's sandbox fails with probability 0.5 (``[chaos] verifier_start_fail``, seed 1:
+    two executions fail all 3 attempts); recovery: the longest verification that ended unverified (its 3 attempts and
+    the verifier's back-off between them)."""
+    row = Row(
+        "verifier's sandbox fails to start (p 0.5 per start)", recovery="longest unverified verification"
+    )
+    run = TrainRun(root, model, ["chaos.verifier_start_fail=0.5", "chaos.seed=1"])
+    run.start()
+    await run.wait()
+    results = measure(run, exact, row)
+    row.outcome = outcome(run)
+    unverified = [r for r in results if r.verdict is not None and r.verdict.outcome == "dropped"]
+    retried = [r for r in results if r.verdict is not None and r.verdict.attempts > 1 and r not in unverified]
+    named = {e for s in run.steps() for e in s.execution_ids}
+    row.outcome += (f"; {len(unverified)} dropped unverified (trained: {sum(r.execution_id in named for r in unverified)}),"
+                    f" {len(retried)} scored after a retry")  # fmt: skip
+    if unverified:
+        row.recovery_s = round(max(r.verdict.duration_s for r in unverified if r.verdict), 2)
+        row.notes.append(
+            f"why: {unverified[0].verdict.detail.splitlines()[0][:160] if unverified[0].verdict else ''}"
+        )
+    summary = run.run_dir / "train.json"
+    if summary.exists():
+        data = json.loads(summary.read_text())
+        row.notes.append(f"train.json: unverified_executions {data.get('unverified_executions')}, "
+                         f"{data.get('injected_faults')}")  # fmt: skip
+    return row
 
 
 # ---- role switches under live agents --------------------------------------------------------------------------------
@@ -638,7 +750,7 @@ SCENARIOS: dict[str, Scenario] = {
     "torn-journals": torn_journals,
     "disk-quota": disk_quota,
     "memory": memory,
-    "verifier": verifier_fails,
+    "verifier-fails": verifier_fails,
 }
 
 
@@ -675,11 +787,11 @@ async def main_async(args: argparse.Namespace) -> list[Row]:
                 row = await SCENARIOS[name](out / name, model, exact)
             row.notes.append(f"{time.monotonic() - started:.0f} s")
             rows.append(row)
-            progress.console.print(f"{name}: {row.outcome} ({'; '.join(row.notes)})")
+            progress.console.print(f"{name}: {row.outcome} ({'; '.join(row.notes)})", markup=False)
             progress.advance(bar)
     console.print(table(rows))
     for r in rows:
-        console.print(f"- {r.scenario}: {'; '.join(r.notes)}")
+        console.print(f"- {r.scenario}: {'; '.join(r.notes)}", markup=False)
     RESULTS.mkdir(exist_ok=True)
     for path in (out / "chaos.json", RESULTS / "chaos.json"):
         path.write_text(json.dumps([asdict(r) for r in rows], indent=1))

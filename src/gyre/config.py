@@ -228,7 +228,8 @@ class ChaosConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Faults injected on purpose, to show that a run survives them (`gyre.control.chaos`); all off by default.
 
     Each message between the controller and a cell (both ways, heartbeats included) is dropped, duplicated, and
-    delayed (which reorders messages) with these probabilities, seeded per side.
+    delayed (which reorders messages) with these probabilities, seeded per side; the driver's submits to the core and
+    the verifier's sandbox starts fail likewise.
     """
 
     control_drop: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.0
@@ -239,6 +240,10 @@ class ChaosConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     # again with the same submission id) or duplicated (a second copy reaches the core) with these probabilities
     trainer_drop: Annotated[float, msgspec.Meta(ge=0.0, lt=1.0)] = 0.0
     trainer_duplicate: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
+    # each start of a verifier's sandbox (every attempt of every execution's verification) fails with this probability,
+    # seeded per execution id and attempt: the verifier retries, and an execution whose every attempt failed is
+    # dropped from training as unverified (never scored 0)
+    verifier_start_fail: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
 
 
 class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

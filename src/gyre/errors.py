@@ -11,11 +11,13 @@
     │   │   └── EngineHung         it keeps its sockets open but stopped answering /health (router.hung_after_s)
     │   └── EngineCapacityError    the request can never fit (longer than the context or the KV cache)
     ├── SandboxError           a sandbox could not be created, used or cleaned up
-    │   └── WorkspaceLimitExceeded a workspace passed its disk, inode or copy-time limit (recorded on its execution)
+    │   ├── WorkspaceLimitExceeded a workspace passed its disk, inode or copy-time limit (recorded on its execution)
+    │   └── ResourceExceeded       a command agent's processes passed the sandbox's memory, process or CPU limit
     ├── AgentError             an agent broke its contract (recorded on the execution)
     ├── TaskError              a task directory or task suite is malformed; says which file and field
     ├── TrainerError           the core trainer refused a request or did not answer; says which and why
-    │   └── CoreUnreachable        a satellite lost its core (silent, or refused it) and stops
+    │   ├── CoreUnreachable        a satellite lost its core (silent, or refused it) and stops
+    │   └── CoreLost               the driver lost the core cell (it holds the optimizer): the run stops, resumable
     └── CellError              a cell did not start, or a role switch failed; says which cell and why
         └── SwitchFailed           a switch was refused, reported an error, or its cell went away
 """
@@ -80,6 +82,15 @@ class WorkspaceLimitExceeded(SandboxError):
         self.resource, self.limit, self.seen = resource, limit, seen
 
 
+class ResourceExceeded(SandboxError):
+    """A command agent's processes passed one of their sandbox's limits (``resource``: one of
+    `gyre.sandbox.base.RESOURCES`) and were killed inside it; recorded on its execution (``resource_exceeded``)."""
+
+    def __init__(self, message: str, resource: str) -> None:
+        super().__init__(message)
+        self.resource = resource
+
+
 class AgentError(GyreError):
     """An agent broke its contract; recorded on its execution, never raised into the driver."""
 
@@ -94,6 +105,11 @@ class TrainerError(GyreError):
 
 class CoreUnreachable(TrainerError):
     """A satellite's core stopped answering or refused it; the satellite stops."""
+
+
+class CoreLost(TrainerError):
+    """The core cell (the optimizer and the weights) went away mid-run; the run stops, and ``gyre train --resume``
+    continues it from its last checkpoint."""
 
 
 class CellError(GyreError):

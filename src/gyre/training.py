@@ -28,10 +28,11 @@ from gyre import view
 from gyre.agents.builtin import BuiltinAgentConfig
 from gyre.config import GyreConfig, load_config
 from gyre.control.books import Books
+from gyre.control.chaos import FaultyStarts
 from gyre.control.cluster import Cluster
 from gyre.control.loop import ElasticLoop, LoopResult, group_micro_steps
 from gyre.control.policy import ToServe
-from gyre.errors import ConfigError
+from gyre.errors import ConfigError, CoreLost
 from gyre.evaluation import agent_spec, bootstrap_ci
 from gyre.journal import Journal, read_journal
 from gyre.loop import run as run_loop
@@ -104,8 +105,10 @@ class TrainSummary(msgspec.Struct, frozen=True, kw_only=True):
     eval_last: float | None = None
     resumes: int = 0
     tampered_executions: int = 0  # executions caught tampering with the grader, over all steps
-    # [chaos] on the controller's control messages (sent, dropped...) and the driver's submits (submits_...)
+    # [chaos] on the controller's control messages (sent, dropped...), the driver's submits (submits_...) and the
+    # verifier's sandbox starts (verifier_starts...)
     injected_faults: dict[str, int] = {}
+    unverified_executions: int = 0  # the verifier could not run on any attempt: dropped, never scored
 
 
 class _PickUp(msgspec.Struct, kw_only=True):
@@ -205,8 +208,11 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
         evals.append(point)
         board.add_scalar("eval/mean", point.mean, step)
 
+    # [chaos] verifier_start_fail, on the run's executions (not held-out ones)
+    starts = FaultyStarts(cfg.chaos)
+    verifier = Verifier(cfg.sandbox, start_fault=starts.fails if starts.active else None)
     async with Cluster(cfg, run.model_path, rd.root) as cluster:
-        runtime = Runtime(cluster.router, cfg.sandbox, str(rd.journal), verifier=Verifier(cfg.sandbox))
+        runtime = Runtime(cluster.router, cfg.sandbox, str(rd.journal), verifier=verifier)
         eval_runtime = Runtime(
             cluster.router, cfg.sandbox, str(rd.eval_journal), verifier=Verifier(cfg.sandbox)
         )
@@ -215,13 +221,24 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
             loop = ElasticLoop(cluster.controller, cfg.controller, books, run.group_size, execute,
                                group_micro_steps(cfg.trajectory, batch), on_step=on_step)  # fmt: skip
             await evaluate(picked.start)  # before training (or where a resumed run picks up)
-            async with asyncio.TaskGroup() as group:
-                watchers = [group.create_task(_record_timeline(loop, timeline))]
-                if live:
-                    watchers.append(group.create_task(view.show(cluster.controller, books, records, started)))
-                result = await loop.run()
-                for watcher in watchers:
-                    watcher.cancel()
+            try:
+                async with asyncio.TaskGroup() as group:
+                    watchers = [group.create_task(_record_timeline(loop, timeline))]
+                    if live:
+                        watchers.append(
+                            group.create_task(view.show(cluster.controller, books, records, started))
+                        )
+                    result = await loop.run()
+                    for watcher in watchers:
+                        watcher.cancel()
+            # the core died: the run stops, resumable from its last checkpoint
+            except ExceptionGroup as failed:
+                lost, _ = failed.split(CoreLost)
+                if lost is None:
+                    raise
+                raise CoreLost(f"{lost.exceptions[0]}. Every finished execution is journaled; continue the run "
+                               f"from its last checkpoint (step {rd.latest_checkpoint()}) with "
+                               f"`gyre train --resume {rd.root}`") from None  # fmt: skip
             if held_out:  # the last weights, served by every cell
                 await cluster.controller.apply([ToServe(v.name) for v in cluster.controller.cell_views()
                                                 if v.role == "training"])  # fmt: skip
@@ -229,6 +246,8 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
             injected = cluster.controller.link.counts() if cluster.controller.link.active else {}
             if loop.trainer.faults.active:
                 injected |= {f"submits_{k}": v for k, v in loop.trainer.faults.counts().items()}
+            if starts.active:
+                injected |= starts.counts()
         finally:
             await runtime.aclose()
             await eval_runtime.aclose()
@@ -292,8 +311,8 @@ def pick_up(rd: RunDir, batch: int) -> _PickUp:
     if rd.executions.exists():
         for result in read_journal(rd.executions, ExecutionResult):
             index = execution_index(result.execution_id)
-            if index is not None and index >= start * batch:
-                reused.setdefault(index, result)
+            if index is not None and index >= start * batch and result.status != "cancelled":
+                reused.setdefault(index, result)  # a cancelled one (the run stopped under it) runs again
     attempt = 1 + (sum(1 for _ in read_journal(rd.resumes, Resume)) if rd.resumes.exists() else 0)
     resumes = Journal(rd.journal, rd.resumes.name)
     resumes.append(Resume(at_s=time.time(), attempt=attempt, from_step=start, reused=len(reused), cut=cut,
@@ -399,10 +418,22 @@ def summarize(
                            eval_first=evals[0].mean if evals else None,
                            eval_last=evals[-1].mean if evals else None, resumes=resumes,
                            tampered_executions=sum(r.tampered for r in records),
-                           injected_faults=injected or {})  # fmt: skip
+                           injected_faults=injected or {}, unverified_executions=_unverified(rd))  # fmt: skip
     rd.summary.write_bytes(msgspec.json.format(msgspec.json.encode(summary)))
     write_report(rd.root)
     return summary
+
+
+def _unverified(rd: RunDir) -> int:
+    """Executions of the run (a resumed one's repeat replacing the first attempt) whose verifier could not run on
+    any attempt of its retry budget: dropped from training, never scored."""
+    latest: dict[int, ExecutionResult] = {}
+    if rd.executions.exists():
+        for result in read_journal(rd.executions, ExecutionResult):
+            if (index := execution_index(result.execution_id)) is not None:
+                latest[index] = result
+    return sum(r.verdict is not None and r.verdict.outcome == "dropped" and r.verdict.attempts > 0
+               and r.status != "resource_exceeded" for r in latest.values())  # fmt: skip
 
 
 def _agent(cfg: GyreConfig, tasks: list[Task]) -> AgentSpec:

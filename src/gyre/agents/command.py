@@ -3,12 +3,16 @@
 The sandbox has no network. The router's agent API reaches it through one Unix socket bound into the sandbox at
 ``/run/gyre/router.sock``; a few lines of Python inside forward ``127.0.0.1:8000`` to it, so the scaffold is
 started with ``OPENAI_BASE_URL=http://127.0.0.1:8000/s/{session}/v1``, ``OPENAI_API_KEY`` (the session token) and
-the model name, like any OpenAI-compatible client expects. Its commands run in the same sandbox as it does.
+the model name, like any OpenAI-compatible client expects (and ``GYRE_EXECUTION_ID``, its execution's id). Its
+commands run in the same sandbox as it does. A scaffold that fails because its processes passed one of the
+sandbox's limits (memory, processes, CPU time: the sandbox kills them, nothing outside it) raises
+`ResourceExceeded`: its execution ends ``resource_exceeded`` and leaves training, like a workspace over its quota.
 """
 
 from __future__ import annotations
 
 from gyre.agents.base import AgentContext, AgentResult, AgentStatus
+from gyre.errors import ResourceExceeded
 
 SOCKET_DIR = "/run/gyre"  # inside the sandbox
 BRIDGE_PORT = 8000
@@ -57,6 +61,7 @@ class CommandAgent:
             "OPENAI_MODEL": ctx.model,
             "GYRE_MODEL": ctx.model,
             "GYRE_TASK": ctx.task.instruction,
+            "GYRE_EXECUTION_ID": ctx.execution_id,
             "GYRE_BRIDGE": BRIDGE,
             **self.env,
         }
@@ -64,5 +69,11 @@ class CommandAgent:
             ["bash", "-c", LAUNCH, "gyre-agent", *self.argv], env=env, timeout_s=max(ctx.remaining_s(), 1.0)
         )
         tail = (result.stdout[-2000:] + "\n" + result.stderr[-2000:]).strip()
+        if not result.ok and result.resource_exceeded is not None:
+            raise ResourceExceeded(
+                f"the scaffold's processes passed the sandbox's {result.resource_exceeded} limit and were killed "
+                f"(exit code {result.exit_code}{', ' + result.killed_by if result.killed_by else ''})\n{tail}",
+                result.resource_exceeded,
+            )
         status: AgentStatus = "finished" if result.exit_code == 0 and not result.timed_out else "gave_up"
         return AgentResult(status=status, detail=f"exit code {result.exit_code}\n{tail}")

@@ -9,6 +9,10 @@ default; the chaos suite turns it on under a live `gyre train`.
 
 The driver's submits to the core trainer go through `FaultySubmits`: a submit or its answer is lost (the client asks
 again, with the same submission id) or a second copy reaches the core; the core takes each submission id once.
+
+The verifier's sandbox starts go through `FaultyStarts`: a start fails as bubblewrap refusing to start would, decided
+per execution and attempt (so the same seed fails the same starts whatever order executions finish in). The verifier
+retries; an execution whose every attempt failed is dropped from training, unverified, and counted.
 """
 
 from __future__ import annotations
@@ -101,3 +105,29 @@ class FaultySubmits:
             self.duplicated += 1
             return "duplicate"
         return "deliver"
+
+
+class FaultyStarts:
+    """Which starts of the verifier's sandbox fail (`gyre.tasks.verify.Verifier`'s ``start_fault``)."""
+
+    def __init__(self, cfg: ChaosConfig) -> None:
+        self.cfg = cfg
+        self.tried = self.failed = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether any fault is configured."""
+        return bool(self.cfg.verifier_start_fail)
+
+    def counts(self) -> dict[str, int]:
+        """Verifier sandbox starts tried, and how many of them were made to fail."""
+        return {"verifier_starts": self.tried, "verifier_starts_failed": self.failed}
+
+    def fails(self, key: str, attempt: int) -> bool:
+        """Whether attempt ``attempt`` (from 1) of verifying execution ``key`` fails to start its sandbox."""
+        self.tried += 1
+        failed = (
+            random.Random(f"{self.cfg.seed}:verifier:{key}:{attempt}").random() < self.cfg.verifier_start_fail
+        )
+        self.failed += failed
+        return failed

@@ -24,7 +24,7 @@ from gyre.errors import CellError
 from gyre.router.core import Router
 from gyre.router.pool import EnginePool
 
-SHUTDOWN_S = 30.0  # how long cells may take to stop once told; then they are killed
+SHUTDOWN_S = 30.0  # how long cells may take to stop once told; then they are killed (a gone one at once)
 
 
 class Cluster:
@@ -85,7 +85,12 @@ class Cluster:
 
     async def __aexit__(self, *exc: object) -> None:
         deadline, told = time.monotonic() + SHUTDOWN_S, 0.0
-        while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
+        # a cell declared gone (silent) would not hear CellShutdown: it is killed without waiting
+        gone = {c.name for c in self.controller.cells.values() if c.role == "gone"}
+        while time.monotonic() < deadline and any(
+            p.poll() is None and name not in gone for name, p in self.procs.items()
+        ):
+            gone = {c.name for c in self.controller.cells.values() if c.role == "gone"}
             if time.monotonic() - told >= 1.0:  # again each second: the message may be lost on the way
                 told = time.monotonic()
                 with contextlib.suppress(Exception):

@@ -89,6 +89,7 @@ class _Cell:
     switches: int = 0
     pid: int = 0  # its process, as its Hello said
     seq: int = 0  # the last Hello or beat applied: older ones are stale
+    gone_reason: str = ""  # why it was declared gone, last time
 
 
 class CellStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -197,6 +198,15 @@ class Controller:
         async with asyncio.timeout(timeout_s):
             while name not in self.cells or self.cells[name].role not in roles:
                 await self._wait_changed()
+
+    async def wait_core_gone(self) -> str:
+        """Return, with the reason, once the core cell (the optimizer and the weights: no other cell can take its
+        place mid-run) is declared gone."""
+        while True:
+            core = next((c for c in self.cells.values() if c.kind == "core"), None)
+            if core is not None and core.role == "gone":
+                return f"{core.name} {core.gone_reason}"
+            await self._wait_changed()
 
     async def _wait_changed(self) -> None:
         await self._changed.wait()
@@ -422,7 +432,7 @@ class Controller:
 
     def _declare_gone(self, cell: _Cell, reason: str) -> None:
         log.warning("cell %s is gone: %s", cell.name, reason)
-        cell.role = "gone"
+        cell.role, cell.gone_reason = "gone", reason
         self._gone += 1
         if cell.name in self.pool.engines:
             self.pool.mark_gone(cell.name, f"its cell is gone: {reason}")

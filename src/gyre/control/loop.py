@@ -23,7 +23,7 @@ from gyre.config import ControllerConfig, TrajectoryConfig
 from gyre.control.books import Books
 from gyre.control.controller import Controller
 from gyre.control.policy import CellView, Dispatch, ToServe, ToTrain, decide
-from gyre.errors import SwitchFailed
+from gyre.errors import CoreLost, SwitchFailed, TrainerError
 from gyre.protocol import MicroStep, StepMetrics, SwitchRecord
 from gyre.train.client import TrainerClient
 from gyre.train.step import Rollout, build_step_from_config
@@ -126,6 +126,8 @@ class ElasticLoop:
         self.on_step = on_step  # called with (books step, metrics) as each step is applied
         # submits are asked again when unanswered (the core takes each once); [chaos] may lose or repeat them
         self.trainer = TrainerClient(controller.core_address, timeout_s=120, chaos=controller.link.cfg)
+        # waits for the steps, one by one
+        self._waiter = TrainerClient(controller.core_address, timeout_s=120)
         self._lock = asyncio.Lock()  # one request at a time on the trainer client
         self._moving: dict[str, str] = {}  # cell -> the role it is switching through
         self._groups: dict[tuple[int, str], list[Rollout]] = defaultdict(list)
@@ -155,6 +157,7 @@ class ElasticLoop:
         try:
             async with asyncio.TaskGroup() as tasks:
                 self._tasks = tasks
+                watch = tasks.create_task(self._watch_core())
                 waiter = tasks.create_task(self._wait_steps())
                 last = time.monotonic()
                 while not self.books.done:
@@ -170,6 +173,13 @@ class ElasticLoop:
                         async with asyncio.timeout(self.tick_s):
                             await self._wake.wait()
                 await waiter
+                watch.cancel()
+        # a lost core is one clear error, whatever else failed on the way out
+        except ExceptionGroup as failed:
+            lost, _ = failed.split(CoreLost)
+            if lost is None:
+                raise
+            raise lost.exceptions[0] from None
         finally:
             self.trainer.close()
         total = time.monotonic() - self._started
@@ -266,8 +276,35 @@ class ElasticLoop:
                     self.trainer.submit, self._base + step, micro, seal, cursor, untrained
                 )
 
+    async def _watch_core(self) -> None:
+        """`CoreLost` once the controller declares the core cell gone (silent for ``cell_timeout_s``) and its trainer
+        does not answer either (within ``cell_timeout_s``: a cell whose beats were only late goes on): it held the
+        optimizer and the weights, so no step can apply; every wait on it is abandoned at once."""
+        while True:
+            reason = await self.controller.wait_core_gone()
+            if not await asyncio.to_thread(self._core_answers):
+                break
+            log.warning("the core cell is silent (%s) but its trainer answers: the run goes on", reason)
+            await asyncio.sleep(self.policy.cell_timeout_s)
+        why = (
+            f"the core cell died ({reason}): it holds the optimizer and the weights, "
+            + "so this run cannot go on"
+        )
+        for client in (self.trainer, self._waiter):
+            client.abandon(why)
+        raise CoreLost(why)
+
+    def _core_answers(self) -> bool:
+        """Whether the core trainer answers a statistics request within ``cell_timeout_s`` (blocking)."""
+        with TrainerClient(self.controller.core_address, timeout_s=self.policy.cell_timeout_s) as probe:
+            try:
+                probe.statistics()
+            except TrainerError:
+                return False
+        return True
+
     async def _wait_steps(self) -> None:
-        with TrainerClient(self.controller.core_address, timeout_s=120) as waiter:
+        with self._waiter as waiter:
             for step in range(self.books.steps):
                 metrics = await asyncio.to_thread(
                     waiter.wait_step, self._base + step, 7 * 86400.0

@@ -1,8 +1,9 @@
 """Dispatches executions (a task, a group index, an agent spec) and keeps the counters the elastic controller reads.
 
 Each execution gets a router session and a sandbox, runs its agent under its wall-clock budget and its workspace's
-disk and inode quotas, and ends as data: ``done``, ``budget_exceeded``, ``resource_exceeded`` (a quota: the agent is
-stopped, the workspace is not scored, the verdict is ``dropped``), ``crashed`` or ``cancelled``. Then, whatever the
+disk and inode quotas, and ends as data: ``done``, ``budget_exceeded``, ``resource_exceeded`` (a quota, or a command
+agent's processes killed in its sandbox past a memory, process or CPU limit: the agent is stopped, the workspace is
+not scored, the verdict is ``dropped``), ``crashed`` or ``cancelled``. Then, whatever the
 status (cancelled and over quota aside), the workspace loses its set-id bits and device files and the task's verifier
 scores it (`gyre.tasks.verify`). Its result (records, status, verdict, timings, error) is journaled before anything
 downstream sees it. Anything one execution raises, its verification and clean-up included, is recorded on it and
@@ -32,7 +33,7 @@ from gyre.agents.builtin import BuiltinAgent, BuiltinAgentConfig
 from gyre.agents.client import InProcessModelClient
 from gyre.agents.command import SOCKET_DIR
 from gyre.config import SandboxConfig
-from gyre.errors import SandboxError, TaskError, WorkspaceLimitExceeded
+from gyre.errors import ResourceExceeded, SandboxError, TaskError, WorkspaceLimitExceeded
 from gyre.journal import Journal
 from gyre.records import ApiCallRecord, CallRecord
 from gyre.router.core import Router
@@ -223,7 +224,7 @@ class Runtime:
                 status = "done"
             except TimeoutError:
                 status = "budget_exceeded"
-            except WorkspaceLimitExceeded as exc:
+            except (WorkspaceLimitExceeded, ResourceExceeded) as exc:
                 status = "resource_exceeded"
                 errors.append(str(exc))
             except Exception as exc:  # a failed execution is data, never raised to its neighbours
@@ -244,7 +245,7 @@ class Runtime:
                     errors.append(f"the workspace could not be checked: {_describe(exc)}")
                     unscorable = True
             if self.verifier is not None:
-                verdict = await self._verify(spec, workspace, status, errors, unscorable)
+                verdict = await self._verify(spec, execution_id, workspace, status, errors, unscorable)
         except asyncio.CancelledError:
             self._finish(
                 spec, burst, execution_id, token, "cancelled", None, "cancelled", dispatched, started, None
@@ -265,6 +266,7 @@ class Runtime:
     async def _verify(
         self,
         spec: ExecutionSpec,
+        execution_id: str,
         workspace: Path | None,
         status: ExecutionStatus,
         errors: list[str],
@@ -276,7 +278,7 @@ class Runtime:
         if status == "resource_exceeded" or unscorable:
             return Verdict(outcome="dropped", detail=errors[-1])
         try:
-            return await self.verifier.verify(spec.task, workspace)
+            return await self.verifier.verify(spec.task, workspace, execution_id)
         except Exception as exc:  # the verifier's bug or a hostile workspace: this execution's, no one else's
             self._internal_errors += 1
             errors.append(f"verification failed: {_describe(exc)}")

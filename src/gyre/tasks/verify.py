@@ -122,9 +122,11 @@ class Verifier:
         retry_delay_s: float = 1.0,
         python_env: bool = True,
         sandbox_factory: SandboxFactory | None = None,
+        start_fault: Callable[[str, int], bool] | None = None,
     ) -> None:
         """``retries``: attempts after the first before dropping; ``python_env``: show the driver's Python (and its
-        pytest) read-only to the commands, first on their PATH."""
+        pytest) read-only to the commands, first on their PATH; ``start_fault(key, attempt)``: whether that attempt's
+        sandbox fails to start (injected faults: `gyre.control.chaos.FaultyStarts`)."""
         if retries < 0:
             raise ValueError(f"retries must be >= 0, not {retries}")
         self.sandbox_cfg = sandbox or SandboxConfig()
@@ -132,6 +134,7 @@ class Verifier:
         self.retry_delay_s = retry_delay_s
         self.python_env = python_env
         self._factory: SandboxFactory = sandbox_factory or make_sandbox
+        self._start_fault = start_fault
         self._outcomes: Counter[str] = Counter()
         self._retries = 0
         self._expected: dict[str, list[str] | None] = {}  # task id -> the test ids of its clean collection
@@ -142,9 +145,10 @@ class Verifier:
         """Verdicts so far, by outcome, and the retries they took."""
         return VerifierStatistics(sum(self._outcomes.values()), dict(self._outcomes), self._retries)
 
-    async def verify(self, task: Task, workspace: Path | None) -> Verdict:
-        """Score the workspace an execution of ``task`` left (``None``: it never had one: a placeholder)."""
-        verdict = await self._verify(task, workspace)
+    async def verify(self, task: Task, workspace: Path | None, key: str = "") -> Verdict:
+        """Score the workspace an execution of ``task`` left (``None``: it never had one: a placeholder); ``key``
+        names the execution (its id) to ``start_fault``."""
+        verdict = await self._verify(task, workspace, key)
         self._outcomes[verdict.outcome] += 1
         self._retries += max(verdict.attempts - 1, 0)
         return verdict
@@ -188,7 +192,7 @@ class Verifier:
         raise TaskError(f"task {task.id}: the hidden tests cannot be collected over its reference solution: "
                         f"{failure[-1500:]}")  # fmt: skip
 
-    async def _verify(self, task: Task, workspace: Path | None) -> Verdict:
+    async def _verify(self, task: Task, workspace: Path | None, key: str) -> Verdict:
         self.check(task)
         if task.verifier is None:
             return Verdict(outcome="unscored", detail="the task has no verifier")
@@ -206,8 +210,10 @@ class Verifier:
             )
         expected = await self._expected_ids(task, python_env)
         for attempt in range(1, self.retries + 2):
+            fault = self._start_fault is not None and self._start_fault(key, attempt)
             try:
-                verdict = await self._attempt(task, task.verifier, workspace, python_env, expected=expected)
+                verdict = await self._attempt(task, task.verifier, workspace, python_env, expected=expected,
+                                              start_fails=fault)  # fmt: skip
             except WorkspaceLimitExceeded as exc:  # the workspace's doing, not the verifier's: no retry helps
                 return Verdict(outcome="dropped", attempts=attempt, detail=f"not copied for grading: {exc}",
                                duration_s=time.monotonic() - start)  # fmt: skip
@@ -226,7 +232,8 @@ class Verifier:
         return Verdict(
             outcome="dropped",
             attempts=len(failures),
-            detail="the verifier failed on every attempt:\n" + "\n".join(failures),
+            detail=f"the verifier failed on every attempt ({len(failures)}), the last: {failures[-1]}\n"
+            + "\n".join(failures),
             duration_s=time.monotonic() - start,
         )
 
@@ -265,9 +272,11 @@ class Verifier:
         *,
         expected: list[str] | None = None,
         collect: list[str] | None = None,
+        start_fails: bool = False,
     ) -> Verdict:
         """One run of the verifier. Under the pytest grader, reported test ids must be among ``expected`` (when
-        known); a ``collect`` list makes it a ``--collect-only`` run whose test ids go there (its verdict is moot)."""
+        known); a ``collect`` list makes it a ``--collect-only`` run whose test ids go there (its verdict is moot);
+        ``start_fails``: its sandbox fails to start (an injected fault)."""
         scratch = await asyncio.to_thread(_make_scratch, self.sandbox_cfg.workspace_root)
         channels: list[grading.Channel] = []
         try:
@@ -298,6 +307,10 @@ class Verifier:
                 binds.append((str(grader), grading.GRADER_DIR, False))  # read-only: FIFOs still pass data
             shown_grader = grading.GRADER_DIR if bwrap else str(grader)
             sandbox = self._factory(cfg, graded, binds, python_env=env_dir, variables=variables)
+            if start_fails:  # as bubblewrap refusing to start: before any command, nothing scored
+                raise SandboxError(
+                    "the verifier's sandbox failed to start (injected: [chaos] verifier_start_fail)"
+                )
             async with sandbox:
                 if channels:
                     await asyncio.to_thread(

@@ -3,7 +3,8 @@
 Blocking calls over one ZeroMQ DEALER socket, one request at a time; from an event loop call them through
 ``asyncio.to_thread``. A request the core does not answer in time leaves its socket behind (a late answer must not
 be taken for the next request's); a submit is then asked again, up to ``retries`` times, under the same submission
-id, which the core takes once, so a lost answer or a repeated request never trains a micro-step twice.
+id, which the core takes once, so a lost answer or a repeated request never trains a micro-step twice. `abandon`
+(from any thread) ends a wait under way within `POLL_SLICE_S`: the driver stops waiting for a core that is gone.
 ``launch_core`` / ``launch_satellite`` start trainer processes (``gyre trainer ...``).
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,7 @@ log = logging.getLogger(__name__)
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TrainerReply)
 DUPLICATE_LINGER_MS = 5000  # a duplicated submit's extra socket delivers within this, then closes
+POLL_SLICE_S = 0.2  # a wait for an answer looks at `abandon` this often
 
 
 class _Unanswered(TrainerError):
@@ -60,6 +64,8 @@ class TrainerClient:
         self.address, self.timeout_s, self.retries = address, timeout_s, retries
         self.faults = FaultySubmits(chaos or ChaosConfig())
         self.retried = 0  # submits asked again after no answer
+        self._abandoned = threading.Event()
+        self._why = ""
         self._sock = self._connect()
 
     def _connect(self) -> zmq.Socket[bytes]:
@@ -78,7 +84,24 @@ class TrainerClient:
         """Close the socket."""
         self._sock.close(0)
 
+    def abandon(self, why: str) -> None:
+        """Make the request under way, and every later one, raise `TrainerError` (``why``) at once (thread-safe)."""
+        self._why = why
+        self._abandoned.set()
+
+    def _poll(self, wait_s: float) -> bool:
+        """Whether an answer arrived within ``wait_s``; `TrainerError` once abandoned."""
+        deadline = time.monotonic() + wait_s
+        while not self._abandoned.is_set():
+            if self._sock.poll(int(max(min(deadline - time.monotonic(), POLL_SLICE_S), 0) * 1000)):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+        raise TrainerError(self._why)
+
     def _ask(self, request: TrainerRequest, timeout_s: float | None = None) -> TrainerReply:
+        if self._abandoned.is_set():
+            raise TrainerError(self._why)
         payload = _encoder.encode(request)
         wait_s = self.timeout_s if timeout_s is None else timeout_s
         fate = self.faults.fate() if isinstance(request, SubmitMicroSteps) else "deliver"
@@ -90,8 +113,8 @@ class TrainerClient:
         if fate != "lose_request":
             self._sock.send(payload)
         if fate == "lose_answer":  # the core acts on it; its answer never arrives
-            self._sock.poll(int(wait_s * 1000))
-        if fate in ("lose_request", "lose_answer") or not self._sock.poll(int(wait_s * 1000)):
+            self._poll(wait_s)
+        if fate in ("lose_request", "lose_answer") or not self._poll(wait_s):
             self._sock.close(0)  # a late answer must not be taken for the next request's
             self._sock = self._connect()
             if fate in ("lose_request", "lose_answer"):
