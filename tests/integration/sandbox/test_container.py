@@ -1,5 +1,6 @@
 """Container sandboxes with a real runtime (podman or Docker): commands, limits, clean-up, and a Harbor task that
-names an image, run and graded end to end. Skipped, saying why, where no container runtime works.
+names an image, run and graded end to end. Skipped, saying why, where no container runtime works (scripts/setup.sh
+installs podman with runc and catatonit as root).
 
 No registry is reachable from the test machines, so the image is built here: the host's bash, coreutils and grep
 with the libraries they load, imported as a one-layer image (``podman import``).
