@@ -146,6 +146,7 @@ class Engine:
     state: EngineState = EngineState.SERVING
     outstanding_tokens: int = 0  # prompt + budgeted output tokens of calls in flight here
     inflight: set[str] = field(default_factory=set)  # rids in flight here
+    handovers: int = 0  # KV hand-overs waiting on it now (probed like calls in flight)
     kv_handover: bool = True  # cleared once the engine shows it lacks the extension
     calls: int = 0
     failures: int = 0
@@ -343,7 +344,8 @@ class EnginePool:
             await asyncio.sleep(PROBE_INTERVAL_S)
             watched = [
                 e for e in self.engines.values()
-                if e.state is EngineState.HUNG or (e.inflight and e.state in (EngineState.SERVING, EngineState.DRAINING))
+                if e.state is EngineState.HUNG
+                or ((e.inflight or e.handovers) and e.state in (EngineState.SERVING, EngineState.DRAINING))
             ]  # fmt: skip
             if not watched:
                 return
@@ -672,10 +674,17 @@ class EnginePool:
         """Copy the moved call's KV from the engine it left to the one continuing it, where both can."""
         if not (source.kv_handover and dest.kv_handover) or source.state is EngineState.GONE:
             return
-        try:
-            blob = await source.client.export_kv(ids)
-            await dest.client.import_kv(blob)
+        source.handovers += 1
+        dest.handovers += 1
+        self._ensure_watch()
+        try:  # either engine may hang: its probe cuts the wait short, as for a call, and the prefix is recomputed
+            async with self._waiting_on(source):
+                blob = await source.client.export_kv(ids)
+            async with self._waiting_on(dest):
+                await dest.client.import_kv(blob)
             self._handovers += 1
+        except EngineHung as exc:
+            log.info("KV hand-over %s -> %s given up: %s", source.name, dest.name, exc)
         except EngineRequestError as exc:
             if exc.status in (404, 405):  # not an embedded engine: it will recompute the prefix
                 (dest if "import" in str(exc) else source).kv_handover = False
@@ -684,3 +693,6 @@ class EnginePool:
             log.info(
                 "KV hand-over %s -> %s failed, the prefix is recomputed: %s", source.name, dest.name, exc
             )
+        finally:
+            source.handovers -= 1
+            dest.handovers -= 1

@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 
 from gyre.engine import weight_sync
 from gyre.engine.client import EngineClient
-from gyre.errors import EngineUnavailable
 from gyre.engine.launch import ServerProcess, free_port
+from gyre.errors import EngineUnavailable
 from gyre.protocol import SamplingParams
 from reference import hf_greedy
 
@@ -145,22 +145,33 @@ def test_an_update_broken_off_mid_transfer_leaves_no_weights_to_sample_with(
 
     async def go() -> tuple[str, str, list[int]]:
         async with EngineClient(server.url) as client:
-            group = asyncio.to_thread(weight_sync.create_group, "127.0.0.1", port, 0, 2, "broken", "gloo", 5.0)
+            group = asyncio.to_thread(
+                weight_sync.create_group, "127.0.0.1", port, 0, 2, "broken", "gloo", 5.0
+            )
             init = client.init_weights_update_group("127.0.0.1", port, 1, 2, group_name="broken")
-            pg, _ = await asyncio.gather(group, init)
-            update = asyncio.ensure_future(client.update_weights_from_distributed(
-                names=[n for n, _ in tensors], dtypes=[weight_sync.dtype_name(t.dtype) for _, t in tensors],
-                shapes=[list(t.shape) for _, t in tensors], group_name="broken", weight_version=43,
-            ))  # fmt: skip
-            await asyncio.to_thread(pg.broadcast, tensors[0][1].contiguous())  # one tensor of many
-            del pg  # its sockets close: the engine's next receive fails
-            with pytest.raises(EngineUnavailable) as broke:
-                await update
+            held = list(await asyncio.gather(group, init))[:1]  # our end of the group, and only here
+
+            async def update() -> str:
+                try:
+                    await client.update_weights_from_distributed(
+                        names=[n for n, _ in tensors], dtypes=[weight_sync.dtype_name(t.dtype) for _, t in tensors],
+                        shapes=[list(t.shape) for _, t in tensors], group_name="broken", weight_version=43,
+                    )  # fmt: skip
+                except EngineUnavailable as exc:
+                    return str(exc)
+                return "the update completed"
+
+            async def break_off() -> None:
+                await asyncio.to_thread(held[0].broadcast, tensors[0][1].contiguous())  # one tensor of many
+                held.clear()  # its sockets close: the engine's next receive fails
+
+            broke, _ = await asyncio.gather(update(), break_off())
             with pytest.raises(EngineUnavailable) as refused:
                 await client.generate(PROMPT, GREEDY)
             await client.update_weights_from_disk(str(tiny_model), weight_version=7)  # a whole update
-            return str(broke.value), str(refused.value), (await client.generate(PROMPT, GREEDY)).output_ids
+            return broke, str(refused.value), (await client.generate(PROMPT, GREEDY)).output_ids
 
     broke, refused, ids = asyncio.run(go())
+    assert broke != "the update completed"
     assert "503" in refused and "broke off mid-transfer" in refused and "43" in refused, (broke, refused)
     assert ids == hf_greedy(_hf(tiny_model), PROMPT, 20)

@@ -78,3 +78,35 @@ def test_a_long_generation_on_an_engine_that_answers_its_probe_is_not_cut(engine
     engines, took, probes, pool = asyncio.run(main())
     assert took > 1.0 and probes >= 1  # it was probed while generating
     assert engines == ["busy"] and pool.statistics().hung_engines == 0
+
+
+def test_a_call_moved_to_an_engine_that_never_answers_is_not_held_by_its_kv_hand_over(
+    engine: ServerProcess, silent: str
+) -> None:
+    """A drained engine's call is sent on to a destination that accepts connections but never answers: the KV
+    hand-over waiting on it is probed like a call, judged hung, given up, and the call finishes on another engine."""
+    params = SamplingParams(max_new_tokens=1500, ignore_eos=True, temperature=1.0)
+
+    async def main() -> tuple[list[int], list[str], float, EnginePool]:
+        pool = EnginePool(wait_for_engine_s=5, probe_timeout_s=0.5, hung_after_s=1.0)
+        first = pool.add(engine.url, "first")
+        pool.add(silent, "silent").outstanding_tokens = 10**9  # gets no call of its own: only the moved one
+        call = asyncio.ensure_future(pool.generate(PROMPT, params))
+        for _ in range(500):  # until it generates on the first engine, then a moment more: mid-generation
+            if first.inflight:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        pool.add(engine.url, "second").outstanding_tokens = 10**8  # the same server, under another name
+        started = time.monotonic()
+        await pool.drain("first", destination="silent")
+        async with asyncio.timeout(60):  # the client's own timeout is 600 s
+            gen = await call
+        took = time.monotonic() - started
+        await pool.aclose()
+        return gen.output_ids, gen.engines, took, pool
+
+    ids, engines, took, pool = asyncio.run(main())
+    assert len(ids) == 1500 and engines[0] == "first" and engines[-1] == "second", engines
+    assert "silent" not in engines and took < 30
+    assert pool.statistics().hung_engines == 1
