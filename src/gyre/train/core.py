@@ -589,10 +589,8 @@ class CoreTrainer:
                 return
             client = EngineClient(url, timeout_s=self.cfg.transfer_timeout_s)
             port, name = free_port(), f"gyre-weights-{next(self._group_names)}"
-            try:
-                async with asyncio.timeout(
-                    self.cfg.transfer_timeout_s + 5
-                ):  # the group's deadline, then ours
+            try:  # the group's own deadline first, then ours
+                async with asyncio.timeout(self.cfg.transfer_timeout_s + 5):
                     _, group = await asyncio.gather(
                         client.init_weights_update_group(self.group_host, port, 1, 2, name, self.cfg.collective),
                         asyncio.to_thread(weight_sync.create_group, self.group_host, port, 0, 2, name,
