@@ -106,6 +106,9 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # bubblewraps starting together flood the run queue and the kernel's namespace and cgroup locks, and the
     # driver's loop waits behind them (issue 17: loop lag p99 150 ms -> 26 ms at 2,000 executions).
     max_starting: NonNegative = 0
+    # bubblewrap sandboxes' processes run this much nicer than the driver (`nice`), so a sandbox keeping the CPUs
+    # busy cannot starve the loop that hosts every execution; 0: the driver's own priority
+    nice: Annotated[int, msgspec.Meta(ge=0, le=19)] = 5
     # container sandboxes (`gyre.sandbox.container`): tasks naming an image; every sandbox when image is set
     image: str = ""  # a local image every sandbox runs in (a task's own replaces it); "": the backend's
     container_runtime: Literal["auto", "podman", "docker"] = "auto"  # auto: podman if it works, else docker

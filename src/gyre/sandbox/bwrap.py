@@ -242,6 +242,8 @@ class BwrapSandbox(HostSandbox):
         memory_in_cgroup = self._cgroup is not None and self._cgroup.memory_limited
         staged = [(os.path.realpath(h), p) for h, p in self._staged.items()]
         prefix = limits.join_argv(files, seccomp.filter_file(), staged)
+        if self.cfg.nice:  # below the driver: its loop gets the CPU before a busy sandbox does
+            prefix += [limits.tool("nice"), f"--adjustment={self.cfg.nice}"]
         prefix += limits.prlimit_argv(self.cfg, self.containment, memory_in_cgroup)
         if self._owner is not None:  # setpriv rather than Popen(user=...), which uvloop does not support
             prefix += limits.setpriv_argv(self._owner)

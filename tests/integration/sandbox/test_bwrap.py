@@ -353,3 +353,19 @@ def test_standard_streams_can_be_reopened_by_path(cfg: SandboxConfig, loop: str)
                 assert (r.stdout, r.stderr) == ("both", "both"), (mode, r)
 
     run(go())
+
+
+@pytest.mark.parametrize("server", [True, False], ids=["command-server", "bwrap-per-command"])
+def test_sandboxes_run_below_the_drivers_priority(cfg: SandboxConfig, server: bool) -> None:
+    """A sandbox that keeps the CPUs busy competes with the driver's loop at ``sandbox.nice`` (5) below it; 0 keeps
+    the driver's own priority."""
+    own = os.nice(0)
+
+    async def go(nice: int) -> int:
+        async with make_sandbox(msgspec.structs.replace(cfg, nice=nice, command_server=server)) as sb:
+            r = await sb.exec("nice")  # prints the niceness it runs at
+            assert r.ok, r
+            return int(r.stdout)
+
+    assert asyncio.run(go(5)) == min(own + 5, 19)
+    assert asyncio.run(go(0)) == own
