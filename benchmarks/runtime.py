@@ -160,6 +160,12 @@ def main() -> None:
         default="governor",
         help="the collector as the drivers run it (gyre.loop.Governor), or Python's own",
     )
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=SandboxConfig().nice,
+        help="sandbox.nice: how far below the driver sandboxes run",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "runtime.json")
     args = parser.parse_args()
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -176,7 +182,7 @@ def main() -> None:
     ids = [tok.encode(r, add_special_tokens=False) + [eos] for r in replies]
     port = free_port()
     upstream = subprocess.Popen([sys.executable, UPSTREAM, str(port), str(args.latency_s), json.dumps(ids)])
-    sandbox_cfg = SandboxConfig(workspace_root=str(tmp / "workspaces"))
+    sandbox_cfg = SandboxConfig(workspace_root=str(tmp / "workspaces"), nice=args.nice)
     rows = []
     try:
         time.sleep(1.0)
@@ -199,7 +205,8 @@ def main() -> None:
     finally:
         upstream.kill()
     table = Table(
-        title=f"Concurrent executions in one {args.loop} event loop, gc {args.gc} (model latency median {args.latency_s:g} s)"
+        title=f"Concurrent executions in one {args.loop} event loop, gc {args.gc}, sandboxes at nice {args.nice} "
+        f"(model latency median {args.latency_s:g} s)"
     )
     for col in (
         "executions",
