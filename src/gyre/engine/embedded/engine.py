@@ -250,12 +250,12 @@ class EmbeddedEngine:
     async def generate_stream(self, body: GenerateRequest) -> AsyncGenerator[GenerateResponse, None]:
         """Yield a cumulative response at every step that brings new tokens, the last one finished."""
         self._bind_loop()
-        if self._torn:  # some weights are the new version's, some the old: nothing it sampled would be true
-            raise EngineRequestError(f"no weights to sample with: {self._torn}; waiting for a whole update",
-                                     status=503)  # fmt: skip
         req = self._prepare(body)
         while self._update_done is not None:  # a weight update is waiting for the requests before it
             await self._update_done.wait()
+        if self._torn:  # the last update broke off: some weights are its version's, some the one before
+            raise EngineRequestError(f"no weights to sample with: {self._torn}; waiting for a whole update",
+                                     status=503)  # fmt: skip
         sink = _Sink(req)
         req.sink = sink
         if body.sampling_params.max_new_tokens == 0:
