@@ -175,3 +175,39 @@ def test_an_update_broken_off_mid_transfer_leaves_no_weights_to_sample_with(
     assert broke != "the update completed"
     assert "503" in refused and "broke off mid-transfer" in refused and "43" in refused, (broke, refused)
     assert ids == hf_greedy(_hf(tiny_model), PROMPT, 20)
+
+
+def test_a_generation_arriving_mid_update_waits_for_it_and_samples_the_new_version(
+    server: ServerProcess, tiny_model: Path, tiny_model_b: Path
+) -> None:
+    """Half an update is in (the weights are a mix for now): a generation that arrives then waits for the rest, and is
+    answered under the new version, not refused."""
+    tensors = sorted(load_file(str(tiny_model_b / "model.safetensors")).items())
+    port = free_port()
+
+    async def go() -> tuple[list[int], str]:
+        async with EngineClient(server.url) as client:
+            group = asyncio.to_thread(
+                weight_sync.create_group, "127.0.0.1", port, 0, 2, "halves", "gloo", 30.0
+            )
+            init = client.init_weights_update_group("127.0.0.1", port, 1, 2, group_name="halves")
+            pg, _ = await asyncio.gather(group, init)
+            half = len(tensors) // 2
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(client.update_weights_from_distributed(
+                    names=[n for n, _ in tensors], dtypes=[weight_sync.dtype_name(t.dtype) for _, t in tensors],
+                    shapes=[list(t.shape) for _, t in tensors], group_name="halves", weight_version=44,
+                ))  # fmt: skip
+                for _, t in tensors[:half]:
+                    await asyncio.to_thread(pg.broadcast, t.contiguous())
+                generation = tasks.create_task(client.generate(PROMPT, GREEDY))
+                await asyncio.sleep(0.5)
+                assert not generation.done()  # it waits: neither answered from the mix nor refused
+                for _, t in tensors[half:]:
+                    await asyncio.to_thread(pg.broadcast, t.contiguous())
+            out = generation.result()
+            await client.update_weights_from_disk(str(tiny_model), weight_version=8)  # back, for other tests
+            return out.output_ids, out.meta_info.weight_version
+
+    ids, version = asyncio.run(go())
+    assert version == "44" and ids == hf_greedy(_hf(tiny_model_b), PROMPT, 20)
