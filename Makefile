@@ -1,9 +1,13 @@
 # The two set-up commands of the README: `make run` (the main job: gyre quickstart, demonstrations -> SFT ->
 # elastic RL of the tiny model on the toy suite, the held-out set evaluated after each phase) and `make test`
-# (lint, types, tests).
+# (lint, types, and the fast tier of tests: each capability once end to end, minutes). `make test-all` runs every
+# test (chaos, kills and resumes, Megatron, real NL2RepoBench tasks, the short quickstart, containers): what CI runs.
+# The tiers are pytest markers (`slow`, declared in pyproject.toml); both run on two pytest-xdist workers, a
+# module's tests on one worker (they share its engine and model fixtures).
 # Each creates .venv and installs what it needs (scripts/setup.sh).
-.PHONY: setup run test bench
+.PHONY: setup run lint test test-all bench
 VENV := .venv/bin
+PYTEST := $(VENV)/python -m pytest -q -n 2 --dist loadscope --durations=25
 
 setup:
 	bash scripts/setup.sh
@@ -11,11 +15,16 @@ setup:
 run: setup
 	$(VENV)/gyre quickstart --model models/tiny
 
-test: setup
+lint: setup
 	$(VENV)/ruff check src tests benchmarks examples
 	$(VENV)/ruff format --check src tests benchmarks examples
 	$(VENV)/mypy
-	$(VENV)/python -m pytest -q --durations=25
+
+test: lint
+	$(PYTEST) -m "not slow and not gpu"
+
+test-all: lint
+	$(PYTEST)
 
 bench: setup
 	$(VENV)/python benchmarks/engine.py

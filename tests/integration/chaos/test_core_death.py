@@ -21,7 +21,9 @@ from gyre.rundir import RunDir
 from gyre.runtime.runtime import ExecutionResult
 from gyre.training import Resume, StepRecord, execution_index
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(
+    reason="kills the core of a live gyre train, waits out the cell timeout, resumes the run"
+)
 STEPS, BATCH = 2, 4
 CONFIG = """
 [run]

@@ -18,7 +18,7 @@ from gyre.protocol import SwitchRecord
 from gyre.runtime.runtime import ExecutionResult
 from gyre.training import StepRecord, TrainSummary
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(reason="a live gyre train with a memory hog killed in its sandbox")
 CONFIG = """
 [run]
 suite = "toy:8"

@@ -10,7 +10,9 @@ import pytest
 
 from gyre.cli import main
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(
+    reason="the whole quickstart recipe: demonstrations, SFT, RL and three held-out evaluations"
+)
 
 
 def test_the_short_quickstart_beats_the_untrained_model_on_the_held_out_set(

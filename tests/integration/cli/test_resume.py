@@ -28,7 +28,7 @@ from gyre.rundir import RunDir
 from gyre.runtime.runtime import ExecutionResult
 from gyre.training import Resume, StepRecord, Trainer, execution_index
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(reason="kills a live gyre train at three moments and resumes each run")
 STEPS, BATCH = 2, 4
 CONFIG = """
 [run]

@@ -37,7 +37,7 @@ def demonstration_nll(model: Any, sessions: list[list[CallRecord]]) -> float:
     return sum(nll) / len(nll)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="supervised training of the tiny model for tens of steps")
 def test_gyre_sft_makes_the_experts_outputs_likelier_and_writes_a_checkpoint(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -83,7 +83,7 @@ def test_gyre_sft_makes_the_experts_outputs_likelier_and_writes_a_checkpoint(
         assert torch.equal(p, q), name
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="two SFT stages of the tiny model")
 def test_a_window_stage_runs_first_at_its_own_learning_rate_and_the_checkpoint_counts_both_stages(
     tiny_model: Path, tmp_path: Path
 ) -> None:

@@ -15,7 +15,7 @@ from gyre.protocol import SwitchRecord
 from gyre.runtime.runtime import ExecutionResult
 from gyre.training import StepRecord, TrainSummary
 
-pytestmark = pytest.mark.slow
+OTHER_MODES = pytest.mark.slow(reason="gyre train in a further mode; the fast tier runs elastic")
 CONFIG = """
 [run]
 suite = "toy:8"
@@ -40,7 +40,9 @@ heartbeat_s = 0.25
 """
 
 
-@pytest.mark.parametrize("mode", ["elastic", "colocate", "async"])
+@pytest.mark.parametrize(
+    "mode", ["elastic", pytest.param("colocate", marks=OTHER_MODES), pytest.param("async", marks=OTHER_MODES)]
+)
 def test_gyre_train_runs_its_steps_in_each_mode(
     mode: str, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -112,6 +114,7 @@ for _ in range(2):
 """
 
 
+@pytest.mark.slow(reason="gyre train of a command scaffold in sandboxes, with a held-out evaluation")
 def test_a_command_scaffold_trains_and_a_held_out_suite_is_evaluated_with_intervals(
     tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -152,6 +155,7 @@ def test_a_command_scaffold_trains_and_a_held_out_suite_is_evaluated_with_interv
     assert "Held-out eval (95% interval)" in (run_dir / "report.html").read_text()
 
 
+@pytest.mark.slow(reason="gyre train with Megatron cells of two tensor-parallel ranks each")
 def test_gyre_train_with_megatron_cells_of_two_tensor_parallel_ranks(
     tiny_model: Path, tmp_path: Path
 ) -> None:

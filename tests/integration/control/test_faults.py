@@ -20,7 +20,7 @@ from gyre.protocol import MicroStep
 from gyre.train.state import TrainState
 from reference import random_micro_steps, train_step
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(reason="kills cells of a live cluster and waits out their timeouts")
 AGENTS = 40
 FAULTS = ["cells.count=2", "cells.standalone=1", "controller.cell_timeout_s=2", "trainer.member_timeout_s=2",
           "trainer.checkpoint_every_steps=1"]  # fmt: skip

@@ -21,7 +21,9 @@ from gyre.protocol import TrainerStatistics
 from gyre.router.pool import EngineState
 from reference import random_micro_steps
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(
+    reason="hangs an engine of a live cluster and waits out probes and push deadlines"
+)
 AGENTS = 16
 # the controller keeps hearing the cell: only the router's probe can tell its engine stopped
 HUNG = ["cells.count=1", "cells.standalone=1", "router.probe_timeout_s=2", "router.hung_after_s=4"]

@@ -20,7 +20,7 @@ from gyre.sim.simulate import Books as SimBooks
 from gyre.sim.simulate import decide as sim_decide
 from gyre.train.step import Rollout
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(reason="runs the driver loop's steps in each mode on a live cluster")
 STEPS, BATCH, GROUP = 3, 4, 2
 
 

@@ -22,7 +22,6 @@ from gyre.protocol import MicroStep, StepMetrics, SwitchRecord
 from gyre.train.state import TrainState
 from reference import random_micro_steps, train_step
 
-pytestmark = pytest.mark.slow
 AGENTS = 200
 CYCLES = 25  # four switches each: 100
 
@@ -31,6 +30,7 @@ def _load(path: Path) -> Any:
     return AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=torch.float32).eval()
 
 
+@pytest.mark.slow(reason="200 live agents through 100 role switches; every record checked against 26 models")
 def test_200_agents_through_100_switches(tiny_model: Path, tmp_path: Path) -> None:
     checkpoints = tmp_path / "checkpoints"
     overrides = ["cells.count=2", "cells.standalone=1", "trainer.checkpoint_every_steps=1",
@@ -104,6 +104,9 @@ def test_switch_phases_and_statistics(tiny_model: Path, tmp_path: Path) -> None:
     assert records[1].version == 0
 
 
+@pytest.mark.slow(
+    reason="a second switch scenario on a live cluster; the fast tier switches in test_switch_phases_and_statistics"
+)
 def test_a_request_left_on_the_engine_does_not_fail_the_switch(tiny_model: Path, tmp_path: Path) -> None:
     """A request that reached the cell's engine by its URL (not through the router, so no drain moves it) is ended
     as aborted by serve -> train instead of failing the switch; the cell serves again after train -> serve."""

@@ -16,7 +16,7 @@ from gyre.engine.launch import ServerProcess, launch_embedded
 from gyre.protocol import SamplingParams
 from gyre.router.pool import EnginePool, EngineState
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(reason="waits out probes of engines that hang or never answer")
 PROMPT = [5, 17, 42, 99, 3, 64]
 
 
@@ -64,10 +64,11 @@ def test_an_engine_that_never_answers_is_judged_hung_and_the_call_goes_on(
 
 
 def test_a_long_generation_on_an_engine_that_answers_its_probe_is_not_cut(engine: ServerProcess) -> None:
-    params = SamplingParams(max_new_tokens=400, ignore_eos=True, temperature=1.0)
+    # 1500 tokens take seconds on this model (400 took 0.8 s on a quiet machine): many times hung_after_s
+    params = SamplingParams(max_new_tokens=1500, ignore_eos=True, temperature=1.0)
 
     async def main() -> tuple[list[str], float, int, EnginePool]:
-        pool = EnginePool(probe_timeout_s=2.0, hung_after_s=0.5)  # far shorter than the generation
+        pool = EnginePool(probe_timeout_s=2.0, hung_after_s=0.2)  # far shorter than the generation
         busy = pool.add(engine.url, "busy")
         start = time.monotonic()
         gen = await pool.generate(PROMPT, params)
@@ -76,7 +77,7 @@ def test_a_long_generation_on_an_engine_that_answers_its_probe_is_not_cut(engine
         return gen.engines, took, busy.probes, pool
 
     engines, took, probes, pool = asyncio.run(main())
-    assert took > 1.0 and probes >= 1  # it was probed while generating
+    assert took > 0.2 and probes >= 1  # it was probed while generating
     assert engines == ["busy"] and pool.statistics().hung_engines == 0
 
 

@@ -47,7 +47,7 @@ def _content(chunks: list[dict[str, Any]]) -> str:
     return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="drains an engine under live sessions and checks every record against the model")
 def test_tokens_moved_by_a_drain_keep_the_version_that_sampled_them(
     tiny_model: Path, engines: list[ServerProcess], tmp_path: Path
 ) -> None:

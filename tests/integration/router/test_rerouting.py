@@ -46,7 +46,7 @@ def engines(tiny_model: Path, tmp_path: Path) -> Iterator[list[ServerProcess]]:
             p.stop()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="50 live sessions through a drain and a crash of their engines")
 def test_drain_and_crash_mid_generation_are_invisible(
     tiny_model: Path, engines: list[ServerProcess], tmp_path: Path, hf_model: Any
 ) -> None:

@@ -25,7 +25,7 @@ from gyre.runtime import CommandAgentSpec, ExecutionResult, ExecutionSpec, Runti
 from gyre.tasks import Task
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.slow(reason="mini-swe-agent, an outside scaffold, solves a task through the router"),
     pytest.mark.skipif(  # found, not imported: importing it makes ~/.config/mini-swe-agent
         importlib.util.find_spec("minisweagent") is None,
         reason="mini-swe-agent is in the dev extra: pip install -e '.[dev]'",

@@ -30,6 +30,8 @@ from gyre.sandbox.workspace import SYSTEM_PATH
 from gyre.tasks.formats import load_task
 from gyre.tasks.verify import Verifier
 
+pytestmark = pytest.mark.slow(reason="starts podman containers")
+
 TOOLS = (
     "bash", "sh", "env", "cat", "echo", "ls", "sleep", "id", "mkdir", "touch", "head", "tail", "tr", "rm", "wc",
     "printf", "true", "pwd", "hostname", "grep", "stat", "dd", "ln", "chmod", "seq",

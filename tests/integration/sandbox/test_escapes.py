@@ -193,7 +193,9 @@ def test_gigabytes_of_output_are_capped_and_drained(cfg: SandboxConfig) -> None:
             r = await sb.exec("yes", timeout_s=2)
             assert r.timed_out and r.truncated and time.perf_counter() - start < 4
             marker = r.stdout.rsplit("\n[gyre: output truncated after 65536 bytes; ", 1)
-            assert len(marker) == 2 and int(marker[1].split()[0]) > 500_000_000  # bytes drained in 2 s
+            # drained all along, not blocked once the cap and the pipe filled (hundreds of MB in 2 s on a quiet
+            # machine; a loaded one drains less, still orders of magnitude past the 64 KiB cap)
+            assert len(marker) == 2 and int(marker[1].split()[0]) > 50_000_000
             r = await sb.exec("head -c 300000000 /dev/zero; echo done >&2")
             assert r.ok and r.truncated and r.stderr == "done\n"  # the command finishes: never blocked
             assert r.stdout.endswith("[gyre: output truncated after 65536 bytes; 300000000 bytes in all]")

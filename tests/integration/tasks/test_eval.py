@@ -22,7 +22,6 @@ from gyre.router.launch import launch_router
 from gyre.tasks import toy
 
 
-@pytest.mark.slow
 def test_gyre_eval_on_the_embedded_tiny_model(tmp_path: Path, tiny_model: Path) -> None:
     run = tmp_path / "run"
     argv = [sys.executable, "-m", "gyre", "eval", "--suite", "toy:3", "--model-path", str(tiny_model),
@@ -60,7 +59,7 @@ def test_gyre_eval_rejects_bad_options(tmp_path: Path) -> None:
         assert "Traceback" not in out.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a second served model; the fast tier evaluates the embedded one")
 def test_gyre_eval_on_an_outside_openai_compatible_model(
     tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -20,6 +20,8 @@ from gyre.tasks import environments
 from gyre.tasks.formats import load_task
 from gyre.tasks.verify import Verdict, Verifier
 
+pytestmark = pytest.mark.slow(reason="builds and grades real NL2RepoBench tasks with their environments")
+
 FIXTURES = Path(__file__).resolve().parents[2] / "data" / "nl2repobench"
 # task -> (solution file, the function or method taken out: "Class.method" or "function")
 REMOVED = {

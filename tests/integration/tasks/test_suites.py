@@ -41,7 +41,9 @@ def test_nl2repo_mini_is_a_real_suite() -> None:
         assert not any(p.startswith(("tests/", "solution/")) for p in task.solution_files)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(
+    reason="grades nl2repo-mini's reference, empty and half-finished workspaces with real verifier runs"
+)
 def test_nl2repo_mini_solution_scores_1_empty_0_half_finished_between(tmp_path: Path) -> None:
     tasks = resolve_suite("nl2repo-mini")
 
@@ -123,7 +125,7 @@ def eval_options(tmp_path: Path, tiny_model: Path, suite: str, **kw: Any) -> Eva
     )
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a whole oracle eval of the toy suite through sandboxes and the router")
 def test_eval_oracle_runs_the_toy_expert_through_the_real_pipeline(tmp_path: Path, tiny_model: Path) -> None:
     summary = run_eval(eval_options(tmp_path, tiny_model, "toy:12", agent="oracle", concurrency=6))
     assert summary.executions == 12 and summary.outcomes == {"scored": 12}
@@ -144,7 +146,7 @@ def test_eval_oracle_runs_the_toy_expert_through_the_real_pipeline(tmp_path: Pat
     assert all(e["verdict"]["outcome"] == "scored" and e["reward"] == 1.0 for e in executions)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a whole oracle eval with the lean agent profile")
 def test_the_lean_profile_prompts_with_two_tools_and_the_expert_still_solves_the_chain(
     tmp_path: Path, tiny_model: Path
 ) -> None:
@@ -161,7 +163,7 @@ def test_the_lean_profile_prompts_with_two_tools_and_the_expert_still_solves_the
     assert lean.mean_tokens < 0.6 * default.mean_tokens  # the prompt the tiny model attends over is shorter
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="a whole oracle eval of nl2repo-mini, each task graded by pytest in a sandbox")
 def test_eval_oracle_validates_nl2repo_mini(tmp_path: Path, tiny_model: Path) -> None:
     summary = run_eval(eval_options(tmp_path, tiny_model, "nl2repo-mini", agent="oracle", concurrency=4))
     assert summary.executions >= 10
@@ -199,7 +201,7 @@ def slow_expert(tokenizer: Any, delay_s: float) -> Any:
     return script
 
 
-@pytest.mark.slow
+@pytest.mark.slow(reason="runs executions out to their time budgets")
 def test_executions_out_of_time_or_crashed_are_scored_from_their_artifacts(tiny_model: Path) -> None:
     tokenizer = load_tokenizer(tiny_model)
     long_task = toy.make_task(1, length=20)

@@ -26,7 +26,9 @@ from gyre.train.client import TrainerClient, launch_core, launch_satellite
 from gyre.train.state import TrainState
 from reference import random_micro_steps, train_step
 
-pytestmark = pytest.mark.slow
+SLOW = pytest.mark.slow(
+    reason="an elastic-training scenario with core and satellite processes; the fast tier runs one"
+)
 LR = 1e-3
 
 
@@ -145,7 +147,10 @@ def assert_accounted(metrics: StepMetrics, items: list[MicroStep]) -> None:
     assert metrics.computed_tokens == sum(len(m.input_ids) for m in items)
 
 
-@pytest.mark.parametrize("seed,satellites,core_computes", [(1, 1, True), (2, 2, False), (3, 3, True)])
+@pytest.mark.parametrize(
+    "seed,satellites,core_computes",
+    [(1, 1, True), pytest.param(2, 2, False, marks=SLOW), pytest.param(3, 3, True, marks=SLOW)],
+)
 def test_satellites_joining_at_random_moments_give_the_update_of_one_process(
     tiny_model: Path, tmp_path: Path, seed: int, satellites: int, core_computes: bool
 ) -> None:
@@ -170,6 +175,7 @@ def test_satellites_joining_at_random_moments_give_the_update_of_one_process(
     assert_same_update(got, reference(tiny_model, items))
 
 
+@SLOW
 def test_a_satellite_killed_mid_micro_step_is_replaced_and_nothing_counts_twice(
     tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -189,6 +195,7 @@ def test_a_satellite_killed_mid_micro_step_is_replaced_and_nothing_counts_twice(
     assert_same_update(got, reference(tiny_model, items))
 
 
+@SLOW
 def test_a_silent_satellite_is_declared_gone_and_its_late_gradient_is_not_counted(
     tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -207,6 +214,7 @@ def test_a_silent_satellite_is_declared_gone_and_its_late_gradient_is_not_counte
     assert_same_update(got, reference(tiny_model, items))
 
 
+@SLOW
 def test_a_released_satellite_finishes_its_micro_step_and_leaves(tiny_model: Path, tmp_path: Path) -> None:
     first, second = random_micro_steps(21, 24), random_micro_steps(22, 12)
     with cluster(tiny_model, tmp_path, core_computes=False) as c:
@@ -252,6 +260,7 @@ def test_a_released_satellite_finishes_its_micro_step_and_leaves(tiny_model: Pat
         assert c.client.wait_step(0, timeout_s=300).micro_steps == 2
 
 
+@SLOW
 def test_a_step_sealed_with_no_micro_steps_applies_no_update_says_why_and_the_next_step_trains(
     tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -281,6 +290,7 @@ def test_a_step_sealed_with_no_micro_steps_applies_no_update_says_why_and_the_ne
     assert_same_update(got, state)
 
 
+@SLOW
 def test_lost_and_repeated_submits_train_each_micro_step_once(tiny_model: Path, tmp_path: Path) -> None:
     steps = [random_micro_steps(91, 12), random_micro_steps(92, 6)]
     chaos = ChaosConfig(trainer_drop=0.3, trainer_duplicate=0.3, seed=13)  # all three faults, more than once
@@ -307,6 +317,7 @@ def test_lost_and_repeated_submits_train_each_micro_step_once(tiny_model: Path, 
     assert_same_update(got, want)  # the update of a fault-free run
 
 
+@SLOW
 def test_attached_engines_get_every_update_and_generate_what_a_freshly_loaded_engine_does(
     tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -341,6 +352,7 @@ def test_attached_engines_get_every_update_and_generate_what_a_freshly_loaded_en
     assert pushed != before
 
 
+@SLOW
 def test_a_core_resumed_from_a_checkpoint_makes_the_same_next_update(
     tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -370,6 +382,7 @@ def test_a_core_resumed_from_a_checkpoint_makes_the_same_next_update(
         assert torch.equal(tensor, again[1][key]), key
 
 
+@SLOW
 def test_a_satellite_that_left_rejoins_a_later_step_over_the_group_it_kept(
     tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -402,6 +415,7 @@ def test_a_satellite_that_left_rejoins_a_later_step_over_the_group_it_kept(
         assert runs[1].micro_steps == 4
 
 
+@SLOW
 def test_with_a_kl_term_satellites_get_the_reference_and_the_update_still_matches(
     tiny_model: Path, tmp_path: Path
 ) -> None:

@@ -22,7 +22,7 @@ from gyre.train.state import load_model
 from reference import random_micro_steps
 
 pytest.importorskip("megatron.core")
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.slow(reason="starts Megatron-core ranks (tensor and pipeline parallel) over gloo")
 
 # runs in its own process: Megatron's parallel state is per process (rank 0 here; rank 1 its child)
 MEGATRON_SIDE = """
@@ -169,28 +169,35 @@ def test_an_elastic_step_with_a_megatron_core_and_late_satellites_of_both_backen
 
     from gyre.train.client import launch_satellite
 
-    items = random_micro_steps(9, 48) + tree_micro_steps(10, 12)
-    items = [msgspec.structs.replace(m, weights=[w * 48 / 60 for w in m.weights]) for m in items]
+    def scaled(micro: list[MicroStep]) -> list[MicroStep]:
+        return [msgspec.structs.replace(m, weights=[w * 48 / 60 for w in m.weights]) for m in micro]
+
+    # chains keep the step supplied for as long as the two-process satellite takes to start (seconds on a quiet
+    # machine, a minute on a loaded one): the step is the chains sent, then the trees
+    chains, trees = scaled(random_micro_steps(9, 400)), scaled(tree_micro_steps(10, 12))
     # every member computes at most 100 tokens/s (a modelled accelerator): the step lasts while the satellites join
     extra = ('trainer.backend="megatron"', "trainer.modelled_tokens_per_s=100")
     c = Cluster(tiny_model, tmp_path, core_computes=True, extra=extra)
     try:
-        c.client.submit(0, items[:6])  # the Megatron core is computing step 0 before anyone joins
+        c.client.submit(0, chains[:6])  # the Megatron core is computing step 0 before anyone joins
         wait_for("the core's first micro-step", lambda: c.stats().done >= 1, 120)
         c.satellites["torch-sat"] = launch_satellite(c.address, "torch-sat", 1, log=tmp_path / "t.log")
         c.satellites["tp2-sat"] = launch_satellite(c.address, "tp2-sat", 1, log=tmp_path / "m.log",
                                                    backend="megatron", tensor_parallel=2)  # fmt: skip
-        sent = 6
+        sent, deadline = 6, time.monotonic() + 300
         while (
             "tp2-sat" not in c.stats().claims
         ):  # keep the step supplied until the two-process satellite computes
             stats = c.stats()
-            assert sent < len(items) - 4, f"the TP=2 satellite never claimed a micro-step: {stats}"
+            assert time.monotonic() < deadline and sent < len(chains), (
+                f"the TP=2 satellite never claimed: {stats}"
+            )
             if stats.pending < 3:
-                c.client.submit(0, items[sent : sent + 2])
+                c.client.submit(0, chains[sent : sent + 2])
                 sent += 2
             time.sleep(0.1)
-        c.client.submit(0, items[sent:], seal=True)
+        items = chains[:sent] + trees
+        c.client.submit(0, trees, seal=True)
         metrics = c.client.wait_step(0, timeout_s=600)
         assert sum(metrics.by_member.values()) == len(items)
         assert {"core", "torch-sat", "tp2-sat"} <= set(metrics.by_member), metrics.by_member

@@ -25,6 +25,8 @@ from gyre.train import MicroStep, Rollout, TrajectoryTree, build_step, select_pa
 from gyre.train.loss import token_logprobs
 from gyre.train.objective import policy_loss
 
+pytestmark = pytest.mark.slow(reason="trains the tiny model on a runtime's trees, packed and per path")
+
 
 def call(name: str, **arguments: Any) -> str:
     return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"

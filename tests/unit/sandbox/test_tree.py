@@ -124,7 +124,13 @@ def test_the_verifiers_copy_is_bounded(tmp_path: Path) -> None:
     with pytest.raises(WorkspaceLimitExceeded, match="max_inodes"):
         asyncio.run(copy_tree(ws, tmp_path / "a", tree.Limits(max_entries=49)))
     assert not (tmp_path / "a").exists()
+    # a copy that cannot finish within its time: thousands of entries (tens of ms for cp) against 1 ms (a copy
+    # of the 50 files above may finish before its timer is first looked at: that one is in time, not over it)
+    many = tmp_path / "many"
+    many.mkdir()
+    for i in range(5000):
+        (many / str(i)).touch()
     with pytest.raises(WorkspaceLimitExceeded, match="copy_timeout_s"):
-        asyncio.run(copy_tree(ws, tmp_path / "b", tree.Limits(timeout_s=1e-6)))
+        asyncio.run(copy_tree(many, tmp_path / "b", tree.Limits(timeout_s=1e-3)))
     asyncio.run(copy_tree(ws, tmp_path / "c", tree.Limits(max_bytes=500_000, max_entries=50, timeout_s=60)))
     assert tree.usage(tmp_path / "c") == tree.Usage(bytes=500_000, entries=50)
