@@ -13,6 +13,7 @@ from gyre.engine.client import EngineClient
 from gyre.engine.launch import ServerProcess
 from gyre.errors import EngineCapacityError, EngineRequestError
 from gyre.protocol import GenerateResponse, SamplingParams
+from waits import wait_generating
 
 PROMPT = [10, 20, 30, 40, 50, 60]
 LONG = SamplingParams(max_new_tokens=4000, temperature=0.0, ignore_eos=True)
@@ -44,7 +45,9 @@ def test_abort_returns_partial_output_and_other_requests_finish(server: ServerPr
             short = asyncio.create_task(
                 client.generate(PROMPT, SamplingParams(max_new_tokens=8, temperature=0))
             )
-            await asyncio.sleep(0.5)
+            await wait_generating(
+                client, tokens=32
+            )  # past the short request's 8: the long one has tokens too
             await client.abort("long-1")
             return await long, await short
 
@@ -62,7 +65,7 @@ def test_pause_in_place_then_continue_finishes_identically(server: ServerProcess
         async with EngineClient(server.url) as client:
             ref = await client.generate(PROMPT, params)
             task = asyncio.create_task(client.generate(PROMPT, params))
-            await asyncio.sleep(0.2)
+            await wait_generating(client)
             await client.pause_generation("in_place")
             stats = await client.statistics()
             await asyncio.sleep(0.3)
@@ -79,7 +82,7 @@ def test_pause_abort_mode_ends_requests_and_new_ones_wait(server: ServerProcess)
     async def go() -> tuple[GenerateResponse, GenerateResponse]:
         async with EngineClient(server.url) as client:
             task = asyncio.create_task(client.generate(PROMPT, LONG))
-            await asyncio.sleep(0.3)
+            await wait_generating(client)
             await client.pause_generation("abort")
             aborted = await task
             waiting = asyncio.create_task(client.generate(PROMPT, SamplingParams(max_new_tokens=4)))

@@ -13,6 +13,7 @@ from gyre.engine.client import EngineClient
 from gyre.engine.launch import ServerProcess, launch_embedded
 from gyre.errors import EngineRequestError
 from gyre.protocol import GenerateResponse, SamplingParams
+from waits import wait_generating
 
 PROMPT = list(range(30, 130))
 PARAMS = SamplingParams(max_new_tokens=600, temperature=0.0, ignore_eos=True)
@@ -32,7 +33,7 @@ def test_moved_request_continues_from_imported_kv(server: ServerProcess, second:
             ref = await b.generate(PROMPT, PARAMS)
             await b.flush_cache()
             task = asyncio.create_task(a.generate(PROMPT, PARAMS, rid="moving"))
-            await asyncio.sleep(0.4)
+            await wait_generating(a, tokens=8)
             await a.abort("moving")
             partial = await task
             sofar = PROMPT + partial.output_ids

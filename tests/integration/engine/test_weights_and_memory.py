@@ -16,6 +16,7 @@ from gyre.engine.launch import ServerProcess, free_port
 from gyre.errors import EngineUnavailable
 from gyre.protocol import SamplingParams
 from reference import hf_greedy
+from waits import wait_generating
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 GREEDY = SamplingParams(max_new_tokens=20, temperature=0.0, ignore_eos=True)
@@ -87,7 +88,7 @@ def test_release_refuses_while_requests_run(server: ServerProcess) -> None:
             task = asyncio.create_task(
                 client.generate(PROMPT, SamplingParams(max_new_tokens=3000, ignore_eos=True))
             )
-            await asyncio.sleep(0.3)
+            await wait_generating(client)
             try:
                 await client.release_memory_occupation()
                 return "released"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from proc_scan import processes_with
+from proc_scan import processes_with, wait_process
 
 from gyre.config import SandboxConfig
 from gyre.errors import SandboxError
@@ -157,8 +157,7 @@ def test_close_kills_running_commands_and_removes_everything(cfg: SandboxConfig)
             r = await sb.exec(f"setsid sleep {marker} >/dev/null 2>&1 & echo started")
             assert r.stdout == "started\n" and r.duration_s < 5
             running = asyncio.ensure_future(sb.exec(f"sleep {marker}; echo never"))
-            await asyncio.sleep(0.3)
-            assert processes_with(f"sleep {marker}")
+            await asyncio.to_thread(wait_process, f"sleep {marker}")  # running, seen from the host
         result = await running
         assert not result.ok and "never" not in result.stdout
         assert not root.exists() and not any(d.exists() for d in cgroup_dirs)
