@@ -7,7 +7,7 @@
 # Each creates .venv and installs what it needs (scripts/setup.sh).
 .PHONY: setup run lint test test-all bench
 VENV := .venv/bin
-PYTEST := $(VENV)/python -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder --durations=25
+PYTEST := $(VENV)/python -m pytest -q -n 2 --dist loadscope --durations=25
 
 setup:
 	bash scripts/setup.sh

@@ -34,17 +34,11 @@ def hf_model(tiny_model: Path) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every ``slow`` mark says why (``reason=``); the modules holding slow tests run first.
-
-    `make test` deselects ``slow`` (``-m "not slow"``); `make test-all` (CI) runs everything. Under pytest-xdist
-    (``--dist loadscope``: a module's tests stay on one worker, sharing its fixtures) a long module started last
-    would leave the other worker idle at the end: ordering them first keeps both busy.
-    """
+    """Every ``slow`` mark says why (``reason=``): `make test` deselects them (``-m "not slow"``), `make test-all`
+    (CI) runs everything."""
     for item in items:
         for mark in item.iter_markers("slow"):
             if not str(mark.kwargs.get("reason", "")).strip():
                 raise pytest.UsageError(
                     f"{item.nodeid}: mark it @pytest.mark.slow(reason=...), saying why it is slow"
                 )
-    slow_modules = {item.module.__name__ for item in items if item.module and item.get_closest_marker("slow")}
-    items.sort(key=lambda item: 0 if item.module and item.module.__name__ in slow_modules else 1)
