@@ -62,6 +62,7 @@ from gyre.protocol import (
     SwitchRecord,
 )
 from gyre.router.pool import EnginePool
+from gyre.silence import StallClock, credit
 
 log = logging.getLogger(__name__)
 _encoder = msgspec.msgpack.Encoder()
@@ -417,14 +418,17 @@ class Controller:
         """Every ``heartbeat_s``: ping each live cell, declare the silent ones gone. The sweep gives the loop back
         every ``SWEEP_BATCH`` cells: at 1,000 cells one unbroken sweep held the driver's loop for tens of ms."""
         ping = _encoder.encode(ControlPing())
+        clock = StallClock(self.cfg.heartbeat_s)
         while True:
             await asyncio.sleep(self.cfg.heartbeat_s)
+            stalled = clock.stalled()  # the driver stood still that long: nobody could be heard
             now = time.monotonic()
             for i, cell in enumerate(list(self.cells.values())):
                 if i and i % SWEEP_BATCH == 0:
                     await asyncio.sleep(0)
                 if cell.role == "gone":
                     continue
+                cell.last_seen = credit(cell.last_seen, stalled)
                 if now - cell.last_seen > self.cfg.cell_timeout_s:
                     self._declare_gone(cell, f"silent for {now - cell.last_seen:.1f} s")
                 else:

@@ -76,6 +76,7 @@ from gyre.protocol import (
     Wake,
     Welcome,
 )
+from gyre.silence import StallClock, credit
 from gyre.train.learner import Learner, TorchLearner, make_learner
 from gyre.train.objective import merge_stats, pace
 from gyre.train.pairs import Pair
@@ -108,6 +109,7 @@ class CoreTrainer:
 
     def __init__(self, cfg: TrainerConfig) -> None:
         self.cfg = cfg
+        self._stall = StallClock(cfg.heartbeat_s)  # restarted by run()
         torch.manual_seed(cfg.seed)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
@@ -185,6 +187,7 @@ class CoreTrainer:
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.events, zmq.POLLIN)
         next_beat = time.monotonic()
+        self._stall = StallClock(self.cfg.heartbeat_s)
         log.info(
             "core trainer at %s (step %d, version %d)", self.address, self.state.step, self.state.version
         )
@@ -449,10 +452,12 @@ class CoreTrainer:
                 self._reply(identity, Ack(detail=text) if kind == "ack" else Refused(reason=text))
 
     def _beat(self) -> None:
+        stalled = self._stall.stalled()  # this thread stood still that long: nobody could be heard
         now = time.monotonic()
         for member in list(self.members.values()):
             if member.state != "active":  # a parked member stopped its heartbeats; it says Hello to rejoin
                 continue
+            member.last_seen = credit(member.last_seen, stalled)
             if now - member.last_seen > self.cfg.member_timeout_s:
                 self._gone(member, f"silent for {now - member.last_seen:.1f} s")
             else:
