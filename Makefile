@@ -13,7 +13,7 @@ setup:
 	bash scripts/setup.sh
 
 run: setup
-	$(VENV)/gyre quickstart --model models/tiny
+	$(VENV)/gyre quickstart
 
 lint: setup
 	$(VENV)/ruff check src tests benchmarks examples

@@ -218,13 +218,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the model's initialisation and the batches")
     parser.add_argument("--tasks", type=int, default=400, help="demonstrations (toy tasks, seed 100)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", help="start from this model directory (default: a fresh tiny model)")
     args = parser.parse_args()
     toy.ALPHABET = args.alphabet
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(prefix="gyre-probe-") as tmp:
-        init_model(Path(tmp) / "tiny", seed=args.seed)
-        tok, model = load_tokenizer(Path(tmp) / "tiny"), load_model(Path(tmp) / "tiny")
+        start = Path(args.model) if args.model else init_model(Path(tmp) / "tiny", seed=args.seed)
+        tok, model = load_tokenizer(start), load_model(start)
     train = [encode(tok, make_task(i, seed=100), args.profile) for i in range(args.tasks)]
     held_out = [encode(tok, make_task(i, seed=7), args.profile) for i in range(16)]
     print(

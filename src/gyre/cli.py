@@ -169,7 +169,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             model_name=args.model, engine_url=args.engine_url, base_url=args.base_url, api_key_env=args.api_key_env,
             concurrency=args.concurrency,
             group_size=args.group_size, limit=args.limit, max_steps=args.max_steps, temperature=args.temperature,
-            sandbox=sandbox, progress=not args.no_progress, agent_profile=args.agent_profile,
+            seed=args.seed, sandbox=sandbox, progress=not args.no_progress, agent_profile=args.agent_profile,
             max_tokens_per_call=args.max_tokens_per_call, verifier_retries=args.verifier_retries,
         )  # fmt: skip
         options = msgspec.convert(msgspec.to_builtins(options), EvalOptions)  # checks the bounds
@@ -353,22 +353,48 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_quickstart(args: argparse.Namespace) -> int:
-    """Demonstrations -> SFT -> elastic RL on the tiny model, with the held-out eval before and after each phase."""
+    """Demonstrations -> SFT -> elastic RL on the pretrained tiny model, the held-out set before and after each; the
+    verdict in words, exit status 1 when SFT did not beat the starting model or RL did not beat SFT."""
     from rich.console import Console
     from rich.table import Table
 
     from gyre.quickstart import quickstart
 
-    summary = quickstart(args.run_dir, args.model, short=args.short, progress=not args.no_progress)
-    table = Table(title="gyre quickstart: the held-out toy set (mean partial score, 95% interval)")
-    for column in ("after", "mean", "95% interval", "pass rate"):
-        table.add_column(column, justify="right")
+    summary = quickstart(
+        args.run_dir, args.model, short=args.short, progress=not args.no_progress, seed=args.seed
+    )
+    table = Table(title=f"gyre quickstart, seed {summary.seed}: held-out toy tasks, mean partial score; gain: "
+                        "against the phase before, paired on the same executions")  # fmt: skip
+    for column in ("after", "mean", "95%", "passed", "calls ok", "gain", "gain 95%"):
+        table.add_column(column, justify="right", no_wrap=True)
+    gains = {g.after: g for g in summary.gains}
     for p in summary.points:
-        table.add_row(p.phase, f"{p.mean:.3f}", f"{p.ci_low:.3f}-{p.ci_high:.3f}", f"{p.pass_rate:.0%}")
-    console = Console()
+        g = gains.get(p.phase)
+        table.add_row(p.phase, f"{p.mean:.3f}", f"{p.ci_low:.2f}-{p.ci_high:.2f}", f"{p.pass_rate:.0%}",
+                      f"{p.well_formed:.0%}", f"{g.mean:+.3f}" if g else "",
+                      f"{g.ci_low:+.3f}..{g.ci_high:+.3f}" if g else "")  # fmt: skip
+    console = Console(width=max(Console().width, 100))
     console.print(table)
+    console.print(f"first-call-only floor {summary.floor:.3f}; RL training reward by step: "
+                  + ", ".join(f"{r:.2f}" for r in summary.rl_rewards))  # fmt: skip
     console.print(", ".join(f"{k} {v:.0f} s" for k, v in summary.seconds.items())
                   + f"; total {summary.total_s / 60:.1f} min; {summary.run_dir} (train/report.html)")  # fmt: skip
+    console.print(("[bold green]" if summary.learned else "[bold red]") + summary.verdict, highlight=False)
+    return 0 if summary.learned else 1
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    """Pretrain the tiny model on shell sessions (the quickstart's starting model); ``--export``: ship it."""
+    from gyre.pretrain import ASSET, export, pretrain
+
+    result = pretrain(args.out, seed=args.seed, steps=args.steps, threads=args.threads,
+                      progress=not args.no_progress)  # fmt: skip
+    print(f"{args.out}: held-out copied names, first digit {result['first_digit']:.3f}, every digit "
+          f"{result['every_digit']:.3f}; {result['seconds']:.0f} s")  # fmt: skip
+    if args.export:
+        print(
+            f"shipped as {export(args.out)} (what the quickstart starts from; {ASSET.stat().st_size:,} bytes)"
+        )
     return 0
 
 
@@ -575,6 +601,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-steps", type=int, default=50, help="most agent steps per execution (a task may allow fewer)"
     )
     s.add_argument("--temperature", type=float, default=1.0)
+    s.add_argument("--seed", type=int, default=None,
+                   help="seed the built-in agent's sampling: two evaluations with one seed compare pairwise")  # fmt: skip
     s.add_argument(
         "--max-tokens-per-call", type=int, default=1024, help="the built-in agent's limit per call"
     )
@@ -623,15 +651,28 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser(
         "quickstart",
-        help="demonstrations -> SFT -> elastic RL on the tiny model, evaluated before and after each",
+        help="demonstrations -> SFT -> elastic RL on the pretrained tiny model, evaluated before and after each",
     )
     s.add_argument("--run-dir", help="default: runs/quickstart-toy-TIME")
     s.add_argument(
-        "--model", default="models/tiny", help="the model (created when it is the default and missing)"
+        "--model", help="the starting model (default: the shipped pretrained tiny model, models/tiny-shell)"
     )
+    s.add_argument("--seed", type=int, default=0,
+                   help="demonstrated tasks, SFT order, RL tasks and sampling, held-out sampling")  # fmt: skip
     s.add_argument("--short", action="store_true", help="a CI-sized version (fewer demonstrations and steps)")
     s.add_argument("--no-progress", action="store_true", help="no progress bars")
     s.set_defaults(fn=cmd_quickstart)
+
+    s = sub.add_parser(
+        "pretrain", help="pretrain the tiny model on shell sessions: the quickstart's starting model"
+    )
+    s.add_argument("--out", default="models/tiny-shell-new", help="the model directory to write")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--steps", type=int, default=1500)
+    s.add_argument("--threads", type=int, default=2)
+    s.add_argument("--export", action="store_true", help="also write it as the checkpoint Gyre ships")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.set_defaults(fn=cmd_pretrain)
 
     s = sub.add_parser("report", help="(re)build RUN_DIR/report.html from a gyre train run's journals")
     s.add_argument("run_dir", type=Path)

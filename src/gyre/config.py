@@ -272,6 +272,9 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     eval_tasks: NonNegative = 0  # the eval suite's first N tasks; 0: all
     eval_samples: Positive = 1  # executions per eval task
     eval_temperature: Annotated[float, msgspec.Meta(ge=0.0)] | None = None  # None: agent_temperature
+    # the held-out executions' sampling seed: every evaluation point draws the same random numbers for the same
+    # task, so two points compare pairwise (`gyre.evaluation.paired_difference`); None: unseeded
+    eval_seed: int | None = 0
 
     @property
     def batch_executions(self) -> int:

@@ -72,6 +72,7 @@ class EvalOptions(msgspec.Struct, kw_only=True):
         50  # the built-in agent's main-context calls, unless a task says
     )
     temperature: float = 1.0
+    seed: int | None = None  # the built-in agent's sampling seed (evaluations with one seed compare pairwise)
     agent_profile: Literal["default", "lean"] = "default"  # the built-in agent's (and the oracle's) prompt
     max_tokens_per_call: Annotated[int, msgspec.Meta(ge=1)] = 1024
     verifier_retries: Annotated[int, msgspec.Meta(ge=0)] = 2
@@ -254,6 +255,7 @@ def _for_task(agent: AgentSpec, task: Task, options: EvalOptions) -> AgentSpec:
             temperature=options.temperature,
             max_tokens_per_call=options.max_tokens_per_call,
             profile=options.agent_profile,
+            seed=options.seed,
         )
         return BuiltinAgentSpec(config=config)
     return agent
@@ -434,6 +436,34 @@ def bootstrap_ci(
     means = sorted(statistics.fmean(rng.choices(scores, k=n)) for _ in range(resamples))
     tail = (1 - confidence) / 2
     return means[int(tail * (resamples - 1))], means[round((1 - tail) * (resamples - 1))]
+
+
+class Paired(msgspec.Struct, frozen=True, kw_only=True):
+    """The mean of ``after - before`` over the executions both evaluations scored, with its 95% interval."""
+
+    mean: float
+    ci_low: float
+    ci_high: float
+    pairs: int
+
+    @property
+    def clear(self) -> bool:
+        """``after`` beat ``before`` beyond the interval: its lower end is above 0."""
+        return self.ci_low > 0.0
+
+
+def scores_by_execution(summary: EvalSummary) -> dict[str, float]:
+    """``task/k`` -> score of each scored execution of an evaluation (what `paired_difference` pairs)."""
+    return {f"{r.task_id}/{r.group_index}": r.score for r in summary.rows if r.outcome in TRAINABLE_OUTCOMES}
+
+
+def paired_difference(before: dict[str, float], after: dict[str, float], seed: int = 0) -> Paired:
+    """``after - before`` over the keys (``task/k``) both hold: with the same tasks and the same sampling seeds,
+    the differences cancel what the tasks and the draws share, so the interval is that of the effect."""
+    keys = sorted(before.keys() & after.keys())
+    diffs = [after[k] - before[k] for k in keys]
+    low, high = bootstrap_ci(diffs, seed=seed)
+    return Paired(mean=statistics.fmean(diffs) if diffs else 0.0, ci_low=low, ci_high=high, pairs=len(diffs))
 
 
 def _row(r: ExecutionResult) -> ExecutionRow:

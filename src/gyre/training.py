@@ -61,6 +61,8 @@ class StepRecord(msgspec.Struct, frozen=True, kw_only=True):
     execution_ids: list[str] = msgspec.field(default_factory=list)  # the executions whose data trained in it
     sampled_tokens: int = 0  # output tokens its executions sampled
     tampered: int = 0  # executions the verifier caught tampering with the grader (trained, reward 0)
+    groups: int = 0  # task groups among its executions
+    flat_groups: int = 0  # groups whose executions all scored alike: zero advantage, they teach nothing
 
 
 class EvalPoint(msgspec.Struct, frozen=True, kw_only=True):
@@ -76,6 +78,7 @@ class EvalPoint(msgspec.Struct, frozen=True, kw_only=True):
     at_s: float
     failed: int = 0  # executions that crashed or made no model call (counted in the mean as scored)
     tampered: int = 0  # executions the verifier caught tampering with the grader (counted in the mean as 0)
+    scores: dict[str, float] = {}  # task/k -> score of each scored execution (points compare pairwise)
 
 
 class Resume(msgspec.Struct, frozen=True, kw_only=True):
@@ -363,12 +366,17 @@ def step_record(
     """The metrics line of an applied step (``tampered``: how many of its executions tampered with the grader)."""
     kept = [r for r in rollouts if not r.dropped]
     rewards = [r.reward for r in kept]
+    by_group: dict[str, list[float]] = {}
+    for r in kept:
+        if r.group:
+            by_group.setdefault(r.group, []).append(r.reward)
     return StepRecord(
         step=step, wall_s=wall_s, reward_mean=statistics.fmean(rewards) if rewards else 0.0,
         reward_std=statistics.pstdev(rewards) if rewards else 0.0,
         pass_rate=sum(r >= 1.0 for r in rewards) / max(len(rewards), 1), executions=len(rollouts),
         dropped=len(rollouts) - len(kept), trainer=trained, at_s=time.time(),
-        execution_ids=[r.execution_id for r in kept],
+        execution_ids=[r.execution_id for r in kept], groups=len(by_group),
+        flat_groups=sum(max(g) - min(g) < 1e-9 for g in by_group.values()),
         sampled_tokens=sum(len(c.output_ids) for r in rollouts for c in r.records), tampered=tampered,
     )  # fmt: skip
 
@@ -379,9 +387,10 @@ async def evaluate_held_out(
     """The held-out ``tasks``, ``run.eval_samples`` executions each, scored as `gyre eval` scores: the mean partial
     score of scored executions with a 95% bootstrap interval over executions."""
     run = cfg.run
-    if isinstance(agent, BuiltinAgentSpec) and run.eval_temperature is not None:
+    if isinstance(agent, BuiltinAgentSpec):
+        temperature = agent.config.temperature if run.eval_temperature is None else run.eval_temperature
         agent = BuiltinAgentSpec(
-            config=msgspec.structs.replace(agent.config, temperature=run.eval_temperature)
+            config=msgspec.structs.replace(agent.config, temperature=temperature, seed=run.eval_seed)
         )
     results = await asyncio.gather(*(
         runtime.run_one(ExecutionSpec(task=t, group_index=k, agent=agent, execution_id=f"eval-{step}/{t.id}/{k}"))
@@ -396,7 +405,8 @@ async def evaluate_held_out(
     return EvalPoint(step=step, version=versions.most_common(1)[0][0] if versions else step,
                      mean=statistics.fmean(scores) if scores else 0.0, ci_low=low, ci_high=high,
                      pass_rate=sum(s >= 1.0 for s in scores) / max(len(scores), 1), executions=len(results),
-                     at_s=time.time(), failed=len(failed), tampered=sum(map(is_tampered, results)))  # fmt: skip
+                     at_s=time.time(), failed=len(failed), tampered=sum(map(is_tampered, results)),
+                     scores={f"{r.task_id}/{r.group_index}": r.reward for r in results if r.trainable})  # fmt: skip
 
 
 def summarize(

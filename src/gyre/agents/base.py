@@ -38,6 +38,7 @@ class AgentContext:
     client: ModelClient
     sandbox: Sandbox
     deadline: float  # time.monotonic() by which the execution must end
+    group_index: int = 0  # which of its task's group this execution is
     base_url: str = ""  # the session's OpenAI base URL, for agents that run an external process
     api_key: str = ""
     model: str = "default"

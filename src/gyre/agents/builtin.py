@@ -8,6 +8,7 @@ runs a sub-agent with its own context (role ``sub-agent``) in the same sandbox a
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import shlex
 from dataclasses import dataclass
@@ -66,6 +67,17 @@ class BuiltinAgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         0.0  # extra seconds after each model call, as if tools ran that long (benchmarks)
     )
     profile: Literal["default", "lean"] = "default"  # lean: only bash and submit, a one-line system prompt
+    # Sampling seed of the execution's calls; None: the engine's own generator. With a seed, call k of task T's
+    # execution g samples with a seed drawn from (seed, T, g, k): the same execution under other weights samples
+    # with the same random numbers (evaluations before and after training compare pairwise).
+    seed: int | None = None
+
+
+def call_seed(seed: int, ctx: AgentContext, role: str, call: int) -> int:
+    """The sampling seed of an execution's ``call``-th model call: a stable hash of the run's seed, the task, the
+    execution's place in its group and the call, in the range the OpenAI API's ``seed`` takes."""
+    key = f"{seed}/{ctx.task.id}/{ctx.group_index}/{role}/{call}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") >> 1
 
 
 @dataclass
@@ -105,8 +117,9 @@ class BuiltinAgent:
             tools = [t for t in tools if t["function"]["name"] in LEAN_TOOLS]
         messages = self._fresh(instruction)
         for step in range(1, max_steps + 1):
+            seeded = {} if cfg.seed is None else {"seed": call_seed(cfg.seed, ctx, role, tally.calls)}
             body = await ctx.client.chat(messages, tools=tools, role=role, temperature=cfg.temperature,
-                                         max_tokens=cfg.max_tokens_per_call)  # fmt: skip
+                                         max_tokens=cfg.max_tokens_per_call, **seeded)  # fmt: skip
             tally.calls += 1
             message = body["choices"][0]["message"]
             messages.append({k: v for k, v in message.items() if v is not None})
@@ -150,9 +163,11 @@ class BuiltinAgent:
         The summary request keeps the tools, so it extends the context it summarises token-exactly.
         """
         request = [*messages, {"role": "user", "content": SUMMARY_REQUEST}]
+        cfg = self.config
+        seeded = {} if cfg.seed is None else {"seed": call_seed(cfg.seed, ctx, role, tally.calls)}
         body = await ctx.client.chat(request, tools=tools, tool_choice="none", role=role,
-                                     temperature=self.config.temperature,
-                                     max_tokens=self.config.max_tokens_per_call)  # fmt: skip
+                                     temperature=cfg.temperature, max_tokens=cfg.max_tokens_per_call,
+                                     **seeded)  # fmt: skip
         tally.calls += 1
         tally.compactions += 1
         return self._fresh(instruction, body["choices"][0]["message"].get("content") or "")

@@ -336,6 +336,7 @@ class Runtime:
                 client=InProcessModelClient(self.router, token),
                 sandbox=sandbox,
                 deadline=time.monotonic() + spec.task.time_budget_s,
+                group_index=spec.group_index,
                 api_key=token,
                 model=self.router.model_name,
             )
