@@ -165,7 +165,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or str(default_run_dir("eval", name))
     try:
         options = EvalOptions(
-            suite=args.suite, run_dir=run_dir, agent=args.agent, model_path=args.model_path,
+            suite=args.suite, run_dir=run_dir, agent=args.agent, expert=args.expert, model_path=args.model_path,
             model_name=args.model, engine_url=args.engine_url, base_url=args.base_url, api_key_env=args.api_key_env,
             concurrency=args.concurrency,
             group_size=args.group_size, limit=args.limit, max_steps=args.max_steps, temperature=args.temperature,
@@ -581,6 +581,8 @@ def build_parser() -> argparse.ArgumentParser:
         default="builtin",
         help="builtin | oracle (reference solutions / scripted expert) | command:ARGV",
     )
+    s.add_argument("--expert", default="", help="the scripted expert --agent oracle plays (default: the suite's; "
+                   "toy-chain-impatient gives up partway)")  # fmt: skip
     s.add_argument(
         "--model-path", default="models/tiny", help="model directory (tokenizer; weights to serve)"
     )

@@ -19,7 +19,7 @@ SUITES_DIR = Path(__file__).parent / "suites"
 BUILTIN_SUITES = ("toy", "nl2repo-mini")
 
 Expert = Callable[[str], str]  # the rendered prompt -> the expert's assistant message
-EXPERTS: dict[str, Expert] = {"toy-chain": toy.expert_reply}
+EXPERTS: dict[str, Expert] = {"toy-chain": toy.expert_reply, "toy-chain-impatient": toy.impatient_reply}
 
 
 def resolve_suite(spec: str) -> list[Task]:

@@ -7,11 +7,14 @@ the horizon is the chain's length (heavy-tailed: most chains are short, a few ar
 credit from the artifact: the share of the chain that ``trail`` holds in order, so it moves with each correct step and
 an execution cut off by its time budget still earns what it did. Decoy files make guessing the order useless.
 
-`expert_reply` is the scripted expert that solves them (`gyre eval --agent oracle`, demonstrations, tests).
+`expert_reply` is the scripted expert that solves them (`gyre eval --agent oracle`, demonstrations, tests);
+`impatient_reply` is a worse one that gives up partway (``--expert toy-chain-impatient``): demonstrations a policy
+can learn the skill from and then, by RL on the score, outgrow.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 
@@ -104,6 +107,20 @@ def expert_reply(prompt: str) -> str:
     if _NAME.match(shown):
         return _bash(f"cat {shown} | tee -a {TRAIL}")
     return _call("submit", {"answer": f"lost the chain at {shown!r}"})
+
+
+GIVE_UP = 0.2  # the impatient expert's chance of submitting at each name it is shown, instead of following it
+
+
+def impatient_reply(prompt: str) -> str:
+    """`expert_reply`, except that at each name shown it gives up with probability ``GIVE_UP`` (a hash of the
+    conversation so far decides: the same conversation, the same choice) and submits what it has."""
+    reply = expert_reply(prompt)
+    if '"name": "bash"' in reply and f"cat {START} " not in reply:
+        draw = int.from_bytes(hashlib.blake2b(prompt.encode(), digest_size=8).digest(), "big") / 2**64
+        if draw < GIVE_UP:
+            return _call("submit", {"answer": "done"})
+    return reply
 
 
 def _bash(command: str) -> str:

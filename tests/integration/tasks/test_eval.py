@@ -37,6 +37,27 @@ def test_gyre_eval_on_the_embedded_tiny_model(tmp_path: Path, tiny_model: Path) 
     ).stat().st_size > 0  # every call of the untrained model, token-exact
 
 
+def test_two_evaluations_with_one_seed_sample_the_same_tokens_and_another_seed_does_not(
+    tmp_path: Path, tiny_model: Path
+) -> None:
+    """What makes the quickstart's phases comparable pairwise: with ``--seed`` each call of each execution draws
+    the same random numbers, so the same weights give the same outputs, token for token."""
+
+    def outputs(name: str, seed: str) -> list[list[int]]:
+        run = tmp_path / name
+        argv = [sys.executable, "-m", "gyre", "eval", "--suite", "toy:3", "--model-path", str(tiny_model),
+                "--max-steps", "2", "--max-tokens-per-call", "24", "--temperature", "1.0", "--seed", seed,
+                "--concurrency", "3", "--run-dir", str(run), "--no-progress"]  # fmt: skip
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr
+        calls = [json.loads(line) for line in (run / "journal" / "calls.jsonl").read_text().splitlines()]
+        return sorted(c["output_ids"] for c in calls)
+
+    first = outputs("a", "7")
+    assert len(first) == 6 and outputs("b", "7") == first
+    assert outputs("c", "8") != first
+
+
 def test_gyre_eval_rejects_bad_options(tmp_path: Path) -> None:
     for args, message in (
         (["--suite", "no-such-suite"], "neither a built-in suite"),

@@ -119,6 +119,23 @@ def test_toy_expert_follows_the_chain() -> None:
     assert '"submit"' in toy.expert_reply(shown.replace("417", "end"))
 
 
+def test_the_impatient_expert_gives_up_at_about_one_name_in_five_and_always_alike() -> None:
+    def shown(name: str, before: str) -> str:
+        return (f"<|im_start|>user\n{before}<tool_response>\nexit code: 0\nstdout:\n{name}\n\n</tool_response>"
+                "<|im_end|>\n<|im_start|>assistant\n")  # fmt: skip
+
+    start = "<|im_start|>user\nFollow the chain<|im_end|>\n<|im_start|>assistant\n"
+    assert toy.impatient_reply(start) == toy.expert_reply(start)  # the first call is never given up
+    assert '"submit"' in toy.impatient_reply(shown("end", ""))
+    prompts = [shown(f"{a}{b}{c}", f"task {k}") for k, (a, b, c) in enumerate(zip("123456789" * 40, "987654321" * 40,
+                                                                                 "192837465" * 40, strict=True))]  # fmt: skip
+    replies = [toy.impatient_reply(p) for p in prompts]
+    gave_up = sum('"submit"' in r for r in replies) / len(replies)
+    assert 0.13 < gave_up < 0.27  # GIVE_UP = 0.2
+    assert replies == [toy.impatient_reply(p) for p in prompts]  # the same conversation, the same choice
+    assert all('"submit"' in r or r == toy.expert_reply(p) for p, r in zip(prompts, replies, strict=True))
+
+
 def eval_options(tmp_path: Path, tiny_model: Path, suite: str, **kw: Any) -> EvalOptions:
     return EvalOptions(
         suite=suite, run_dir=str(tmp_path / "run"), model_path=str(tiny_model), progress=False, **kw

@@ -57,7 +57,7 @@ def test_the_verdict_names_the_likeliest_reason() -> None:
     first_only = point("sft", 0.3, 0.25, 0.35, 0.0, 0.95)  # well formed, stuck at the first call's floor
     _, failed, verdict = judge([zero, first_only, first_only],
                                [gain("base", "sft", 0.3, 0.25, 0.35), gain("sft", "rl", 0, 0, 0)], 0.3, 48, 48)  # fmt: skip
-    assert failed == "sft" and "names it copies are wrong" in verdict
+    assert failed == "sft" and "copies wrong names" in verdict
     sft = point("sft", 0.5, 0.4, 0.6)
     _, failed, verdict = judge([zero, sft, sft], [gain("base", "sft", 0.5, 0.4, 0.6), gain("sft", "rl", 0, 0, 0)],
                                0.3, 48, 48)  # fmt: skip
