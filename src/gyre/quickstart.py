@@ -75,19 +75,11 @@ class Point(msgspec.Struct, frozen=True, kw_only=True):
     well_formed: float  # share of its executions whose first call held a well-formed tool call
 
 
-class Gain(msgspec.Struct, frozen=True, kw_only=True):
+class Gain(Paired, frozen=True, kw_only=True):
     """A phase against the one before, execution by execution on the same tasks and sampling seeds."""
 
     before: str
     after: str
-    mean: float
-    ci_low: float
-    ci_high: float
-    pairs: int
-
-    @property
-    def clear(self) -> bool:
-        return self.ci_low > 0.0
 
 
 class QuickstartSummary(msgspec.Struct, frozen=True, kw_only=True):
@@ -220,8 +212,7 @@ def quickstart(run_dir: str | Path | None = None, model_path: str | None = None,
 
 
 def _gain(before: str, after: str, paired: Paired) -> Gain:
-    return Gain(before=before, after=after, mean=paired.mean, ci_low=paired.ci_low, ci_high=paired.ci_high,
-                pairs=paired.pairs)  # fmt: skip
+    return Gain(before=before, after=after, **msgspec.structs.asdict(paired))
 
 
 def _tokenizer(model: str):  # type: ignore[no-untyped-def]
