@@ -99,6 +99,10 @@ def main() -> int:
     parser.add_argument("--short", action="store_true", help="the CI-sized quickstart")
     parser.add_argument("--out", type=Path, default=Path("runs/quickstart-seeds"))
     args = parser.parse_args()
+    taken = [args.out / f"seed-{s}" for s in range(args.first, args.first + args.seeds)
+             if (args.out / f"seed-{s}").exists()]  # fmt: skip
+    if taken:  # a quickstart refuses a used run directory, and its old summary would pass for a new one
+        parser.error(f"{', '.join(map(str, taken))} already exist: choose a fresh --out")
     args.out.mkdir(parents=True, exist_ok=True)
     console = Console()
     results: list[dict[str, Any]] = []

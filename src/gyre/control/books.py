@@ -5,7 +5,8 @@ both ask the policy the same question. Pure: no I/O, no clock.
 
 Every change is kept in ``events`` (method and arguments), so a live run's decisions can be replayed on fresh books
 (`replay`). Executions are numbered in dispatch order; execution ``i`` trains in step ``i // batch_executions`` and belongs to
-burst ``i // (batch_executions * burst_steps)``. An execution is *ready* once it finished and until a trainer takes
+burst ``i // (batch_executions * burst_steps)``; with carry-over (``land``) it trains instead in the first step not
+yet full when its group finishes, so a step need not wait for its slowest execution. An execution is *ready* once it finished and until a trainer takes
 its data; the step being trained is *running* from the first data taken until its update is applied.
 """
 
@@ -29,6 +30,8 @@ class Books:
         self.version = 0  # weights serving cells sample with (steps applied)
         self.taken = 0  # executions of train_step whose data a trainer took
         self.events: list[tuple[str, int, int]] = []  # every change, in order: (what, arguments)
+        self.members: dict[int, list[int]] = {}  # carry-over: step -> the executions that landed in it
+        self.landing = 0  # carry-over: the first step not yet full
 
     def observation(
         self, cells: tuple[CellView, ...], pending: bool = False, max_staleness: int = 1
@@ -91,16 +94,37 @@ class Books:
         self.ready[self.train_step] -= count
         self.taken += count
 
+    def land(self, first: int, count: int) -> int:
+        """Carry-over: executions ``first .. first + count - 1`` (a whole group, finished) train in the first step not
+        yet full, whichever step they were dispatched for; the step they landed in."""
+        self.events.append(("land", first, count))
+        step = self.landing
+        members = self.members.setdefault(step, [])
+        if len(members) + count > self.batch:
+            raise ValueError(f"a group of {count} does not fit step {step}: groups must divide the batch")
+        members.extend(range(first, first + count))
+        if len(members) == self.batch:
+            self.landing += 1
+        self.make_ready(step, count, _log=False)
+        return step
+
+    def requeue(self, count: int = 1) -> None:
+        """A trainer that took data of the step trained now was lost before computing it: the data is ready again."""
+        self.events.append(("requeue", count, 0))
+        self.ready[self.train_step] += count
+        self.taken -= count
+
     def applied(self) -> list[int]:
         """The step trained now was applied: the version moves on. Returns its executions' staleness."""
         self.events.append(("applied", 0, 0))
         step = self.train_step
-        lags = [step - self.sampled_with[i] for i in range(step * self.batch, (step + 1) * self.batch)]
+        members = self.members.get(step) or range(step * self.batch, (step + 1) * self.batch)
+        lags = [step - self.sampled_with[i] for i in members]
         self.version, self.train_step, self.taken = self.version + 1, step + 1, 0
         return lags
 
     def step_of(self, index: int) -> int:
-        """The step execution ``index`` trains in."""
+        """The step execution ``index`` was dispatched for (and trains in, unless it is carried over)."""
         return index // self.batch
 
     @property
@@ -121,6 +145,10 @@ def replay(books: Books, events: list[tuple[str, int, int]]) -> None:
                 books.make_ready(a, b)
             case "take":
                 books.take(a)
+            case "land":
+                books.land(a, b)
+            case "requeue":
+                books.requeue(a)
             case "applied":
                 books.applied()
             case _:

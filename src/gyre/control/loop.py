@@ -23,7 +23,7 @@ from gyre.config import ControllerConfig, TrajectoryConfig
 from gyre.control.books import Books
 from gyre.control.controller import Controller
 from gyre.control.policy import CellView, Dispatch, ToServe, ToTrain, decide
-from gyre.errors import CoreLost, SwitchFailed, TrainerError
+from gyre.errors import ConfigError, CoreLost, SwitchFailed, TrainerError
 from gyre.protocol import MicroStep, StepMetrics, SwitchRecord
 from gyre.train.client import TrainerClient
 from gyre.train.step import Rollout, build_step_from_config
@@ -119,6 +119,9 @@ class ElasticLoop:
         tick_s: float = 0.25,
         on_step: Callable[[int, StepMetrics], None] | None = None,
     ) -> None:
+        if policy.carry_over:
+            raise ConfigError("controller.carry_over is modelled in gyre sim only: the live loop trains each "
+                              "execution in the step it was dispatched for")  # fmt: skip
         if books.batch % group_size:
             raise ValueError(f"batch_executions {books.batch} is not a multiple of group_size {group_size}")
         self.controller, self.policy, self.books = controller, policy, books
@@ -131,6 +134,9 @@ class ElasticLoop:
         self._lock = asyncio.Lock()  # one request at a time on the trainer client
         self._moving: dict[str, str] = {}  # cell -> the role it is switching through
         self._groups: dict[tuple[int, str], list[Rollout]] = defaultdict(list)
+        self._held: dict[int, list[list[Rollout]]] = defaultdict(
+            list
+        )  # onestep: a step's groups until it is whole
         self._submitted_in_step: dict[int, int] = defaultdict(int)
         self._micro_in_step: dict[int, int] = defaultdict(int)
         self._dropped: dict[int, list[str]] = defaultdict(
@@ -248,7 +254,14 @@ class ElasticLoop:
         group_key = (step, f"{index // self.group_size}")
         self._groups[group_key].append(rollout)
         if len(self._groups[group_key]) == self.group_size:
-            await self._submit(step, self._groups.pop(group_key))
+            group = self._groups.pop(group_key)
+            if self.policy.mode == "onestep":  # one-step off-policy: the step trains once it is sampled whole
+                self._held[step].append(group)
+                if sum(map(len, self._held[step])) == self.books.batch:
+                    for whole in self._held.pop(step):
+                        await self._submit(step, whole)
+            else:
+                await self._submit(step, group)
         self._wake.set()
 
     async def _submit(self, step: int, group: list[Rollout]) -> None:

@@ -15,6 +15,10 @@ Three modes, everything else equal:
 - ``colocate``: every cell samples a burst, then every cell trains on it (a barrier per step).
 - ``async``: a fixed split, the first ``async_train_cells`` cells always train, the others always serve; sampling
   runs ahead of training by at most ``max_staleness`` versions.
+- ``onestep``: one-step off-policy, what most open frameworks ship: the same fixed split, but a step's rollout phase
+  starts only when the previous one ended (no execution of the next burst fills capacity the tail frees), and its
+  training starts only once all its executions finished (the runner's part: nothing streams), overlapping only the
+  next rollout phase.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from gyre.config import (
 )
 from gyre.protocol import CellRole
 
-Mode = Literal["elastic", "colocate", "async"]
+Mode = Literal["elastic", "colocate", "async", "onestep"]
 Role = CellRole  # draining/resuming: switching
 
 
@@ -81,7 +85,9 @@ Action = ToTrain | ToServe | Dispatch
 
 def decide(cfg: PolicyConfig, obs: Observation) -> list[Action]:
     """The actions to take now (role moves first, then at most one dispatch)."""
-    moves = {"elastic": _elastic, "colocate": _colocate, "async": _async}[cfg.mode](cfg, obs)
+    moves = {"elastic": _elastic, "colocate": _colocate, "async": _async, "onestep": _async}[cfg.mode](
+        cfg, obs
+    )
     serving_after = _serving_capacity(obs, moves)
     return [*moves, *_dispatch(cfg, obs, serving_after, moves)]
 
