@@ -30,6 +30,7 @@ def test_each_mode_runs_its_steps_and_replays(tiny_model: Path, tmp_path: Path) 
         "elastic": PolicyConfig(mode="elastic", overlap=True, max_staleness=1),
         "colocate": PolicyConfig(mode="colocate"),
         "async": PolicyConfig(mode="async", async_train_cells=1, max_staleness=1),
+        "onestep": PolicyConfig(mode="onestep", async_train_cells=1, max_staleness=1),
     }
 
     async def main() -> dict[str, LoopResult]:
@@ -55,7 +56,10 @@ def test_each_mode_runs_its_steps_and_replays(tiny_model: Path, tmp_path: Path) 
         assert not any(s.error for s in result.switches), mode
         moves = [a for d in result.decisions for a in d.actions if isinstance(a, ToTrain | ToServe)]
         assert len(moves) == len(result.switches), mode
-        if mode == "async":  # a fixed split: the core trains, the other cell serves, from start to end
+        if mode in (
+            "async",
+            "onestep",
+        ):  # a fixed split: the core trains, the other cell serves, start to end
             assert [(type(a).__name__, a.cell) for a in moves] == [("ToTrain", "cell-0")]
         else:
             assert {a.cell for a in moves if isinstance(a, ToTrain)} >= {"cell-0"}
@@ -70,6 +74,11 @@ def test_each_mode_runs_its_steps_and_replays(tiny_model: Path, tmp_path: Path) 
             if mode == "colocate" and any(isinstance(a, ToTrain) for a in d.actions):
                 assert observation.in_flight == 0  # the barrier: nothing is sampled while cells train
         assert msgspec.json.decode(msgspec.json.encode(result), type=LoopResult) == result
+        finished: set[int] = set()
+        for what, a, _ in result.events:
+            finished |= {a} if what == "finish" else set()
+            if what == "ready" and mode == "onestep":  # one-step off-policy: a step trains once sampled whole
+                assert set(range(a * BATCH, (a + 1) * BATCH)) <= finished, result.events
 
 
 def test_a_step_whose_every_execution_was_dropped_trains_nothing_and_the_run_goes_on(
