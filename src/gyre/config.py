@@ -220,7 +220,7 @@ class ControllerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown
     max_staleness: Annotated[int, msgspec.Meta(ge=0)] = 1  # versions between sampling and training
     async_train_cells: Positive = 1  # async, onestep: cells that always train (the first in order)
     # a step trains the first whole groups to finish; the others run on across its update (their later calls sample
-    # the new weights) into a later step: no step waits for its slowest execution (gyre sim only, not yet live)
+    # the new weights) into a later step: no step waits for its slowest execution (not yet resumable)
     carry_over: bool = False
     bind: str = "tcp://127.0.0.1:0"  # the controller's ROUTER; port 0: any free one; cells connect here
     heartbeat_s: Annotated[float, msgspec.Meta(gt=0.0)] = (

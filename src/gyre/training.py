@@ -18,7 +18,7 @@ import random
 import re
 import statistics
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +152,9 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
     if cfg.trainer.resume_from and not resume:
         raise ConfigError("gyre train sets trainer.resume_from itself (--resume RUN_DIR); to start from a "
                           "checkpoint, name it as run.model_path")  # fmt: skip
+    if resume and cfg.controller.carry_over:  # its steps trained executions out of dispatch order
+        raise ConfigError("a run with controller.carry_over cannot be resumed yet: its steps train executions "
+                          "in the order they finished, and resuming picks up by dispatch order")  # fmt: skip
     picked = pick_up(rd, run.batch_executions) if resume else _PickUp()
     cfg = msgspec.structs.replace(
         cfg,
@@ -166,7 +169,6 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
     tasks, batch, started = step_tasks(cfg), run.batch_executions, time.monotonic()
     held_out = resolve_suite(run.eval_suite)[: run.eval_tasks or None] if run.eval_suite else []
     agent = _agent(cfg, tasks)
-    rollouts: dict[int, list[Rollout]] = defaultdict(list)
     tampered_ids: set[str] = set()  # executions the verifier caught tampering with the grader
     records = list(picked.records)
     evals = list(read_journal(rd.eval, EvalPoint)) if resume and rd.eval.exists() else []
@@ -183,14 +185,13 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
             execution_id=execution_id(index, picked.attempt, task, within % run.group_size)))  # fmt: skip
         rollout = Rollout(execution_id=result.execution_id, group=f"{step}/{task.id}", reward=result.reward,
                           records=result.records, dropped=not result.trainable, why=dropped_why(result))  # fmt: skip
-        rollouts[step].append(rollout)
         if is_tampered(result):
             tampered_ids.add(result.execution_id)
         return rollout
 
-    def on_step(step: int, trained: StepMetrics) -> None:  # journaled before the loop goes on
+    # journaled before the loop goes on; the rollouts it trained (with carry-over, not only those dispatched for it)
+    def on_step(step: int, trained: StepMetrics, step_rollouts: list[Rollout]) -> None:
         step += picked.start
-        step_rollouts = rollouts.pop(step, [])
         caught = sum(r.execution_id in tampered_ids for r in step_rollouts)
         record = step_record(step, step_rollouts, trained, time.monotonic() - started, tampered=caught)
         metrics.append(record)
@@ -239,6 +240,10 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
                 lost, _ = failed.split(CoreLost)
                 if lost is None:
                     raise
+                if cfg.controller.carry_over:
+                    raise CoreLost(f"{lost.exceptions[0]}. A run with controller.carry_over cannot be resumed "
+                                   f"yet; its checkpoints (step {rd.latest_checkpoint()}) are in "
+                                   f"{rd.checkpoints}") from None  # fmt: skip
                 raise CoreLost(f"{lost.exceptions[0]}. Every finished execution is journaled; continue the run "
                                f"from its last checkpoint (step {rd.latest_checkpoint()}) with "
                                f"`gyre train --resume {rd.root}`") from None  # fmt: skip

@@ -23,7 +23,7 @@ from gyre.config import ControllerConfig, TrajectoryConfig
 from gyre.control.books import Books
 from gyre.control.controller import Controller
 from gyre.control.policy import CellView, Dispatch, ToServe, ToTrain, decide
-from gyre.errors import ConfigError, CoreLost, SwitchFailed, TrainerError
+from gyre.errors import CoreLost, SwitchFailed, TrainerError
 from gyre.protocol import MicroStep, StepMetrics, SwitchRecord
 from gyre.train.client import TrainerClient
 from gyre.train.step import Rollout, build_step_from_config
@@ -117,16 +117,14 @@ class ElasticLoop:
         execute: Execute,
         build: Build,
         tick_s: float = 0.25,
-        on_step: Callable[[int, StepMetrics], None] | None = None,
+        on_step: Callable[[int, StepMetrics, list[Rollout]], None] | None = None,
     ) -> None:
-        if policy.carry_over:
-            raise ConfigError("controller.carry_over is modelled in gyre sim only: the live loop trains each "
-                              "execution in the step it was dispatched for")  # fmt: skip
         if books.batch % group_size:
             raise ValueError(f"batch_executions {books.batch} is not a multiple of group_size {group_size}")
         self.controller, self.policy, self.books = controller, policy, books
         self.group_size, self.execute, self.build, self.tick_s = group_size, execute, build, tick_s
-        self.on_step = on_step  # called with (books step, metrics) as each step is applied
+        # called with (books step, metrics, the step's rollouts) as each step is applied
+        self.on_step = on_step
         # submits are asked again when unanswered (the core takes each once); [chaos] may lose or repeat them
         self.trainer = TrainerClient(controller.core_address, timeout_s=120, chaos=controller.link.cfg)
         # waits for the steps, one by one
@@ -134,9 +132,9 @@ class ElasticLoop:
         self._lock = asyncio.Lock()  # one request at a time on the trainer client
         self._moving: dict[str, str] = {}  # cell -> the role it is switching through
         self._groups: dict[tuple[int, str], list[Rollout]] = defaultdict(list)
-        self._held: dict[int, list[list[Rollout]]] = defaultdict(
-            list
-        )  # onestep: a step's groups until it is whole
+        # onestep: a step's groups until it is whole
+        self._held: dict[int, list[list[Rollout]]] = defaultdict(list)
+        self._in_step: dict[int, list[Rollout]] = defaultdict(list)  # step -> the rollouts submitted to it
         self._submitted_in_step: dict[int, int] = defaultdict(int)
         self._micro_in_step: dict[int, int] = defaultdict(int)
         self._dropped: dict[int, list[str]] = defaultdict(
@@ -242,7 +240,7 @@ class ElasticLoop:
 
     # ---- executions and data ------------------------------------------------------------------------------------
     async def _run_execution(self, index: int) -> None:
-        step = self.books.step_of(index)
+        step = self.books.step_of(index)  # with carry-over, the step it lands in once its group is whole
         try:
             rollout = await self.execute(index)
         except Exception as exc:  # a failed execution is data: it leaves its group, nothing else stops
@@ -255,7 +253,13 @@ class ElasticLoop:
         self._groups[group_key].append(rollout)
         if len(self._groups[group_key]) == self.group_size:
             group = self._groups.pop(group_key)
-            if self.policy.mode == "onestep":  # one-step off-policy: the step trains once it is sampled whole
+            if self.policy.carry_over:  # the first step not yet full; whoever runs on goes to a later one
+                first = index - index % self.group_size
+                step = self.books.land(first, self.group_size)
+                await self._submit(step, group, landed=True)
+            elif (
+                self.policy.mode == "onestep"
+            ):  # one-step off-policy: the step trains once it is sampled whole
                 self._held[step].append(group)
                 if sum(map(len, self._held[step])) == self.books.batch:
                     for whole in self._held.pop(step):
@@ -264,10 +268,12 @@ class ElasticLoop:
                 await self._submit(step, group)
         self._wake.set()
 
-    async def _submit(self, step: int, group: list[Rollout]) -> None:
+    async def _submit(self, step: int, group: list[Rollout], landed: bool = False) -> None:
         micro = await asyncio.to_thread(self.build, group, step)
         count = len(group)
-        self.books.make_ready(step, count)  # taken once a trainer has begun its step (``_pending``)
+        if not landed:  # (landing made it ready) taken once a trainer has begun its step (``_pending``)
+            self.books.make_ready(step, count)
+        self._in_step[step] += group
         async with self._lock:
             self._submitted_in_step[step] += count
             self._micro_in_step[step] += len(micro)
@@ -326,8 +332,9 @@ class ElasticLoop:
                 self._step_end.append(time.monotonic() - self._started)
                 self._lags += self.books.applied()
                 log.info("step %d applied after %.1f s", step, self._step_end[-1])
+                rollouts = self._in_step.pop(step, [])
                 if self.on_step is not None:
-                    self.on_step(step, metrics)
+                    self.on_step(step, metrics, rollouts)
                 self._wake.set()
 
     async def _pending(self) -> bool:

@@ -100,12 +100,14 @@ def lower_bound(workload: Workload, max_staleness: int = 1, carry_over: bool = F
     return Bound(work_s=work, chain_s=chain, total_s=max(work, chain))
 
 
-def best_split(workload: Workload, mode: Mode = "async", max_staleness: int = 1,
-               until_step: int | None = None) -> tuple[int, SimResult]:  # fmt: skip
+def best_split(workload: Workload, mode: Mode = "async", max_staleness: int = 1, until_step: int | None = None,
+               carry_over: bool = False) -> tuple[int, SimResult]:  # fmt: skip
     """The number of training cells that finishes ``until_step`` steps (all: hindsight) soonest, and its run."""
     tries = [
         simulate(
-            workload, PolicyConfig(mode=mode, async_train_cells=k, max_staleness=max_staleness), until_step
+            workload,
+            PolicyConfig(mode=mode, async_train_cells=k, max_staleness=max_staleness, carry_over=carry_over),
+            until_step,
         )
         for k in range(1, max(workload.cluster.cells, 2))
     ]
@@ -113,31 +115,34 @@ def best_split(workload: Workload, mode: Mode = "async", max_staleness: int = 1,
     return best + 1, tries[best]
 
 
-def user_split(workload: Workload, mode: Mode = "async", max_staleness: int = 1) -> int:
+def user_split(
+    workload: Workload, mode: Mode = "async", max_staleness: int = 1, carry_over: bool = False
+) -> int:
     """The split a user would pick: each tried on the run's first 10% of steps, the fastest kept."""
     trial = max(math.ceil(TRIAL_FRACTION * workload.tasks.steps), 1)
-    return best_split(workload, mode, max_staleness, until_step=trial)[0]
+    return best_split(workload, mode, max_staleness, trial, carry_over)[0]
 
 
-def compare(workload: Workload, max_staleness: int = 1) -> dict[str, SimResult]:
-    """Every mode and baseline on ``workload``, on the same executions."""
-    policies = {
-        "elastic (single-step bursts)": PolicyConfig(
-            mode="elastic", overlap=False, max_staleness=max_staleness
-        ),
-        ELASTIC: PolicyConfig(mode="elastic", overlap=True, max_staleness=max_staleness),
-        COLOCATE: PolicyConfig(mode="colocate", overlap=False, max_staleness=max_staleness),
+def compare(workload: Workload, max_staleness: int = 1, carry_over: bool = False) -> dict[str, SimResult]:
+    """Every mode and baseline on ``workload``, on the same executions; ``carry_over`` for every mode that streams
+    (colocate samples nothing while it trains, so it has nothing to carry)."""
+
+    def run(mode: Mode, k: int = 1, overlap: bool = True) -> SimResult:
+        return simulate(workload, PolicyConfig(mode=mode, async_train_cells=k, overlap=overlap,
+                                               max_staleness=max_staleness, carry_over=carry_over))  # fmt: skip
+
+    def split(mode: Mode) -> int:
+        return user_split(workload, mode, max_staleness, carry_over)
+
+    return {
+        "elastic (single-step bursts)": run("elastic", overlap=False),
+        ELASTIC: run("elastic"),
+        COLOCATE: run("colocate", overlap=False),
+        USER_ASYNC: run("async", split("async")),
+        ORACLE: best_split(workload, "async", max_staleness, carry_over=carry_over)[1],
+        HALF: run("async", max(workload.cluster.cells // 2, 1)),
+        ONESTEP: run("onestep", split("onestep")),
     }
-    out = {name: simulate(workload, cfg) for name, cfg in policies.items()}
-
-    def fixed(mode: Mode, k: int) -> SimResult:
-        return simulate(workload, PolicyConfig(mode=mode, async_train_cells=k, max_staleness=max_staleness))
-
-    out[USER_ASYNC] = fixed("async", user_split(workload, "async", max_staleness))
-    out[ORACLE] = best_split(workload, "async", max_staleness)[1]
-    out[HALF] = fixed("async", max(workload.cluster.cells // 2, 1))
-    out[ONESTEP] = fixed("onestep", user_split(workload, "onestep", max_staleness))
-    return out
 
 
 class Speedups(msgspec.Struct, frozen=True, kw_only=True):

@@ -117,3 +117,39 @@ def test_a_step_whose_every_execution_was_dropped_trains_nothing_and_the_run_goe
     assert result.failed_executions == 2
     initial, kept = (load_file(str(d / "model.safetensors")) for d in (tiny_model, checkpoints / "step-1"))
     assert all(torch.equal(initial[k], kept[k]) for k in kept)  # the empty step left the weights alone
+
+
+def test_with_carry_over_a_step_trains_the_groups_that_finished_and_the_slow_one_lands_later(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    # execution 1 (group 0, dispatched for step 0) runs long: step 0 closes without it, on the next groups to finish
+    trained: dict[int, list[str]] = {}
+
+    async def main() -> LoopResult:
+        async with Live(tiny_model, tmp_path, ["cells.count=2", "cells.capacity_executions=4"]) as live:
+            policy = PolicyConfig(mode="async", async_train_cells=1, max_staleness=1, carry_over=True)
+            loop = ElasticLoop(
+                live.controller, policy, Books(BATCH, 1, STEPS), GROUP,
+                lambda i: live.execution(i, GROUP, tool_s=4.0 if i == 1 else 0.1),
+                group_micro_steps(TrajectoryConfig(), BATCH),
+                on_step=lambda step, _, rollouts: trained.setdefault(step, [r.execution_id for r in rollouts]),
+            )  # fmt: skip
+            return await loop.run()
+
+    result = asyncio.run(main())
+    assert len(result.steps) == STEPS and result.failed_executions == 0
+    assert all(m.micro_steps > 0 for m in result.steps)
+    everyone = [x for step in range(STEPS) for x in trained[step]]
+    assert sorted(everyone) == sorted(f"x{i}" for i in range(STEPS * BATCH))  # each trained once
+    assert all(len(trained[step]) == BATCH for step in range(STEPS))
+    late = next(step for step, ids in trained.items() if "x1" in ids)
+    assert late > 0 and {"x0", "x1"} <= set(trained[late])  # the slow one's whole group, in a later step
+    assert set(trained[0]) & {f"x{i}" for i in range(BATCH, 2 * BATCH)}  # step 0 took groups of step 1
+    landed = [(a, b) for what, a, b in result.events if what == "land"]
+    assert sorted(first for first, _ in landed) == list(range(0, STEPS * BATCH, GROUP))
+    books = Books(BATCH, 1, STEPS)
+    replay(books, result.events)  # the simulator's books account for the run the same way
+    assert books.done
+    assert {s: sorted(m) for s, m in books.members.items()} == {
+        s: sorted(int(x[1:]) for x in trained[s]) for s in range(STEPS)
+    }

@@ -146,14 +146,6 @@ def test_books_land_whole_groups_in_the_first_step_not_full_and_replay() -> None
     assert (again.members, again.landing, again.version) == (books.members, books.landing, books.version)
 
 
-def test_the_live_loop_refuses_carry_over_until_it_is_built() -> None:
-    from gyre.control.loop import ElasticLoop
-    from gyre.errors import ConfigError
-
-    with pytest.raises(ConfigError, match="carry_over"):
-        ElasticLoop(None, PolicyConfig(carry_over=True), Books(4, 1, 1), 2, None, None)  # type: ignore[arg-type]
-
-
 def test_gyre_sim_on_a_moving_workload_prints_seeds_and_writes_the_map(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

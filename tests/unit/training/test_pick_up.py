@@ -3,19 +3,21 @@ and the held-out interval: pure, on journals written here."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import msgspec
 import pytest
 
+from gyre.config import load_config
 from gyre.errors import ConfigError
 from gyre.evaluation import bootstrap_ci
 from gyre.journal import Journal, read_journal, repair_journal
 from gyre.rundir import RunDir
 from gyre.tasks import Task
 from gyre.train.step import Rollout
-from gyre.training import Resume, StepRecord, execution_id, execution_index, pick_up, step_record
+from gyre.training import Resume, StepRecord, execution_id, execution_index, pick_up, step_record, train
 from unit.report.runs import execution, metrics
 
 BATCH = 4
@@ -85,6 +87,14 @@ def test_torn_lines_are_cut_before_anything_appends_and_attempts_count(tmp_path:
 def test_a_directory_that_is_no_run_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"no config\.toml"):
         pick_up(RunDir(tmp_path), BATCH)
+
+
+def test_a_carry_over_run_is_not_resumed_by_dispatch_order(tmp_path: Path) -> None:
+    rd = killed_run(tmp_path / "run", checkpoints=1, metric_lines=1, finished=6)
+    cfg = load_config(None, [f'run.run_dir="{rd.root}"', "controller.carry_over=true"])
+    with pytest.raises(ConfigError, match="carry_over cannot be resumed yet"):
+        asyncio.run(train(cfg, resume=True))
+    assert not rd.resumes.exists()  # refused before anything was touched
 
 
 def test_repair_cuts_only_a_torn_tail(tmp_path: Path) -> None:
