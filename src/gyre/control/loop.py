@@ -56,6 +56,9 @@ class LoopResult(msgspec.Struct, frozen=True, kw_only=True):
     staleness_max: int
     decisions: list[DecisionTrace]
     events: list[tuple[str, int, int]]
+    # each execution's dispatch and finish, seconds from the start, by index (what `gyre sim` replays as a trace)
+    spans: list[tuple[float, float]] = []
+    push_s: float = 0.0  # the core's seconds spent pushing weights to serving engines (as last asked)
 
 
 class LoopSample(msgspec.Struct, frozen=True, kw_only=True):
@@ -135,6 +138,7 @@ class ElasticLoop:
         # onestep: a step's groups until it is whole
         self._held: dict[int, list[list[Rollout]]] = defaultdict(list)
         self._in_step: dict[int, list[Rollout]] = defaultdict(list)  # step -> the rollouts submitted to it
+        self._spans: dict[int, tuple[float, float]] = {}
         self._submitted_in_step: dict[int, int] = defaultdict(int)
         self._micro_in_step: dict[int, int] = defaultdict(int)
         self._dropped: dict[int, list[str]] = defaultdict(
@@ -194,6 +198,7 @@ class ElasticLoop:
             failed_executions=self._failed,
             staleness_mean=sum(self._lags) / max(len(self._lags), 1), staleness_max=max(self._lags, default=0),
             decisions=self.decisions, events=list(self.books.events),
+            spans=[self._spans[i] for i in sorted(self._spans)], push_s=self._push_total_s,
         )  # fmt: skip
 
     # ---- decisions ----------------------------------------------------------------------------------------------
@@ -241,6 +246,7 @@ class ElasticLoop:
     # ---- executions and data ------------------------------------------------------------------------------------
     async def _run_execution(self, index: int) -> None:
         step = self.books.step_of(index)  # with carry-over, the step it lands in once its group is whole
+        began = time.monotonic() - self._started
         try:
             rollout = await self.execute(index)
         except Exception as exc:  # a failed execution is data: it leaves its group, nothing else stops
@@ -248,6 +254,7 @@ class ElasticLoop:
             self._failed += 1
             rollout = Rollout(execution_id=f"x{index}", group=f"failed-{index}", reward=0.0, records=[],
                               dropped=True, why=f"crashed: {exc}")  # fmt: skip
+        self._spans[index] = (began, time.monotonic() - self._started)
         self.books.finish(index, ready=False)
         group_key = (step, f"{index // self.group_size}")
         self._groups[group_key].append(rollout)

@@ -107,8 +107,10 @@ def _elastic(cfg: PolicyConfig, obs: Observation) -> list[Action]:
     cells = _trainable(obs)
     serving_capacity = sum(c.capacity for c in obs.cells if c.role == "serving")
     training = [c for c in cells if c.role == "training"]
-    waiting = obs.undispatched + (obs.next_burst if cfg.overlap and _fresh(cfg, obs) else 0)
-    short = obs.in_flight + waiting > serving_capacity  # executions wait for serving capacity
+    # executions that wait for serving capacity: only those the staleness bound lets start (the others wait for an
+    # update, and a trainer called back for them would leave training short and serve nobody)
+    waiting = _admissible(cfg, obs) + (obs.next_burst if cfg.overlap and _fresh(cfg, obs) else 0)
+    short = obs.in_flight + waiting > serving_capacity
     between_steps = not obs.step_running
     if training and (short or (between_steps and not obs.data_ready)):
         satellites = [c for c in training if c is not cells[0]]
@@ -149,12 +151,17 @@ def _dispatch(
     if cfg.mode == "colocate" and (obs.step_running or any(c.role == "training" for c in obs.cells) or
                                    any(isinstance(m, ToTrain) for m in moves)):  # fmt: skip
         return []  # the barrier: nothing is sampled while the cells train
-    current = min(obs.undispatched, free) if obs.undispatched_step - obs.version <= cfg.max_staleness else 0
+    current = min(_admissible(cfg, obs), free)
     free -= current
     fresh = _fresh(cfg, obs)
     overlap = cfg.mode == "async" or (cfg.mode == "elastic" and cfg.overlap)
     later = min(obs.next_burst, free) if overlap and fresh and obs.undispatched == current else 0
     return [Dispatch(current, later)] if current or later else []
+
+
+def _admissible(cfg: PolicyConfig, obs: Observation) -> int:
+    """The current burst's undispatched executions, if the weights serving now may sample them (staleness)."""
+    return obs.undispatched if obs.undispatched_step - obs.version <= cfg.max_staleness else 0
 
 
 def _fresh(cfg: PolicyConfig, obs: Observation) -> bool:

@@ -19,7 +19,7 @@ import msgspec
 from gyre.config import convert
 from gyre.control.policy import Mode, PolicyConfig
 from gyre.errors import ConfigError
-from gyre.sim.simulate import SimResult, Workload, durations, simulate, stretched, training_costs
+from gyre.sim.simulate import SimResult, Workload, durations, executions, simulate, stretched, training_costs
 
 WORKLOADS = Path(__file__).parent / "workloads"  # shipped workload files
 
@@ -71,7 +71,7 @@ def lower_bound(workload: Workload, max_staleness: int = 1, carry_over: bool = F
     and bursts enter as their share of the time (over a run much longer than their period).
     """
     cl, tk, dr = workload.cluster, workload.tasks, workload.drift
-    times = durations(tk, dr)
+    times = executions(workload)
     costs = training_costs(workload, times)
     decode = tk.turns * tk.tokens_per_call * cl.decode_step_s
     held = [min(t + decode, tk.budget_s + decode / max(tk.turns, 1)) for t in times]

@@ -91,12 +91,35 @@ class Drift(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
         return self == Drift()
 
 
+class Trace(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A recorded run's executions, replayed instead of drawn: each one's duration in dispatch order (steps x
+    batch_executions of them) and, optionally, each one's micro-step (else ``micro_step_s``)."""
+
+    durations_s: list[Annotated[float, msgspec.Meta(ge=0)]]
+    micro_steps_s: list[Annotated[float, msgspec.Meta(ge=0)]] = []
+
+
 class Workload(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """One simulated cluster and task distribution (a TOML file: ``[cluster]``, ``[tasks]``, ``[drift]``)."""
+    """One simulated cluster and task distribution (a TOML file: ``[cluster]``, ``[tasks]``, ``[drift]``, and a
+    recorded ``[trace]`` to replay)."""
 
     cluster: Cluster = msgspec.field(default_factory=Cluster)
     tasks: Tasks = msgspec.field(default_factory=Tasks)
     drift: Drift = msgspec.field(default_factory=Drift)
+    trace: Trace | None = None
+
+    def __post_init__(self) -> None:
+        runs = self.tasks.steps * self.tasks.batch_executions
+        if self.trace is not None and len(self.trace.durations_s) != runs:
+            raise ValueError(f"the trace has {len(self.trace.durations_s)} durations; the workload runs {runs} "
+                             f"executions ({self.tasks.steps} steps x {self.tasks.batch_executions})")  # fmt: skip
+        if self.trace is not None and self.trace.micro_steps_s and len(self.trace.micro_steps_s) != runs:
+            raise ValueError(
+                f"the trace has {len(self.trace.micro_steps_s)} micro-steps for {runs} executions"
+            )
+        if self.tasks.batch_executions % self.tasks.group_size:
+            raise ValueError(f"group_size {self.tasks.group_size} does not divide batch_executions "
+                             f"{self.tasks.batch_executions}")  # fmt: skip
 
 
 class Segment(msgspec.Struct, frozen=True):
@@ -146,9 +169,18 @@ def durations(tasks: Tasks, drift: Drift | None = None) -> list[float]:
     return out
 
 
+def executions(workload: Workload) -> list[float]:
+    """Every execution's duration: the trace's, or drawn (`durations`)."""
+    if workload.trace is not None:
+        return list(workload.trace.durations_s)
+    return durations(workload.tasks, workload.drift)
+
+
 def training_costs(workload: Workload, times: list[float]) -> list[float]:
     """Each execution's micro-step on one cell."""
     cl, tk, dr = workload.cluster, workload.tasks, workload.drift
+    if workload.trace is not None and workload.trace.micro_steps_s:
+        return list(workload.trace.micro_steps_s)
     if not dr.train_follows_length:
         return [cl.micro_step_s] * len(times)
     return [cl.micro_step_s * (t / tk.duration_median_s) ** dr.train_follows_length for t in times]
@@ -201,7 +233,7 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
     ``batch_executions / group_size`` groups to finish; the rest run on into later steps.
     """
     cl, tk, dr = workload.cluster, workload.tasks, workload.drift
-    times = durations(tk, dr)
+    times = executions(workload)
     costs = training_costs(workload, times)
     batch = tk.batch_executions
     steps = min(until_step or tk.steps, tk.steps)
@@ -228,8 +260,6 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
     work_pending = 0  # events that are not outages
     whole_steps = policy.mode == "onestep"
     group = tk.group_size
-    if batch % group:
-        raise ValueError(f"group_size {group} does not divide batch_executions {batch}")
     group_left: dict[int, int] = {}
     began: dict[int, float] = {}  # execution -> when it was dispatched
     ended: dict[int, float] = {}
