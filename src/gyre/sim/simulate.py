@@ -49,9 +49,8 @@ class Tasks(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
 
     steps: Annotated[int, msgspec.Meta(ge=1)] = 48
     batch_executions: Annotated[int, msgspec.Meta(ge=1)] = 64  # executions per step
-    group_size: Annotated[int, msgspec.Meta(ge=1)] = (
-        1  # executions of one task compared together (divides the batch)
-    )
+    # executions of one task compared together (divides the batch)
+    group_size: Annotated[int, msgspec.Meta(ge=1)] = 1
     burst_steps: Annotated[int, msgspec.Meta(ge=1)] = 1  # steps dispatched together as one burst
     duration_median_s: Positive = 1800.0
     duration_p99_over_p50: Annotated[float, msgspec.Meta(ge=1.0)] = 10.0  # tail heaviness
@@ -138,21 +137,19 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     overlap: bool
     total_s: float
     step_end_s: list[float]  # when each step's update was applied
-    idle_fraction: (
-        float  # of the cells' time while not lost: free serving slots, trainers without work, switching
-    )
+    # of the cells' time while not lost: free serving slots, trainers without work, switching
+    idle_fraction: float
     switches: int
     staleness_mean: float  # versions between the weights that began an execution and the step it trains in
     staleness_max: int
-    token_lag_mean: float = (
-        0.0  # the same per token (weights change under a running execution), time-weighted
-    )
-    carried: int = 0  # executions that trained in a later step than the one they were dispatched for
     timeline: list[Segment]
     idle_by_role: dict[
         str, float
     ] = {}  # the idle fraction's parts: free serving slots, trainers without work, switching
     async_train_cells: int = 0  # the fixed split of async and onestep
+    # versions between a token's weights and the step it trains in (they change under a running execution), mean
+    token_lag_mean: float = 0.0
+    carried: int = 0  # executions that trained in a later step than the one they were dispatched for
 
 
 def durations(tasks: Tasks, drift: Drift | None = None) -> list[float]:
