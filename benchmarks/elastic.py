@@ -162,12 +162,12 @@ def timeline(result: LoopResult, path: Path) -> None:
 
 def replayed(args: argparse.Namespace, result: LoopResult, policy: ControllerConfig) -> SimResult:
     """The live run's own executions (their measured durations) through the simulator, under the same policy, with
-    the costs measured live: switches (median per direction), micro-steps (trained tokens at ``--train-tps``), the
-    update and push (the core's push seconds per step, plus 0.05 s)."""
+    the costs measured live: switches (median per direction), micro-steps (the tokens the modelled device computes,
+    prompts included, at ``--train-tps``), the update and push (the core's push seconds per step, plus 0.05 s)."""
     batch = args.tasks * args.group
     medians = {d: statistics.median([s.total_s for s in result.switches if s.direction == d] or [0.0])
                for d in ("serve_to_train", "train_to_serve")}  # fmt: skip
-    micro = [m.tokens / batch / args.train_tps for m in result.steps for _ in range(batch)]
+    micro = [m.computed_tokens / batch / args.train_tps for m in result.steps for _ in range(batch)]
     workload = Workload(
         cluster=SimCluster(cells=args.cells, capacity=args.capacity, micro_step_s=max(statistics.mean(micro), 1e-3),
                            apply_s=result.push_s / max(len(result.steps), 1) + 0.05,
@@ -205,7 +205,9 @@ async def modes(args: argparse.Namespace, model: Path, work: Path) -> dict[str, 
                           "switches": len(result.switches), "agent_errors": crashed + result.failed_executions,
                           "staleness_mean": result.staleness_mean, "step_end_s": result.step_end_s,
                           "simulated_s": sim.total_s, "simulated_idle": sim.idle_fraction,
-                          "simulated_switches": sim.switches, "spans": result.spans}  # fmt: skip
+                          "simulated_switches": sim.switches, "simulated_step_end_s": sim.step_end_s,
+                          "spans": result.spans, "step_tokens": [m.computed_tokens for m in result.steps],
+                          "step_seconds": [m.seconds for m in result.steps], "push_s": result.push_s}  # fmt: skip
         for mode, row in rows.items():
             table.add_row(mode, f"{row['seconds']:.1f}", f"{row['seconds'] / rows['elastic']['seconds']:.2f}x",
                           f"{row['simulated_s']:.1f}", f"{row['seconds'] / row['simulated_s']:.2f}",
