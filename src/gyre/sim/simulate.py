@@ -418,7 +418,7 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
         timeline=[s for s in timeline if s.end_s > s.start_s],
         async_train_cells=policy.async_train_cells if policy.mode in ("async", "onestep") else 0,
         token_lag_mean=sum(token_lags) / len(token_lags),
-        carried=sum(1 for i, step in trains_in.items() if step != i // batch),
+        carried=sum(1 for i, step in trains_in.items() if step > i // batch),
     )  # fmt: skip
 
 

@@ -12,7 +12,8 @@ import pytest
 from gyre.cli import main
 from gyre.control import PolicyConfig
 from gyre.control.books import Books, replay
-from gyre.sim import Cluster, Tasks, Workload, durations, simulate
+from gyre.errors import ConfigError
+from gyre.sim import Cluster, Tasks, Trace, Workload, durations, simulate
 from gyre.sim.report import best_split, compare, load_workload, lower_bound, user_split
 from gyre.sim.simulate import Drift, stretched
 
@@ -156,3 +157,24 @@ def test_gyre_sim_on_a_moving_workload_prints_seeds_and_writes_the_map(
     out = capsys.readouterr().out
     assert "moving" in out and "on 2 seeds" in out
     assert (tmp_path / "map.png").stat().st_size > 10_000
+
+
+def test_a_recorded_trace_is_replayed_as_given_and_a_wrong_one_is_refused(tmp_path: Path) -> None:
+    cluster = Cluster(
+        cells=2, capacity=4, micro_step_s=1.0, apply_s=1.0, serve_to_train_s=0.0, train_to_serve_s=0.0
+    )
+    tasks = Tasks(steps=2, batch_executions=4, group_size=2, budget_s=1e6)
+    traced = Workload(cluster=cluster, tasks=tasks,
+                      trace=Trace(durations_s=[10.0, 20.0, 30.0, 400.0, 5.0, 5.0, 5.0, 5.0],
+                                  micro_steps_s=[2.0] * 8))  # fmt: skip
+    result = simulate(traced, PolicyConfig(mode="colocate"))
+    # step 0 waits for its 400 s execution, then 4 micro-steps of 2 s on 2 cells and the update
+    assert result.step_end_s[0] == pytest.approx(400.0 + 2 * 2.0 + 1.0)
+    carried = simulate(traced, PolicyConfig(mode="async", async_train_cells=1, carry_over=True))
+    assert (
+        carried.step_end_s[0] < 100.0 and carried.carried == 4
+    )  # the group of the 400 s one lands in step 1
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[tasks]\nsteps = 2\nbatch_executions = 4\n\n[trace]\ndurations_s = [1.0, 2.0]\n")
+    with pytest.raises(ConfigError, match="the trace has 2 durations; the workload runs 8 executions"):
+        load_workload(bad)
