@@ -41,18 +41,21 @@ heartbeat_s = 0.25
 
 
 @pytest.mark.parametrize(
-    "mode", ["elastic", pytest.param("colocate", marks=OTHER_MODES), pytest.param("async", marks=OTHER_MODES)]
+    "variant",
+    [
+        "elastic",
+        *(pytest.param(m, marks=OTHER_MODES) for m in ("colocate", "async", "elastic+carry")),
+    ],
 )
 def test_gyre_train_runs_its_steps_in_each_mode(
-    mode: str, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    variant: str, tiny_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = tmp_path / "run.toml"
     config.write_text(CONFIG)
     run_dir = tmp_path / "run"
-    assert (
-        main(["train", str(config), "--mode", mode, "--model", str(tiny_model), "--run-dir", str(run_dir)])
-        == 0
-    )
+    mode, _, carry = variant.partition("+")
+    argv = ["train", str(config), "--mode", mode, "--model", str(tiny_model), "--run-dir", str(run_dir)]
+    assert main([*argv, *(["--set", "controller.carry_over=true"] if carry else [])]) == 0
     assert f"2 steps ({mode})" in capsys.readouterr().out
 
     summary = msgspec.json.decode((run_dir / "train.json").read_bytes(), type=TrainSummary)
@@ -62,6 +65,8 @@ def test_gyre_train_runs_its_steps_in_each_mode(
     assert all(s.trainer.micro_steps > 0 and s.trainer.version == s.step + 1 for s in steps)
     executions = list(read_journal(run_dir / "journal" / "executions.jsonl", ExecutionResult))
     assert len({e.execution_id for e in executions}) == 4 * 2  # every execution once, each with its calls
+    trained = [x for s in steps for x in s.execution_ids]  # with carry-over too: each in exactly one step
+    assert len(trained) == len(set(trained)) and set(trained) <= {e.execution_id for e in executions}
     assert all(e.records and e.verdict is not None for e in executions)
     assert (run_dir / "journal" / "calls.jsonl").stat().st_size > 0
     for step in (1, 2):  # a Hugging Face checkpoint after every step
@@ -71,7 +76,7 @@ def test_gyre_train_runs_its_steps_in_each_mode(
         )
     switches = list(read_journal(run_dir / "switches.jsonl", SwitchRecord))
     assert not any(s.error for s in switches)
-    if mode == "async":  # the core trains from the start, the other cell serves throughout
+    if mode in ("async", "onestep"):  # the core trains from the start, the other cell serves throughout
         assert [(s.cell, s.direction) for s in switches] == [("cell-0", "serve_to_train")]
     elif mode == "colocate":  # all sample, then all train, every step
         assert {s.direction for s in switches} == {"serve_to_train", "train_to_serve"}
