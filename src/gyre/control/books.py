@@ -4,10 +4,11 @@ Kept the same way by the live loop (`gyre.control.loop`) and the simulator (`gyr
 both ask the policy the same question. Pure: no I/O, no clock.
 
 Every change is kept in ``events`` (method and arguments), so a live run's decisions can be replayed on fresh books
-(`replay`). Executions are numbered in dispatch order; execution ``i`` trains in step ``i // batch_executions`` and belongs to
-burst ``i // (batch_executions * burst_steps)``; with carry-over (``land``) it trains instead in the first step not
-yet full when its group finishes, so a step need not wait for its slowest execution. An execution is *ready* once it finished and until a trainer takes
-its data; the step being trained is *running* from the first data taken until its update is applied.
+(`replay`). Executions are numbered in dispatch order; execution ``i`` trains in step ``i // batch_executions`` and
+belongs to burst ``i // (batch_executions * burst_steps)``; with carry-over (``land``) it trains instead in the
+first step not yet full when its group finishes, so a step need not wait for its slowest execution. An execution is
+*ready* once it finished and until a trainer takes its data; the step being trained is *running* from the first
+data taken until its update is applied.
 """
 
 from __future__ import annotations

@@ -264,10 +264,10 @@ class ElasticLoop:
                 first = index - index % self.group_size
                 step = self.books.land(first, self.group_size)
                 await self._submit(step, group, landed=True)
-            elif (
-                self.policy.mode == "onestep"
-            ):  # one-step off-policy: the step trains once it is sampled whole
-                self._held[step].append(group)
+            elif self.policy.mode == "onestep":
+                self._held[step].append(
+                    group
+                )  # one-step off-policy: the step trains once it is sampled whole
                 if sum(map(len, self._held[step])) == self.books.batch:
                     for whole in self._held.pop(step):
                         await self._submit(step, whole)

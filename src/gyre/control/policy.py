@@ -4,7 +4,7 @@ A pure function of what the controller observes: no I/O, no clock, no state of i
 simulator (`gyre sim`) build the same `Observation` from their cells and executions and carry out the same actions,
 so a decision can be replayed from a trace.
 
-Three modes, everything else equal:
+Four modes, everything else equal:
 - ``elastic``: cells leave serving in order (the core first, then satellites), one at a time, when the outstanding
   executions fit in the serving capacity without the leaving cell (water level ``w <= C_R - C_e``) and there is
   training data no trainer has claimed; training cells stay for the whole step (its data streams in) and go back
@@ -85,9 +85,7 @@ Action = ToTrain | ToServe | Dispatch
 
 def decide(cfg: PolicyConfig, obs: Observation) -> list[Action]:
     """The actions to take now (role moves first, then at most one dispatch)."""
-    moves = {"elastic": _elastic, "colocate": _colocate, "async": _async, "onestep": _async}[cfg.mode](
-        cfg, obs
-    )
+    moves = MOVES[cfg.mode](cfg, obs)
     serving_after = _serving_capacity(obs, moves)
     return [*moves, *_dispatch(cfg, obs, serving_after, moves)]
 
@@ -142,6 +140,14 @@ def _async(cfg: PolicyConfig, obs: Observation) -> list[Action]:
     trainers = {c.name for c in cells[: cfg.async_train_cells]}
     moves: list[Action] = [ToTrain(c.name) for c in cells if c.name in trainers and c.role == "serving"]
     return moves + [ToServe(c.name) for c in cells if c.name not in trainers and c.role == "training"]
+
+
+MOVES = {
+    "elastic": _elastic,
+    "colocate": _colocate,
+    "async": _async,
+    "onestep": _async,
+}  # onestep: async's split
 
 
 def _dispatch(

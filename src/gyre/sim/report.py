@@ -63,9 +63,9 @@ def lower_bound(workload: Workload, max_staleness: int = 1, carry_over: bool = F
     batch 1), every execution's micro-step holds a training cell, every step's update holds one; spread with no
     idle and no switch over the cells, less the lost cells' mean absence (and no cell both serves and trains at
     once). Chain: step k's executions cannot start before step ``k - max_staleness - 1`` is applied, so step k
-    ends no earlier than that plus its slowest execution (through the bursts), its micro-step and the update; nor before
-    step k - 1 ends plus its own training spread over every cell. With ``carry_over`` no step waits for given
-    executions: only the work bounds the run (and the slowest execution). Tool-latency bursts (a share f of the
+    ends no earlier than that plus its slowest execution (through the bursts), its micro-step and the update;
+    nor before step k - 1 ends plus its own training spread over every cell. With ``carry_over`` no step waits for
+    given executions: only the work bounds the run (and the slowest execution). Tool-latency bursts (a share f of the
     time, sampling ``burst_slowdown`` times slower): at best the training fills the bursts and the sampling the
     rest, so the work also needs ``(sampling + training / slowdown) / (cells (1 - f + f / slowdown))``. Lost cells
     and bursts enter as their share of the time (over a run much longer than their period).
