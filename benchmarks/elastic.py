@@ -222,7 +222,7 @@ async def modes(args: argparse.Namespace, model: Path, work: Path) -> dict[str, 
         worst = max(abs(r["seconds"] / r["simulated_s"] - 1) for r in rows.values())
         console.print(f"{device}: elastic is {speedup:.2f}x the better baseline" +
                       (" (target >= 1.3x)" if modelled else "") +
-                      f"; live within {worst:.0%} of the simulator on each run's own executions (target 10%); "
+                      f"; live within {worst:.1%} of the simulator on each run's own executions (target 10%); "
                       f"order live {' < '.join(live_order)}, simulated {' < '.join(sim_order)}")  # fmt: skip
         out[device] = {"modes": rows, "speedup_over_better_baseline": speedup, "live_vs_sim_worst": worst,
                        "order_live": live_order, "order_sim": sim_order}  # fmt: skip
