@@ -150,6 +150,7 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     # versions between a token's weights and the step it trains in (they change under a running execution), mean
     token_lag_mean: float = 0.0
     carried: int = 0  # executions that trained in a later step than the one they were dispatched for
+    requeued: int = 0  # micro-steps computed again because the cell computing them was lost
 
 
 def durations(tasks: Tasks, drift: Drift | None = None) -> list[float]:
@@ -255,6 +256,7 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
     ready_costs: dict[int, deque[float]] = {}  # step -> micro-step costs of its finished executions not taken
     finished_in_step: dict[int, int] = {}
     work_pending = 0  # events that are not outages
+    requeued = 0
     whole_steps = policy.mode == "onestep"
     group = tk.group_size
     group_left: dict[int, int] = {}
@@ -339,6 +341,7 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
                 return
 
     def lose(k: int) -> None:
+        nonlocal requeued
         for j in range(min(dr.outage_cells, len(losable))):
             cell = losable[(k * dr.outage_cells + j) % len(losable)]
             if cell.role == "gone":
@@ -347,6 +350,7 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
                 ready_costs[books.train_step].appendleft(cell.busy)
                 books.requeue()
                 cell.busy = None
+                requeued += 1
             cell.epoch += 1
             set_role(cell, "gone")
             push(now + dr.outage_for_s, "back", cell.name)
@@ -418,7 +422,7 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
         timeline=[s for s in timeline if s.end_s > s.start_s],
         async_train_cells=policy.async_train_cells if policy.mode in ("async", "onestep") else 0,
         token_lag_mean=sum(token_lags) / len(token_lags),
-        carried=sum(1 for i, step in trains_in.items() if step > i // batch),
+        carried=sum(1 for i, step in trains_in.items() if step > i // batch), requeued=requeued,
     )  # fmt: skip
 
 
