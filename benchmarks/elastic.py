@@ -129,7 +129,7 @@ async def one_mode(args: argparse.Namespace, model: Path, work: Path, policy: Co
                            records=result.records, dropped=not result.trainable)  # fmt: skip
 
         loop = ElasticLoop(cluster.controller, policy, Books(batch, 1, args.steps), args.group, execute,
-                           group_micro_steps(cfg.trajectory, batch))  # fmt: skip
+                           group_micro_steps(cfg.trajectory, batch, cfg.trainer.loss.kl_coef))  # fmt: skip
         result = await loop.run()
         crashed = runtime.statistics().by_status.get("crashed", 0)
         await runtime.aclose()

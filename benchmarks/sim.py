@@ -1,6 +1,7 @@
 """Elastic against the baselines a user would run, on every shipped workload, over several seeds (``gyre sim``).
 
-    python benchmarks/sim.py [--workloads paper,growing,bursty,moving,short,agentic] [--seeds 5] [--max-staleness 1]
+    python benchmarks/sim.py [--workloads paper,growing,bursty,moving,learning,short,agentic] [--seeds 5]
+        [--max-staleness 1]
 
 For each workload and seed: every mode on the same executions, without and with carry-over (a step trains the first
 whole groups to finish; the others run on across the update into later steps). Prints, per workload, elastic's
@@ -34,7 +35,7 @@ from gyre.sim.report import (
     with_seed,
 )
 
-MOVING = {"growing", "bursty", "moving"}
+MOVING = {"growing", "bursty", "moving", "learning"}
 HEADER = ["workload", "carry-over", "elastic h", "over user's async (no carry)", "over user's async", "over oracle",
           "over one-step", "over colocate", "of the bound", "idle", "token lag"]  # fmt: skip
 
@@ -112,7 +113,7 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workloads", default="paper,growing,bursty,moving,short")
+    parser.add_argument("--workloads", default="paper,growing,bursty,moving,learning,short")
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--max-staleness", type=int, default=1)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sim.json")

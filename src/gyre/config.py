@@ -129,6 +129,9 @@ class TrajectoryConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     micro_step_tokens: Positive = 8192  # token budget of one micro-step (a longer sequence gets its own)
     advantage: Literal["mean_std", "mean"] = "mean_std"  # group-relative: reward - group mean (/ group std)
     seed: int = 0  # path selection is seeded per execution from this
+    # an execution whose advantage is 0 (its group scored alike) is not computed when the loss has no KL term: its
+    # gradient is exactly 0 (gyre.train.step); false computes it anyway
+    skip_zero_advantage: bool = True
 
 
 class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -223,7 +223,7 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
         try:
             books = Books(batch, run.burst_steps, run.steps - picked.start)
             loop = ElasticLoop(cluster.controller, cfg.controller, books, run.group_size, execute,
-                               group_micro_steps(cfg.trajectory, batch), on_step=on_step)  # fmt: skip
+                               group_micro_steps(cfg.trajectory, batch, cfg.trainer.loss.kl_coef), on_step=on_step)  # fmt: skip
             await evaluate(picked.start)  # before training (or where a resumed run picks up)
             try:
                 async with asyncio.TaskGroup() as group:

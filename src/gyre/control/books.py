@@ -106,8 +106,7 @@ class Books:
         members.extend(range(first, first + count))
         if len(members) == self.batch:
             self.landing += 1
-        self.make_ready(step, count, _log=False)
-        return step
+        return step  # (ready once the caller knows it has something to compute: ``make_ready``)
 
     def requeue(self, count: int = 1) -> None:
         """A trainer that took data of the step trained now was lost before computing it: the data is ready again."""

@@ -78,21 +78,26 @@ class LoopSample(msgspec.Struct, frozen=True, kw_only=True):
     push_total_s: float = 0.0  # seconds the core has spent pushing weights to engines, since it started
 
 
-def group_micro_steps(cfg: TrajectoryConfig, batch_executions: int) -> Build:
+def group_micro_steps(cfg: TrajectoryConfig, batch_executions: int, kl_coef: float = 0.0) -> Build:
     """Micro-steps of one group, weighted as one ``batch_executions``-execution step would weigh them (so groups can
-    stream into the trainer before the step's last execution finished)."""
+    stream into the trainer before the step's last execution finished); none for a group that scored alike, unless
+    the loss has a KL term (``kl_coef``) or ``cfg.skip_zero_advantage`` is off."""
 
     def build(group: list[Rollout], step: int) -> list[MicroStep]:
-        data = build_step_from_config(group, cfg, step)
+        data = build_step_from_config(group, cfg, step, kl_coef=kl_coef)
         scale = data.executions / batch_executions  # build_step weighs the group as if it were the whole step
         return [msgspec.structs.replace(m, weights=[w * scale for w in m.weights]) for m in data.micro_steps]
 
     return build
 
 
-def untrained_reason(executions: int, dropped: list[str]) -> str:
-    """Why a step of ``executions`` executions, of which those dropped for the reasons ``dropped``, has no
-    micro-steps: the commonest reasons first, with counts."""
+def untrained_reason(executions: int, dropped: list[str], alike: int = 0) -> str:
+    """Why a step of ``executions`` executions, of which those dropped for the reasons ``dropped`` and ``alike`` in
+    groups that scored alike (advantage 0), has no micro-steps: the commonest reasons first, with counts."""
+    if alike and alike + len(dropped) == executions:
+        whole = "every group" if not dropped else f"{alike} executions' groups"
+        also = f"; {len(dropped)} dropped" if dropped else ""
+        return f"{whole} scored alike (advantage 0: nothing to learn, nothing computed){also}"
     if not dropped:
         return f"its {executions} executions gave no trainable tokens"
     counts = Counter(why[:200] for why in dropped)
@@ -105,6 +110,14 @@ def untrained_reason(executions: int, dropped: list[str]) -> str:
         else f", the other {executions - len(dropped)} gave no trainable tokens"
     )
     return f"{len(dropped)} of {executions} executions dropped ({reasons}{more}){rest}"
+
+
+def _alike(rollouts: list[Rollout]) -> int:
+    """How many of ``rollouts`` are in groups whose members all scored the same (advantage 0)."""
+    groups: dict[str, list[float]] = defaultdict(list)
+    for r in rollouts:
+        groups[r.group].append(r.reward)
+    return sum(len(g) for g in groups.values() if max(g) == min(g))
 
 
 class ElasticLoop:
@@ -263,7 +276,7 @@ class ElasticLoop:
             if self.policy.carry_over:  # the first step not yet full; whoever runs on goes to a later one
                 first = index - index % self.group_size
                 step = self.books.land(first, self.group_size)
-                await self._submit(step, group, landed=True)
+                await self._submit(step, group)
             elif self.policy.mode == "onestep":
                 self._held[step].append(
                     group
@@ -275,10 +288,10 @@ class ElasticLoop:
                 await self._submit(step, group)
         self._wake.set()
 
-    async def _submit(self, step: int, group: list[Rollout], landed: bool = False) -> None:
+    async def _submit(self, step: int, group: list[Rollout]) -> None:
         micro = await asyncio.to_thread(self.build, group, step)
         count = len(group)
-        if not landed:  # (landing made it ready) taken once a trainer has begun its step (``_pending``)
+        if micro:  # taken once a trainer has begun the step (``_pending``); nothing to compute: no trainer
             self.books.make_ready(step, count)
         self._in_step[step] += group
         async with self._lock:
@@ -295,7 +308,8 @@ class ElasticLoop:
                 if not self._micro_in_step.pop(
                     step
                 ):  # the core applies no update; its metrics keep the reason
-                    untrained = untrained_reason(self.books.batch, dropped)
+                    kept = [r for r in self._in_step[step] if not r.dropped]
+                    untrained = untrained_reason(self.books.batch, dropped, _alike(kept))
                     log.warning("step %d trains nothing: %s", step, untrained)
             if micro or seal:
                 await asyncio.to_thread(

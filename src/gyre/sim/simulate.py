@@ -71,7 +71,10 @@ class Drift(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     ``burst_every_s`` seconds of wall time, executions progress ``burst_slowdown`` times slower for
     ``burst_for_s``. Cells are lost and regained: every ``outage_every_s`` (the first at half of it),
     ``outage_cells`` cells (satellites in turn, never the core, whose loss stops a live run) are gone for
-    ``outage_for_s`` and come back serving; a micro-step they held is computed again elsewhere.
+    ``outage_for_s`` and come back serving; a micro-step they held is computed again elsewhere. Binary rewards
+    whose solve rate moves from ``solve_rate_start`` to ``solve_rate_end`` (linearly; both unset: every execution
+    trains): each execution passes with that probability, and a group whose members all pass or all fail has
+    advantage 0 and costs the trainer nothing (``trajectory.skip_zero_advantage``).
     """
 
     horizon_growth: Positive = 1.0
@@ -83,6 +86,12 @@ class Drift(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     outage_every_s: NonNegative = 0.0  # 0: no outages
     outage_for_s: NonNegative = 0.0
     outage_cells: Annotated[int, msgspec.Meta(ge=0)] = 1
+    solve_rate_start: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+    solve_rate_end: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.solve_rate_start is None) != (self.solve_rate_end is None):
+            raise ValueError("drift: set both solve_rate_start and solve_rate_end, or neither")
 
     @property
     def stationary(self) -> bool:
@@ -179,9 +188,18 @@ def training_costs(workload: Workload, times: list[float]) -> list[float]:
     cl, tk, dr = workload.cluster, workload.tasks, workload.drift
     if workload.trace is not None and workload.trace.micro_steps_s:
         return list(workload.trace.micro_steps_s)
-    if not dr.train_follows_length:
-        return [cl.micro_step_s] * len(times)
-    return [cl.micro_step_s * (t / tk.duration_median_s) ** dr.train_follows_length for t in times]
+    costs = [cl.micro_step_s * (t / tk.duration_median_s) ** dr.train_follows_length for t in times]
+    if dr.solve_rate_start is None or dr.solve_rate_end is None:
+        return costs
+    rng = random.Random(f"rewards/{tk.seed}")  # apart from the durations' draws: the same executions
+    size = tk.group_size
+    for first in range(0, len(costs), size):
+        x = (first // tk.batch_executions) / max(tk.steps - 1, 1)
+        rate = dr.solve_rate_start + (dr.solve_rate_end - dr.solve_rate_start) * x
+        passed = [rng.random() < rate for _ in range(size)]
+        if all(passed) or not any(passed):
+            costs[first : first + size] = [0.0] * size
+    return costs
 
 
 def stretched(drift: Drift, start: float, work: float) -> float:
@@ -244,7 +262,8 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
     order = itertools.count()
     timeline: list[Segment] = []
     now = 0.0
-    done, applying = 0, False
+    applying = False
+    done: dict[int, int] = {}  # step -> executions trained (a micro-step computed, or nothing to compute)
     switches = 0
     step_end: list[float] = []
     idle = available = 0.0
@@ -286,7 +305,11 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
                                  max_staleness=policy.max_staleness)  # fmt: skip
 
     def start_training() -> None:
+        nonlocal applying
         step = books.train_step
+        if not applying and done.get(step, 0) == batch:  # (every group scored alike: whole at once)
+            applying = True
+            push(now + cl.apply_s, "applied", step)
         if applying or (whole_steps and finished_in_step.get(step, 0) < batch):
             return
         for cell in cells:
@@ -298,7 +321,7 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
     def finish(i: int) -> None:
         ended[i] = now
         if not policy.carry_over:
-            books.finish(i)
+            books.finish(i, ready=False)
             land(i // batch, [i])
             return
         books.finish(i, ready=False)
@@ -309,9 +332,13 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
 
     def land(step: int, executions: Iterable[int]) -> None:
         for j in executions:
-            ready_costs.setdefault(step, deque()).append(costs[j])
             finished_in_step[step] = finished_in_step.get(step, 0) + 1
             trains_in[j] = step
+            if costs[j]:
+                ready_costs.setdefault(step, deque()).append(costs[j])
+                books.make_ready(step, 1)
+            else:  # nothing to compute (zero advantage): no trainer is called for it
+                done[step] = done.get(step, 0) + 1
 
     def act() -> None:
         nonlocal switches
@@ -396,13 +423,10 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
                 name, epoch = cast(tuple[str, int], what)
                 if by_name[name].epoch == epoch:
                     by_name[name].busy = None
-                    done += 1
-                    if done == batch:
-                        applying = True
-                        push(now + cl.apply_s, "applied", books.train_step)
+                    done[books.train_step] = done.get(books.train_step, 0) + 1
             case "applied":
                 lags += books.applied()
-                done, applying = 0, False
+                applying = False
                 step_end.append(now)
             case "lost":
                 lose(cast(int, what))

@@ -10,6 +10,11 @@
   the execution already trains weighs 0 there) and ``tree`` (an execution's selected paths as one sequence: each
   token attends to its ancestors only, position ids are depths, so a shared prefix is computed once). Sequences are
   packed first-fit-decreasing into micro-steps of at most ``token_budget`` tokens (a longer one gets its own).
+- Zero advantage (``skip_zero_advantage``): an execution whose advantage is exactly 0 (its group scored alike, the
+  GRPO groups DAPO filters) adds nothing to the clipped surrogate's gradient, so it is not computed at all when the
+  loss has no other term for it (no KL to a reference). It still counts in ``E``: the other executions' weights,
+  and so the step's gradient, are what they would have been. Early in a binary-reward run most groups score alike,
+  late many pass whole: the training a step costs follows the solve rate (`gyre sim`'s ``solve_rate_*``).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class StepData(msgspec.Struct, frozen=True, kw_only=True):
     trainable_tokens: int  # weighted tokens of the step (each counted once)
     computed_tokens: int  # tokens the forward passes will process
     executions: int  # executions carrying loss weight (E)
+    skipped: int = 0  # of them, those not computed: advantage 0, no other loss term (skip_zero_advantage)
 
 
 def group_advantages(
@@ -65,6 +71,9 @@ def group_advantages(
     out: dict[str, float] = {}
     for members in groups.values():
         rewards = [r.reward for r in members]
+        if max(rewards) == min(rewards):  # scored alike: exactly 0, whatever the mean's rounding
+            out |= {r.execution_id: 0.0 for r in members}
+            continue
         mean = statistics.fmean(rewards)
         std = statistics.pstdev(rewards) if len(rewards) > 1 else 0.0
         for r in members:
@@ -74,9 +83,11 @@ def group_advantages(
 
 
 def build_step_from_config(
-    rollouts: Sequence[Rollout], cfg: TrajectoryConfig, step: int = 0, objective: Objective = "policy"
-) -> StepData:
-    """`build_step` with a run's ``[trajectory]`` settings; ``step`` varies the selection seed between steps."""
+    rollouts: Sequence[Rollout], cfg: TrajectoryConfig, step: int = 0, objective: Objective = "policy",
+    kl_coef: float = 0.0,
+) -> StepData:  # fmt: skip
+    """`build_step` with a run's ``[trajectory]`` settings; ``step`` varies the selection seed between steps;
+    ``kl_coef`` the loss's (a KL term trains zero-advantage executions too, so they are computed then)."""
     return build_step(
         rollouts,
         objective=objective,
@@ -85,6 +96,7 @@ def build_step_from_config(
         token_budget=cfg.micro_step_tokens,
         seed=cfg.seed * 1_000_003 + step,
         normalization=cfg.advantage,
+        skip_zero_advantage=cfg.skip_zero_advantage and kl_coef == 0,
     )
 
 
@@ -97,12 +109,15 @@ def build_step(
     seed: int = 0,
     normalization: Normalization = "mean_std",
     objective: Objective = "policy",
+    skip_zero_advantage: bool = False,
 ) -> StepData:
     """The micro-steps of one optimizer step over ``rollouts`` (see the module); seeded and reproducible.
 
     ``objective="policy"`` refuses (ValueError) any record the policy did not sample (a scripted expert's
     demonstration): its logprobs and version are not a behaviour policy's. ``"supervised"`` trains every output
-    token of every record with the negative log-likelihood (advantages are unused).
+    token of every record with the negative log-likelihood (advantages are unused). ``skip_zero_advantage``: the
+    policy objective computes no sequence for an execution whose advantage is 0 (see the module; only exact
+    without a KL term, which the caller knows).
     """
     if token_budget < 1:
         raise ValueError(f"token_budget must be positive, not {token_budget}")
@@ -127,9 +142,11 @@ def build_step(
         if tokens:
             chosen.append((r, tree, leaves, tokens))
     executions = len(chosen)
+    skip = skip_zero_advantage and objective == "policy"
+    computed = [c for c in chosen if not (skip and advantages[c[0].execution_id] == 0.0)]
     sequences: list[_Sequence] = []
-    for r, _tree, leaves, tokens in chosen:
-        weight = 1.0 / (tokens * executions)
+    for r, _tree, leaves, tokens in computed:
+        weight = 1.0 / (tokens * executions)  # E counts the skipped too: the gradient is the whole step's
         advantage = advantages[r.execution_id]
         if packing == "tree":
             sequences.append(_tree_sequence(_union(leaves), weight, advantage))
@@ -141,10 +158,11 @@ def build_step(
     return StepData(
         micro_steps=micro_steps,
         advantages=advantages,
-        paths={r.execution_id: len(leaves) for r, _, leaves, _ in chosen},
-        trainable_tokens=sum(t for *_, t in chosen),
+        paths={r.execution_id: len(leaves) for r, _, leaves, _ in computed},
+        trainable_tokens=sum(t for *_, t in computed),
         computed_tokens=sum(len(s.ids) for s in sequences),
         executions=executions,
+        skipped=executions - len(computed),
     )
 
 

@@ -95,6 +95,8 @@ def test_a_step_whose_every_execution_was_dropped_trains_nothing_and_the_run_goe
         async with Live(tiny_model, tmp_path, overrides) as live:
 
             async def execute(i: int) -> Rollout:
+                if i >= 2 * BATCH:  # step 2: every group scored alike (all passed)
+                    return msgspec.structs.replace(await live.execution(i, GROUP), reward=1.0)
                 if i >= BATCH:  # step 1 runs as usual
                     return await live.execution(i, GROUP)
                 if i % 2:
@@ -102,13 +104,18 @@ def test_a_step_whose_every_execution_was_dropped_trains_nothing_and_the_run_goe
                 return Rollout(execution_id=f"x{i}", group=f"g{i // GROUP}", reward=0.0, records=[], dropped=True,
                                why="verifier failed to start: bwrap: No permissions")  # fmt: skip
 
-            loop = ElasticLoop(live.controller, PolicyConfig(mode="colocate"), Books(BATCH, 1, 2), GROUP, execute,
+            loop = ElasticLoop(live.controller, PolicyConfig(mode="colocate"), Books(BATCH, 1, 3), GROUP, execute,
                                group_micro_steps(TrajectoryConfig(), BATCH))  # fmt: skip
             return await loop.run()
 
     result = asyncio.run(main())
-    empty, trained = result.steps
+    empty, trained, alike = result.steps
     assert (empty.micro_steps, empty.version, trained.version) == (0, 1, 2)
+    # nothing to learn from groups that scored alike: not computed, no trainer called, the weights left alone
+    assert (alike.micro_steps, alike.version) == (0, 3)
+    assert alike.untrained == "every group scored alike (advantage 0: nothing to learn, nothing computed)"
+    # colocate moves its cell to training and back for a step with work: step 1 only
+    assert [s.direction for s in result.switches] == ["serve_to_train", "train_to_serve"], result.switches
     assert empty.untrained == (
         "4 of 4 executions dropped (2x crashed: sandbox quota exceeded; "
         "2x verifier failed to start: bwrap: No permissions)"
@@ -117,6 +124,8 @@ def test_a_step_whose_every_execution_was_dropped_trains_nothing_and_the_run_goe
     assert result.failed_executions == 2
     initial, kept = (load_file(str(d / "model.safetensors")) for d in (tiny_model, checkpoints / "step-1"))
     assert all(torch.equal(initial[k], kept[k]) for k in kept)  # the empty step left the weights alone
+    before, after = (load_file(str(checkpoints / f"step-{n}" / "model.safetensors")) for n in (2, 3))
+    assert all(torch.equal(before[k], after[k]) for k in after)
 
 
 def test_with_carry_over_a_step_trains_the_groups_that_finished_and_the_slow_one_lands_later(

@@ -13,3 +13,10 @@ def test_the_commonest_reasons_come_first_with_counts() -> None:
 
 def test_a_step_with_nothing_dropped_and_nothing_to_train_says_so() -> None:
     assert untrained_reason(4, []) == "its 4 executions gave no trainable tokens"
+
+
+def test_a_step_whose_groups_all_scored_alike_says_there_was_nothing_to_learn() -> None:
+    assert untrained_reason(8, [], alike=8) == (
+        "every group scored alike (advantage 0: nothing to learn, nothing computed)"
+    )
+    assert untrained_reason(8, ["crashed: x"], alike=7).endswith("; 1 dropped")

@@ -15,7 +15,7 @@ from gyre.control.books import Books, replay
 from gyre.errors import ConfigError
 from gyre.sim import Cluster, Tasks, Trace, Workload, durations, simulate
 from gyre.sim.report import best_split, compare, load_workload, lower_bound, user_split
-from gyre.sim.simulate import Drift, stretched
+from gyre.sim.simulate import Drift, stretched, training_costs
 
 SMALL = Workload(
     cluster=Cluster(cells=4, capacity=8, micro_step_s=120.0, apply_s=30.0),
@@ -105,7 +105,7 @@ def test_the_users_split_comes_from_the_first_tenth_of_the_run_and_can_miss_the_
     assert results["async (split from the first 10%)"].total_s > oracle.total_s
 
 
-@pytest.mark.parametrize("name", ["paper", "growing", "bursty", "moving", "short"])
+@pytest.mark.parametrize("name", ["paper", "growing", "bursty", "moving", "short", "learning"])
 def test_no_mode_beats_the_lower_bound(name: str) -> None:
     workload = load_workload(name)
     small = msgspec.structs.replace(workload, tasks=msgspec.structs.replace(workload.tasks, steps=12))
@@ -137,7 +137,8 @@ def test_books_land_whole_groups_in_the_first_step_not_full_and_replay() -> None
     for i in (4, 5, 6, 7):  # the second step's executions finish first
         books.finish(i, ready=False)
     assert books.land(4, 2) == 0 and books.land(6, 2) == 0 and books.landing == 1
-    assert books.ready[0] == 4
+    assert books.ready.get(0, 0) == 0  # ready once the caller knows there is something to compute
+    books.make_ready(0, 4)
     with pytest.raises(ValueError, match="groups must divide"):
         Books(batch_executions=4, burst_steps=1, steps=3).land(0, 5)
     books.take(4)
@@ -177,3 +178,27 @@ def test_a_recorded_trace_is_replayed_as_given_and_a_wrong_one_is_refused(tmp_pa
     bad.write_text("[tasks]\nsteps = 2\nbatch_executions = 4\n\n[trace]\ndurations_s = [1.0, 2.0]\n")
     with pytest.raises(ConfigError, match="the trace has 2 durations; the workload runs 8 executions"):
         load_workload(bad)
+
+
+def test_groups_that_scored_alike_cost_no_training_and_a_split_fit_on_a_cold_start_is_short() -> None:
+    """Binary rewards, zero-advantage groups not computed: a cold start trains little, so the split a user fits on
+    the first steps is short of trainers once the policy solves half its tasks; elastic follows the work."""
+    failing = moved(solve_rate_start=0.0, solve_rate_end=0.0)
+    costs = training_costs(failing, durations(failing.tasks))
+    assert set(costs) == {0.0}  # every group failed whole: nothing to compute
+    nothing = simulate(failing, PolicyConfig(mode="elastic"))
+    assert len(nothing.step_end_s) == 10 and nothing.switches == 0  # no trainer was ever called
+    learning = Workload(
+        cluster=Cluster(cells=4, capacity=8, micro_step_s=300.0, apply_s=30.0),
+        tasks=Tasks(steps=20, batch_executions=32, duration_median_s=900.0, budget_s=7200.0, group_size=4),
+        drift=Drift(solve_rate_start=0.0, solve_rate_end=0.5),
+    )
+    costs = training_costs(learning, durations(learning.tasks))
+    batch = learning.tasks.batch_executions
+    assert sum(costs[:batch]) == 0 and sum(costs[-batch:]) > 0  # no signal at first, plenty by the end
+    results = compare(learning)
+    user, oracle = results["async (split from the first 10%)"], results["async (hindsight oracle split)"]
+    assert user.async_train_cells < oracle.async_train_cells and user.total_s > oracle.total_s
+    assert results["elastic (overlap)"].total_s * 1.5 < user.total_s  # (1.75x on this shape)
+    with pytest.raises(msgspec.ValidationError, match="solve_rate_end"):
+        msgspec.convert({"solve_rate_start": 0.1}, Drift)

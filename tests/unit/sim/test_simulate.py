@@ -59,7 +59,7 @@ def test_shipped_workloads_load_and_bad_ones_are_refused(tmp_path: Path) -> None
     bad.write_text("[cluster]\ncells = 0\n")
     with pytest.raises(ConfigError, match="cells"):
         load_workload(bad)
-    with pytest.raises(ConfigError, match="shipped: agentic, bursty, growing, moving, paper, short"):
+    with pytest.raises(ConfigError, match="shipped: agentic, bursty, growing, learning, moving, paper, short"):  # fmt: skip
         load_workload(tmp_path / "missing.toml")
 
 

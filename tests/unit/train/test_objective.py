@@ -11,7 +11,7 @@ import torch
 from gyre.config import LossConfig
 from gyre.protocol import MicroStep
 from gyre.records import CallRecord, CallTiming
-from gyre.train import Rollout, build_step
+from gyre.train import Rollout, build_step, group_advantages
 from gyre.train.objective import policy_loss, supervised_loss
 
 TIMING = CallTiming(submitted_s=0.0, first_token_s=None, finished_s=0.0)
@@ -98,3 +98,53 @@ def test_a_micro_steps_figures_count_trained_tokens_staleness_and_clipping(tiny_
     assert stats.truncated == 1  # exp(-5.x + 50) is far above the cap
     assert stats.clipped >= 1 and stats.ratio_max > 2.0 and stats.entropy_sum > 0
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def _group(task: str, rewards: list[float]) -> list[Rollout]:
+    """One task's executions: each samples its own tokens (10 + j, ...) after a shared prompt."""
+    out = []
+    for j, reward in enumerate(rewards):
+        ids = [10 + j + 7 * len(task), 40 + j, 60 + j]
+        rec = CallRecord(call_id=f"{task}{j}", session=f"{task}{j}", role="main", parent_call_id=None,
+                         prefix_len=0, new_input_ids=[5, 6, 7], output_ids=ids,
+                         output_logprobs=[-1.5, -2.0, -2.5], finish_reason="stop", weight_version=0, cell="c",
+                         timing=TIMING)  # fmt: skip
+        out.append(Rollout(execution_id=f"{task}{j}", group=task, reward=reward, records=[rec]))
+    return out
+
+
+def test_groups_that_scored_alike_are_not_computed_and_the_gradient_is_the_same(tiny_model: Path) -> None:
+    """A zero-advantage execution adds nothing to the clipped surrogate: skipping it saves its forward and backward
+    and leaves the step's gradient as it was (the others keep their 1 / E weights)."""
+    from gyre.train.objective import compute_gradients
+    from gyre.train.state import flat_gradient, load_model
+
+    rollouts = _group("a", [1.0, 0.0, 1.0, 0.0]) + _group("b", [1.0] * 4) + _group("c", [0.0] * 4)
+
+    def step_gradient(skip: bool) -> tuple[torch.Tensor, int, int]:
+        data = build_step(rollouts, jmax=None, skip_zero_advantage=skip)
+        model = load_model(tiny_model)
+        for m in data.micro_steps:
+            compute_gradients(model, m, LossConfig(), policy_version=0)
+        return flat_gradient(model).clone(), data.computed_tokens, data.skipped
+
+    full, full_tokens, none_skipped = step_gradient(False)
+    lean, lean_tokens, skipped = step_gradient(True)
+    assert (none_skipped, skipped) == (0, 8)  # groups b (all passed) and c (all failed)
+    assert lean_tokens * 3 == full_tokens  # a third of the work
+    assert full.abs().sum() > 0
+    torch.testing.assert_close(lean, full, rtol=1e-5, atol=1e-9)
+    flat = build_step(_group("b", [1.0] * 4), skip_zero_advantage=True)
+    assert flat.micro_steps == [] and flat.executions == flat.skipped == 4
+
+
+def test_zero_advantage_is_computed_when_the_loss_has_a_kl_term() -> None:
+    from gyre.config import TrajectoryConfig
+    from gyre.train import build_step_from_config
+
+    rollouts = _group("b", [1.0] * 4)
+    assert build_step_from_config(rollouts, TrajectoryConfig()).skipped == 4
+    assert build_step_from_config(rollouts, TrajectoryConfig(), kl_coef=0.01).skipped == 0  # KL trains them
+    assert build_step_from_config(rollouts, TrajectoryConfig(skip_zero_advantage=False)).skipped == 0
+    # a group that scored alike has advantage exactly 0, whatever the rounding of its mean (0.1 * 3 / 3 != 0.1)
+    assert set(group_advantages(_group("d", [0.1] * 3)).values()) == {0.0}
