@@ -39,6 +39,7 @@ from gyre.control.books import Books
 from gyre.control.cluster import Cluster
 from gyre.control.loop import ElasticLoop, LoopResult, group_micro_steps
 from gyre.models import init_model
+from gyre.protocol import MicroStep
 from gyre.runtime.runtime import BuiltinAgentSpec, ExecutionSpec, Runtime
 from gyre.sim import Cluster as SimCluster
 from gyre.sim import SimResult, Tasks, Trace, Workload, simulate
@@ -46,14 +47,16 @@ from gyre.tasks.toy import toy_suite
 from gyre.train.step import Rollout
 
 RESULTS = Path(__file__).parent / "results"
-console = Console()
+console = Console(width=max(Console().width, 140))  # a whole table in a log, not cut to 80
 
 
 def overrides(args: argparse.Namespace, cells: int, standalone: int, modelled: bool) -> list[str]:
     out = [f"cells.count={cells}", f"cells.standalone={standalone}", f"cells.capacity_executions={args.capacity}",
            "cells.engine_overrides=['engine.kv_cache_mem_gib=0.2']", "cells.num_threads=1",
            "trainer.learning_rate=1e-4", "trainer.heartbeat_s=0.25", "controller.heartbeat_s=0.25",
-           "router.wait_for_engine_s=600"]  # fmt: skip
+           "router.wait_for_engine_s=600",
+           # the untrained model scores alike in every group; what is timed is training as a learning run pays it
+           "trajectory.skip_zero_advantage=false"]  # fmt: skip
     if modelled:
         out[3] = (
             f"cells.engine_overrides=['engine.kv_cache_mem_gib=0.2', 'engine.modelled_step_s={args.step_s}']"
@@ -110,7 +113,9 @@ async def switch_times(args: argparse.Namespace, model: Path, work: Path) -> dic
 
 
 async def one_mode(args: argparse.Namespace, model: Path, work: Path, policy: ControllerConfig,
-                   modelled: bool) -> tuple[LoopResult, int]:  # fmt: skip
+                   modelled: bool) -> tuple[LoopResult, int, list[float]]:  # fmt: skip
+    """The live run, its crashed executions, and each execution's share of the micro-steps its group built (the
+    first member holds the group's first micro-step, and so on; the others none), in computed tokens."""
     cfg = load_config(None, overrides(args, args.cells, 0, modelled))
     tasks = toy_suite(args.tasks * args.steps, seed=2)
     batch = args.tasks * args.group
@@ -119,21 +124,36 @@ async def one_mode(args: argparse.Namespace, model: Path, work: Path, policy: Co
         runtime = Runtime(cluster.router, verifier=None)
         rng = random.Random(3)
         agents = [agent(args, rng) for _ in range(batch * args.steps)]  # the same draws in every mode
+        index_of: dict[str, int] = {}
+        tokens = [0.0] * (batch * args.steps)
+        build = group_micro_steps(cfg.trajectory, batch, cfg.trainer.loss.kl_coef)
+
+        def recorded(group: list[Rollout], step: int) -> list[MicroStep]:
+            micro = build(group, step)
+            first = min(
+                index_of[r.execution_id] if r.execution_id in index_of else int(r.execution_id[1:])
+                for r in group
+            )  # (x<i>: the loop's name for an execution that crashed)
+            for j, m in enumerate(micro):
+                tokens[first + min(j, len(group) - 1)] += len(m.input_ids)
+            return micro
 
         async def execute(index: int) -> Rollout:
             step, within = divmod(index, batch)
             task = tasks[step * args.tasks + within // args.group]
             result = await runtime.run_one(ExecutionSpec(task=task, group_index=within % args.group,
                                                          agent=agents[index]))  # fmt: skip
+            index_of[result.execution_id] = index
             return Rollout(execution_id=result.execution_id, group=f"{step}/{task.id}", reward=result.reward,
                            records=result.records, dropped=not result.trainable)  # fmt: skip
 
-        loop = ElasticLoop(cluster.controller, policy, Books(batch, 1, args.steps), args.group, execute,
-                           group_micro_steps(cfg.trajectory, batch, cfg.trainer.loss.kl_coef))  # fmt: skip
+        loop = ElasticLoop(
+            cluster.controller, policy, Books(batch, 1, args.steps), args.group, execute, recorded
+        )
         result = await loop.run()
         crashed = runtime.statistics().by_status.get("crashed", 0)
         await runtime.aclose()
-    return result, crashed
+    return result, crashed, tokens
 
 
 def timeline(result: LoopResult, path: Path) -> None:
@@ -160,17 +180,19 @@ def timeline(result: LoopResult, path: Path) -> None:
     plt.close(fig)
 
 
-def replayed(args: argparse.Namespace, result: LoopResult, policy: ControllerConfig) -> SimResult:
+def replayed(args: argparse.Namespace, result: LoopResult, policy: ControllerConfig, tokens: list[float]
+             ) -> SimResult:  # fmt: skip
     """The live run's own executions (their measured durations) through the simulator, under the same policy, with
-    the costs measured live: switches (median per direction), micro-steps (the tokens the modelled device computes,
-    prompts included, at ``--train-tps``), the update and push (the core's push seconds per step, plus 0.05 s)."""
+    the costs measured live: switches (median per direction), micro-steps as the run built them (a group's, at the
+    tokens the modelled device computes, prompts included, at ``--train-tps``), the update and push (the core's
+    push seconds per step, plus 0.05 s)."""
     batch = args.tasks * args.group
     medians = {d: statistics.median([s.total_s for s in result.switches if s.direction == d] or [0.0])
                for d in ("serve_to_train", "train_to_serve")}  # fmt: skip
-    micro = [m.computed_tokens / batch / args.train_tps for m in result.steps for _ in range(batch)]
+    micro = [t / args.train_tps for t in tokens]
     workload = Workload(
         cluster=SimCluster(cells=args.cells, capacity=args.capacity, micro_step_s=max(statistics.mean(micro), 1e-3),
-                           apply_s=result.push_s / max(len(result.steps), 1) + 0.05,
+                           apply_s=result.push_s / max(len(result.steps), 1) + 0.05,  # (micro_step_s: unused, the trace has them)
                            serve_to_train_s=medians["serve_to_train"], train_to_serve_s=medians["train_to_serve"]),
         tasks=Tasks(steps=args.steps, batch_executions=batch, group_size=args.group, budget_s=1e9),
         trace=Trace(durations_s=[end - begin for begin, end in result.spans], micro_steps_s=micro),
@@ -198,9 +220,9 @@ async def modes(args: argparse.Namespace, model: Path, work: Path) -> dict[str, 
             table.add_column(col, justify="right")
         rows = {}
         for mode, policy in policies.items():
-            result, crashed = await one_mode(args, model, work, policy, modelled)
+            result, crashed, tokens = await one_mode(args, model, work, policy, modelled)
             timeline(result, RESULTS / f"elastic-{mode.replace(' ', '')}-{device}.png")
-            sim = replayed(args, result, policy)
+            sim = replayed(args, result, policy, tokens)
             rows[mode] = {"seconds": result.total_s, "idle": result.idle_fraction,
                           "switches": len(result.switches), "agent_errors": crashed + result.failed_executions,
                           "staleness_mean": result.staleness_mean, "step_end_s": result.step_end_s,
