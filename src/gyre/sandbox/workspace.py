@@ -140,6 +140,10 @@ class HostSandbox(Sandbox):
     def _prepare(self) -> None:
         """Backend set-up once the directories exist (blocking; runs in a thread)."""
 
+    def command_env(self) -> dict[str, str]:
+        """The variables a command gets before its caller's own (its Python layer's, then ``variables``)."""
+        return {**self._python_vars, **self._shown(self._variables)}
+
     def _shown(self, variables: dict[str, str]) -> dict[str, str]:
         return {k: v.replace("{workspace}", self.WORKSPACE) for k, v in variables.items()}
 

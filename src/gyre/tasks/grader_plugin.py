@@ -5,9 +5,10 @@ directory outside the workspace and loads it into the graded pytest with ``-p gy
 the agent's runs (plugin autoload is off, no config file of the workspace is read). It depends on nothing but the
 standard library and pytest.
 
-The channel: the host writes a 32-byte key into the FIFO ``$GYRE_GRADER_KEY``; the first pytest process of the
-command reads it at import (a later one finds none and stays silent), so afterwards it lives only in this process's
-memory. Each event is one line on the FIFO ``$GYRE_GRADER_REPORT``, which the host reads as it arrives:
+The channel: the host writes a 32-byte key into the FIFO ``$GYRE_GRADER_KEY``; the grader's launcher
+(`gyre.tasks.grader_launch`, the commands' ``pytest``) reads it before anything else runs and hands it over in
+``sys``; a pytest started another way reads the FIFO at import (a later one finds none and stays silent), so
+afterwards it lives only in this process's memory. Each event is one line on the FIFO ``$GYRE_GRADER_REPORT``, which the host reads as it arrives:
 ``<hmac> <json>``, the JSON numbered from 0 (``n``) and the HMAC-SHA256 of the JSON under the key. Events: ``start``,
 ``collect_error`` (a collector that failed), ``collected`` (with ``--collect-only``), ``test`` (a test's outcome after its teardown), ``tampered`` (a
 tripwire below fired) and ``finish``. The host treats a line it cannot authenticate, a gap in the numbering, or
@@ -149,6 +150,9 @@ class _Grader:
 
     @staticmethod
     def _take_key() -> bytes:
+        if "_gyre_grader_key" in vars(sys):  # started by the grader's launcher, which read it first
+            key = vars(sys).pop("_gyre_grader_key")
+            return key if isinstance(key, bytes) and len(key) == KEY_BYTES else b""
         path = os.environ.get("GYRE_GRADER_KEY", "")
         if not path:
             return b""

@@ -31,10 +31,12 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import shlex
 import sys
 import tomllib
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -94,11 +96,64 @@ def open_channels(grader: Path, channels: list[Channel]) -> None:
         channel.open()
 
 
+_PYTEST_COMMAND = re.compile(r"(?<![\w.-])(?:pytest|py\.test)(?![\w.-])")
+LAUNCH_SOURCE = Path(__file__).with_name("grader_launch.py")
+LAUNCH_NAMES = ("pytest", "py.test", "python", "python3")  # its bin/: `pytest ...`, `python -m pytest ...`
+
+
+def pytest_commands(commands: Sequence[str]) -> list[int]:
+    """The commands that run pytest (they name it), each to get a channel and a key; a command that does not (an
+    install step) gets none, so nothing it runs can report. When no command names pytest (it runs under a script),
+    every command gets one, as before the launcher."""
+    named = [i for i, command in enumerate(commands) if _PYTEST_COMMAND.search(command)]
+    return named or list(range(len(commands)))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How the grader's launcher (`gyre.tasks.grader_launch`) starts the graded pytest: the trusted interpreter it
+    runs on, the read-only site directories it processes, the writable layer's it only adds behind them, the
+    ``sys.executable`` the tests see, the grader's variables, and the PATH the commands would have had."""
+
+    interpreter: str
+    trusted_sites: list[str]
+    layer_sites: list[str]
+    executable: str
+    env: dict[str, str]
+    path: str
+
+    @classmethod
+    def for_sandbox(
+        cls, env: dict[str, str], trusted: list[str], python_env: object, sandbox: object
+    ) -> Launch:
+        """For commands run with ``env`` (the grader's variables included) in ``sandbox``, over ``python_env`` (a
+        `PreparedEnvironment`, or None: the driver's own Python, shown read-only)."""
+        from gyre.sandbox import pyenv
+        from gyre.sandbox.workspace import SYSTEM_PATH
+
+        shown = sandbox.command_env() if hasattr(sandbox, "command_env") else {}
+        path = env.get("PATH") or shown.get("PATH") or SYSTEM_PATH
+        layer = shown.get("VIRTUAL_ENV", "")
+        if python_env is not None:
+            env_dir = Path(python_env.path)  # type: ignore[attr-defined]
+            interpreter, sites = str(pyenv.base_interpreter(env_dir)), [pyenv.site_packages(env_dir)]
+        else:
+            interpreter, sites = str(Path(sys.executable).resolve()), [pyenv.site_packages(sys.prefix)]
+        grader_vars = {k: v for k, v in env.items() if k.startswith(("PYTEST_", "PYTHON"))}
+        return cls(
+            interpreter=interpreter, trusted_sites=sites,
+            layer_sites=[pyenv.site_packages(layer)] if layer else [],
+            executable=f"{layer}/bin/python" if layer else sys.executable, env=grader_vars, path=path,
+        )  # fmt: skip
+
+
 def write_grader(
-    task: Task, spec: VerifierSpec, grader: Path, shown_workspace: str, trusted: list[str] | None = None
-) -> None:
+    task: Task, spec: VerifierSpec, grader: Path, shown_workspace: str, trusted: list[str] | None = None,
+    launch: Launch | None = None,
+) -> None:  # fmt: skip
     """The grader plugin, the task's pytest configuration and what the plugin needs to know (blocking).
-    ``trusted``: where pytest and the plugins it may load are installed (read-only to the commands)."""
+    ``trusted``: where pytest and the plugins it may load are installed (read-only to the commands); ``launch``:
+    the launcher's ``bin/`` too (see `Launch`)."""
     name, text, pythonpath = task_config(task)
     conftests = sorted(
         p for p in {**task.files, **task.hidden_files} if PurePosixPath(p).name == "conftest.py"
@@ -115,12 +170,26 @@ def write_grader(
                 "conftests": conftests,
                 "tests": sorted(hidden_tests(task)),
                 "trusted": trusted or [sys.prefix, sys.base_prefix],
+                "launch": None
+                if launch is None
+                else {
+                    "trusted_sites": launch.trusted_sites,
+                    "layer_sites": launch.layer_sites,
+                    "executable": launch.executable,
+                    "env": launch.env,
+                },
             }
         ),
     }
     for file, content in files.items():
         (grader / file).write_text(content)
         (grader / file).chmod(0o644)
+    if launch is not None:
+        (grader / "bin").mkdir(exist_ok=True)
+        script = f"#!{launch.interpreter} -IS\n" + LAUNCH_SOURCE.read_text()
+        for name in LAUNCH_NAMES:
+            (grader / "bin" / name).write_text(script)
+            (grader / "bin" / name).chmod(0o755)
 
 
 def environment(
@@ -259,6 +328,11 @@ def read_events(raw: bytes, key: bytes) -> GradedRun:
     if lines[-1]:
         run.tampering.append("the report ends in a partial line")
     for number, line in enumerate(lines[:-1]):
+        if line == b"key-taken":  # the launcher found the command's key gone before its pytest began
+            run.tampering.append(
+                "the command's key was taken before its pytest started (by code run earlier)"
+            )
+            break
         mac, _, text = line.partition(b" ")
         expected = hmac.new(key, text, hashlib.sha256).hexdigest().encode()
         if not hmac.compare_digest(mac, expected):

@@ -301,8 +301,8 @@ class Verifier:
                 binds += [(p, p, False) for p in sorted({sys.prefix, sys.base_prefix})]
                 env.setdefault("PATH", f"{sys.prefix}/bin:{SYSTEM_PATH}")
             variables = task.environment.env if task.environment is not None else {}
-            if _pytest_graded(spec):
-                channels = [grading.Channel(grader, i) for i in range(len(spec.commands))]
+            if _pytest_graded(spec):  # a channel (a key) only for the commands that run pytest
+                channels = [grading.Channel(grader, i) for i in grading.pytest_commands(spec.commands)]
                 await asyncio.to_thread(grading.open_channels, grader, channels)
                 binds.append((str(grader), grading.GRADER_DIR, False))  # read-only: FIFOs still pass data
             shown_grader = grading.GRADER_DIR if bwrap else str(grader)
@@ -313,11 +313,15 @@ class Verifier:
                 )
             async with sandbox:
                 if channels:
-                    await asyncio.to_thread(
-                        grading.write_grader, task, spec, grader, sandbox.WORKSPACE, trusted
-                    )
                     env = grading.environment(
                         task, spec, env, shown_grader, sandbox.WORKSPACE, collect is not None
+                    )
+                    launch = None  # an image brings its own Python: its pytest starts as the image has it
+                    if not cfg.image:
+                        launch = grading.Launch.for_sandbox(env, trusted, python_env, sandbox)
+                        env["PATH"] = f"{shown_grader}/bin:{launch.path}"  # the grader's pytest first
+                    await asyncio.to_thread(
+                        grading.write_grader, task, spec, grader, sandbox.WORKSPACE, trusted, launch
                     )
                 results = await _run_commands(sandbox, spec, env, channels, shown_grader)
                 codes = [r.exit_code for r in results]
@@ -358,20 +362,22 @@ async def _run_commands(
     deadline = time.monotonic() + spec.timeout_s
     results: list[ExecResult] = []
     loop = asyncio.get_running_loop()
+    by_command = {c.index: c for c in channels}
     for i, command in enumerate(spec.commands):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
         command_env = dict(env)
-        if channels:
-            command_env["GYRE_GRADER_KEY"] = f"{shown_grader}/{channels[i].key_path.name}"
-            command_env["GYRE_GRADER_REPORT"] = f"{shown_grader}/{channels[i].report_path.name}"
-            channels[i].start(loop)
+        channel = by_command.get(i)  # none for a command that does not run pytest: no key to take
+        if channel is not None:
+            command_env["GYRE_GRADER_KEY"] = f"{shown_grader}/{channel.key_path.name}"
+            command_env["GYRE_GRADER_REPORT"] = f"{shown_grader}/{channel.report_path.name}"
+            channel.start(loop)
         try:
             result = await sandbox.exec(command, timeout_s=remaining, env=command_env)
         finally:
-            if channels:
-                channels[i].close(loop)
+            if channel is not None:
+                channel.close(loop)
         if result.exit_code == COMMAND_NOT_FOUND and "not found" in result.stderr:
             raise VerifierFailure(f"command {i} ({command!r}) could not run: {result.stderr.strip()[-300:]}")
         results.append(result)
@@ -451,7 +457,7 @@ def _write_tree(root: Path, files: dict[str, FileData]) -> None:
 
 def _collected(channels: list[grading.Channel], results: list[ExecResult], tail: str) -> list[str]:
     """The test ids of a clean ``--collect-only`` run; `VerifierFailure` unless every command collected cleanly."""
-    if len(results) < len(channels) or any(r.timed_out for r in results):
+    if any(c.index >= len(results) for c in channels) or any(r.timed_out for r in results):
         raise VerifierFailure("the clean collection ran out of the verifier's time")
     ids: list[str] = []
     for channel in channels:
@@ -484,7 +490,10 @@ def _score_pytest(
     collect_errors: set[str] = set()
     tampering: list[str] = []
     sessions = 0
-    for channel, result in zip(channels, results, strict=False):
+    for channel in channels:
+        if channel.index >= len(results):  # the budget ran out before its command
+            continue
+        result = results[channel.index]
         run = grading.read_events(bytes(channel.data), channel.key)
         if channel.overflowed:
             run.tampering.append(f"more than {grading.MAX_EVENT_BYTES} bytes of report")

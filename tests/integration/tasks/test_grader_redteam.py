@@ -389,3 +389,130 @@ def test_objects_equal_to_everything_are_not_caught(tmp_path: Path) -> None:
     files = {f"numwords/{n}.py": liar for n in ("errors", "roman", "cardinal", "compact")}
     verdict = grade(tmp_path, {"numwords/__init__.py": "", **files})
     assert verdict.score < 0.1
+
+
+# --- issue 31: the install step of a real NL2RepoBench task (`pip install -e .`, then pytest) --------------------
+
+RETRYING = Path(__file__).resolve().parents[2] / "data" / "nl2repobench" / "retrying"
+# Reads this command's key from its FIFO (any Python process of the command can open it) and signs a passing report
+# for every test of the hidden file, then leaves before pytest runs: before issue 31, a workspace holding only this
+# as sitecustomize.py scored 1.000 (23/23): the install step's easy-install.pth put the workspace on sys.path.
+FORGE_WITH_KEY = textwrap.dedent(
+    """
+    import hashlib, hmac, json, os, re
+
+    def forge_with_key():
+        key_path, report = os.environ.get("GYRE_GRADER_KEY"), os.environ.get("GYRE_GRADER_REPORT")
+        if not key_path or not report or b"pytest" not in open("/proc/self/cmdline", "rb").read():
+            return
+        try:
+            fd = os.open(key_path, os.O_RDONLY | os.O_NONBLOCK)
+            key = os.read(fd, 32)
+            os.close(fd)
+        except OSError:
+            return
+        ids, owner = [], None
+        for line in open("/workspace/test_retrying.py").read().splitlines():
+            if m := re.match(r"class (\\w+)", line):
+                owner = m.group(1)
+            elif m := re.match(r"    def (test\\w*)", line):
+                ids.append(f"test_retrying.py::{owner}::{m.group(1)}")
+            elif m := re.match(r"def (test\\w*)", line):
+                ids.append(f"test_retrying.py::{m.group(1)}")
+        events = [{"e": "start"}, *({"e": "test", "id": i, "outcome": "passed"} for i in ids),
+                  {"e": "finish", "exitstatus": 0}]
+        fd = os.open(report, os.O_WRONLY | os.O_NONBLOCK)
+        for n, event in enumerate(events):
+            text = json.dumps({"n": n, **event}, separators=(",", ":"))
+            os.write(fd, (hmac.new(key, text.encode(), hashlib.sha256).hexdigest() + " " + text + "\\n").encode())
+        os._exit(0)
+    """
+)
+
+
+def grade_retrying(tmp_path: Path, files: dict[str, str]) -> Verdict:
+    from gyre.tasks.formats import load_task
+
+    retrying = load_task(RETRYING)
+    texts = {
+        "README.rst": "",
+        "HISTORY.rst": "",
+    }  # what the grader's setup.py reads: the install step succeeds
+    return grade(tmp_path, {**retrying.files, **texts, **files}, graded=retrying)
+
+
+def test_a_sitecustomize_on_the_path_the_install_step_adds_cannot_forge_the_report(tmp_path: Path) -> None:
+    verdict = grade_retrying(tmp_path, {"sitecustomize.py": FORGE_WITH_KEY + "forge_with_key()\n"})
+    assert_caught(verdict, tampered=False)
+
+
+# A hatchling build hook the workspace declares in hatch.toml (not a file the grader replaces): it runs during the
+# install step (`pip install -e .` of the grader's pyproject) and plants, in the sandbox's writable Python layer,
+# everything a later Python could run before the grader plugin: a .pth with code, a `pytest` module shadowing the
+# real one, and a `pytest` script first on the layer's PATH. Each would end the graded pytest before it reports.
+HATCH_PLANT = textwrap.dedent(
+    """
+    import os, stat, sys
+
+    from hatchling.builders.hooks.plugin.interface import BuildHookInterface
+
+    class CustomBuildHook(BuildHookInterface):
+        def initialize(self, version, build_data):
+            layer = os.environ["VIRTUAL_ENV"]
+            version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+            site_dir = os.path.join(layer, "lib", version, "site-packages")
+            with open(os.path.join(site_dir, "zz_evil.pth"), "w") as f:
+                f.write("import os; b'pytest' in open('/proc/self/cmdline', 'rb').read() and os._exit(3)\\n")
+            with open(os.path.join(site_dir, "pytest.py"), "w") as f:
+                f.write("import os\\nos._exit(3)\\n")
+            fake = os.path.join(layer, "bin", "pytest")
+            with open(fake, "w") as f:
+                f.write("#!/bin/sh\\nexit 3\\n")
+            os.chmod(fake, stat.S_IRWXU | stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH)
+            open("/workspace/planted", "w").close()
+    """
+)
+
+
+def test_code_the_install_step_runs_plants_nothing_that_runs_before_the_grader(tmp_path: Path) -> None:
+    from gyre.tasks.formats import load_task
+
+    stamina = load_task(RETRYING.parent / "stamina")
+    texts = {
+        p: t for p, t in stamina.solution_files.items() if p in ("README.md", "CHANGELOG.md")
+    }  # its readme
+    files = {
+        "hatch.toml": '[build.hooks.custom]\npath = "evil_hook.py"\n',
+        "evil_hook.py": HATCH_PLANT,
+        "src/stamina/__init__.py": "",
+    }  # an empty package: something for hatchling to install
+    verdict = grade(tmp_path, {**stamina.files, **texts, **files}, graded=stamina)
+    # before issue 31 the planted pytest ended the command unreported: dropped (never trained); now the grader's own
+    # start-up ignores all of it and the empty implementation is an honest 0
+    assert (verdict.outcome, verdict.score) == ("scored", 0.0), verdict.detail
+
+
+def test_a_key_taken_by_the_install_step_of_the_same_command_is_tampering(tmp_path: Path) -> None:
+    # one command installs and tests: its key is in the install step's environment too. The install step's code reads
+    # it first (it could sign anything); the grader's launcher then finds it gone and says so
+    from gyre.tasks.formats import load_task
+
+    stamina = load_task(RETRYING.parent / "stamina")
+    assert stamina.verifier is not None
+    combined = "pip install -e . && pytest --continue-on-collection-errors tests"
+    stamina = msgspec.structs.replace(stamina, verifier=msgspec.structs.replace(stamina.verifier,
+                                                                                commands=(combined,)))  # fmt: skip
+    steal = HATCH_PLANT.split("    class CustomBuildHook")[0] + textwrap.dedent(
+        """
+        class CustomBuildHook(BuildHookInterface):
+            def initialize(self, version, build_data):
+                fd = os.open(os.environ["GYRE_GRADER_KEY"], os.O_RDONLY | os.O_NONBLOCK)
+                os.read(fd, 32)
+        """
+    )
+    texts = {p: t for p, t in stamina.solution_files.items() if p in ("README.md", "CHANGELOG.md")}
+    files = {"hatch.toml": '[build.hooks.custom]\npath = "evil_hook.py"\n', "evil_hook.py": steal,
+             "src/stamina/__init__.py": ""}  # fmt: skip
+    verdict = grade(tmp_path, {**stamina.files, **texts, **files}, graded=stamina)
+    assert_caught(verdict, tampered=True)
+    assert "key was taken before its pytest started" in verdict.detail, verdict.detail

@@ -16,7 +16,16 @@ from gyre.evaluation import EvalOptions, summarize
 from gyre.protocol import StepMetrics
 from gyre.runtime import ExecutionResult
 from gyre.tasks import Task, Verdict
-from gyre.tasks.grading import Channel, judge_unfinished, missing, read_events, task_config, unexpected
+from gyre.tasks.grader_launch import _pytest_args
+from gyre.tasks.grading import (
+    Channel,
+    judge_unfinished,
+    missing,
+    pytest_commands,
+    read_events,
+    task_config,
+    unexpected,
+)
 from gyre.tasks.verify import Outcome
 from gyre.train.step import Rollout
 from gyre.training import is_tampered, step_record
@@ -60,6 +69,7 @@ def test_lines_it_did_not_write_or_did_not_pass_on_are_tampering() -> None:
             [PASSING[0], {"e": "collect_error", "id": "tests/test_a.py"}, PASSING[3]]
         ),
         "exited 1 (tests failed)": stream([*PASSING[:3], {"e": "finish", "exitstatus": 1}]),
+        "key was taken": stream(PASSING) + b"key-taken\n",  # signed by whoever took it; the launcher says so
     }
     for why, raw in cases.items():
         tampering = read_events(raw, KEY).tampering
@@ -171,3 +181,22 @@ def test_tampered_executions_are_counted_in_eval_and_training_statistics() -> No
     )
     record = step_record(0, rollouts, trained, 1.0, tampered=sum(map(is_tampered, results)))
     assert (record.tampered, record.dropped, record.reward_mean) == (2, 0, 1 / 3)
+
+
+def test_only_commands_that_run_pytest_get_a_key() -> None:
+    install, test = (
+        "pip install -e . & pip install -r tests/requirements.txt",
+        "pytest --continue-on-collection-errors",
+    )
+    assert pytest_commands([install, test]) == [1]  # the install step has no key to take
+    assert pytest_commands(["pip install pytest-cov", "python -m pytest -x", "py.test t.py"]) == [1, 2]
+    assert pytest_commands(["pip install -e . && /opt/env/bin/pytest tests"]) == [0]
+    assert pytest_commands(["make test", "tox"]) == [0, 1]  # none names pytest (a script runs it): as before
+
+
+def test_the_launcher_runs_pytest_for_pytest_and_python_dash_m_pytest_only() -> None:
+    assert _pytest_args("pytest", ["-x", "tests"]) == ["-x", "tests"]
+    assert _pytest_args("python3", ["-B", "-W", "error", "-m", "pytest", "-q"]) == ["-q"]
+    assert _pytest_args("python", ["-mpytest", "t.py"]) == ["t.py"]
+    for args in (["setup.py", "develop"], ["-c", "import pytest"], ["-m", "pip", "install", "."], ["-"], []):
+        assert _pytest_args("python", args) is None, args  # handed over to the command's own interpreter
