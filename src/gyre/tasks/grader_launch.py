@@ -58,7 +58,7 @@ def _hand_over(name: str, args: list[str]) -> None:
             continue
         candidate = os.path.join(directory, name)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            os.execv(candidate, [name, *args])
+            os.execv(candidate, [candidate, *args])  # its path as argv[0], as a shell would have run it
     sys.stderr.write(f"{name}: command not found\n")
     sys.exit(127)
 

@@ -516,3 +516,16 @@ def test_a_key_taken_by_the_install_step_of_the_same_command_is_tampering(tmp_pa
     verdict = grade(tmp_path, {**stamina.files, **texts, **files}, graded=stamina)
     assert_caught(verdict, tampered=True)
     assert "key was taken before its pytest started" in verdict.detail, verdict.detail
+
+
+def test_python_that_is_not_pytest_still_runs_in_the_tasks_environment(tmp_path: Path) -> None:
+    # the grader's bin/ is first on PATH: `python` that does not run pytest is handed over to the layer's own
+    from gyre.tasks.formats import load_task
+
+    retrying = load_task(RETRYING)
+    assert retrying.verifier is not None
+    commands = ("pip install -e .", "python -c 'import retrying, six' && python3 -m pytest test_retrying.py")
+    retrying = msgspec.structs.replace(retrying, verifier=msgspec.structs.replace(retrying.verifier,
+                                                                                  commands=commands))  # fmt: skip
+    verdict = grade(tmp_path, {**retrying.files, **retrying.solution_files}, graded=retrying)
+    assert (verdict.outcome, verdict.score) == ("scored", 1.0), verdict.detail
