@@ -32,6 +32,10 @@ ROLES: frozenset[str] = frozenset(ROLE_PRIORITY)
 # Requests with more text than this (characters) are rendered and encoded on the render thread, not the event
 # loop (~2 us a character: 8192 characters hold the loop for up to ~20 ms).
 INLINE_RENDER_CHARS = 8192
+# a request's tools: real scaffolds send tens of tools, each schema a few hundred values, nested a few levels
+MAX_TOOLS = 512
+MAX_TOOLS_DEPTH = 64
+MAX_TOOLS_NODES = 100_000
 
 
 class Router:
@@ -97,6 +101,7 @@ class Router:
             raise RouterError("only n=1 is supported", 422, param="n")
         if not req.messages:
             raise RouterError("messages must not be empty", 400, param="messages")
+        check_tools(req.tools)
         try:
             parent = session.find_extended(req.messages, req.tools)
             if parent is not None:
@@ -174,6 +179,9 @@ class Router:
     async def _start_chat(self, session: Session, req: ChatRequest) -> _ChatCall:
         parent, new_ids = await self._prepare_chat(session, req)
         input_ids = parent.full_ids + new_ids if parent is not None else new_ids
+        if self.context_length and len(input_ids) >= self.context_length:  # never shipped to an engine
+            raise RouterError(f"the request does not fit the model: it renders to {len(input_ids)} tokens; the "
+                              f"context length is {self.context_length}", 413, param="messages")  # fmt: skip
         max_tokens = req.max_completion_tokens or req.max_tokens or self.cfg.default_max_tokens
         top_n = (req.top_logprobs or 0) if req.logprobs else 0
         call_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -519,18 +527,51 @@ def _hold_stops(visible: str, stops: list[str]) -> str:
 
 
 def _text_chars(value: Any) -> int:
-    """Characters of every string (keys included) in a JSON-like value; iterative, so any depth is fine."""
+    """About the characters ``value`` takes as JSON, every node counted (strings and keys by their length, a number
+    by its digits, an empty object or array by its brackets): what a chat template renders of it, at least.
+    Iterative, so any depth is fine."""
     total, stack = 0, [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            total += len(item)
+            total += len(item) + 2
         elif isinstance(item, dict):
-            total += sum(len(k) for k in item if isinstance(k, str))
+            total += 2 + sum(len(k) + 4 for k in item if isinstance(k, str))
             stack.extend(item.values())
         elif isinstance(item, list | tuple):
+            total += 2 + len(item)
             stack.extend(item)
+        elif isinstance(item, bool) or item is None:
+            total += 4
+        elif isinstance(item, int):
+            total += 1 if -10 < item < 10 else len(str(item)) if abs(item) < 10**100 else 101
+        elif isinstance(item, float):
+            total += 8
     return total
+
+
+def check_tools(tools: Any) -> None:
+    """Refuse (400, naming the limit) ``tools`` larger than a scaffold ever sends: more than `MAX_TOOLS` tools,
+    nested deeper than `MAX_TOOLS_DEPTH`, or more than `MAX_TOOLS_NODES` JSON values in all. Iterative."""
+    if tools is None:
+        return
+    if len(tools) > MAX_TOOLS:
+        raise RouterError(
+            f"tools holds {len(tools)} tools; at most {MAX_TOOLS} are accepted", 400, param="tools"
+        )
+    nodes, stack = 0, [(tools, 1)]
+    while stack:
+        item, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_TOOLS_NODES:
+            raise RouterError(f"tools holds more than {MAX_TOOLS_NODES} JSON values; a tool schema that large is "
+                              "not accepted", 400, param="tools")  # fmt: skip
+        if depth > MAX_TOOLS_DEPTH:
+            raise RouterError(f"tools is nested deeper than {MAX_TOOLS_DEPTH} levels", 400, param="tools")
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
 
 
 def _model_context_length(model_path: str) -> int:

@@ -10,7 +10,7 @@ from gyre.errors import GyreError
 
 Temperature = Annotated[float, msgspec.Meta(ge=0.0, le=2.0)]
 TopP = Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]
-MaxTokens = Annotated[int, msgspec.Meta(ge=1)]
+MaxTokens = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
 Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
 
 
@@ -56,7 +56,7 @@ class CompletionRequest(msgspec.Struct, kw_only=True):
 
     model: str
     prompt: str | list[int | str]  # text, token ids, or a list holding one text
-    max_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = 16
+    max_tokens: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)] | None = 16
     temperature: Temperature | None = None
     top_p: TopP | None = None
     stop: str | list[str] | None = None

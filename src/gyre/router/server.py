@@ -34,6 +34,7 @@ from gyre.router.openai_types import (
 )
 from gyre.router.pool import CallControl
 
+MAX_HEADER_BYTES = 32 << 10  # a request's header lines together (a scaffold sends well under 4 KiB)
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Handler = Callable[[Request], Awaitable[Response]]
@@ -98,11 +99,15 @@ class AgentApp:
             if reply.started:  # mid-stream: the status is sent; the stream ends with an error event
                 await reply.end_stream(error)
             else:  # a body left unread (too large, too slow) closes the connection
-                await reply.json(error.status, error.body(), close=error.status in (408, 413))
+                await reply.json(error.status, error.body(), close=error.status in (408, 413, 431))
 
     async def _dispatch(self, scope: dict[str, Any], receive: Any, reply: _Reply) -> None:
         path: str = scope["path"]
         method: str = scope["method"]
+        header_bytes = sum(len(name) + len(value) for name, value in scope["headers"])
+        if header_bytes > MAX_HEADER_BYTES:
+            raise RouterError(f"the request headers hold {header_bytes} bytes; the limit is {MAX_HEADER_BYTES}",
+                              431)  # fmt: skip
         if path == "/health" and method == "GET":
             await reply.json(200, {"status": "ok", "engines": self.router.pool.statistics().engines})
             return

@@ -428,3 +428,56 @@ def test_running_out_of_descriptors_does_not_mark_the_engine_gone(scripted: Scri
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result == {"ok": 4, "engine_failures": 0, "states": {"engine-0": "serving"}}, proc.stderr[-2000:]
+
+
+# ---- issue 31: hostile but valid tool schemas, absurd limits, huge headers -------------------------------------
+def _tool(parameters: Any) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": "f", "description": "", "parameters": parameters}}
+
+
+@pytest.mark.parametrize(
+    ("tools", "says"),
+    [
+        ([_tool({"type": "object", "enum": list(range(300_000))})], "JSON values"),  # 2 MB of numbers
+        ([_tool({"type": "object", "x": [{}] * 300_000})], "JSON values"),  # 300,000 empty objects
+        (
+            [_tool(json.loads('{"a":' * 900 + "1" + "}" * 900))],
+            "nested deeper",
+        ),  # 900 deep, under JSON's limit
+        ([_tool({"type": "object"})] * 1000, "at most 512"),
+    ],
+    ids=["numbers", "empty-objects", "deep", "many-tools"],
+)
+def test_hostile_tool_schemas_are_refused_at_once_naming_the_limit(
+    roomy: Served, tools: list[dict[str, Any]], says: str
+) -> None:
+    """Before issue 31 numbers and empty objects did not count toward the pre-check, so the request rendered on the
+    event loop (2 MB of numbers stalled every session 3.8 s) and shipped a 10 M-token input to the engine."""
+    _, base = roomy.session("schemas")
+    started = time.monotonic()
+    resp = httpx.post(f"{base}/chat/completions", json=chat("hi", tools=tools), timeout=60)
+    assert says in assert_error(resp, 400)
+    assert time.monotonic() - started < 3.0
+
+
+def test_a_tools_payload_of_numbers_counts_toward_the_context(router: Served) -> None:
+    # under the tools limits, but far more than the tiny model's context once rendered: 413 before rendering
+    tools = [_tool({"type": "object", "enum": list(range(10**6, 10**6 + 90_000))}) for _ in range(1)]
+    _, base = router.session("numbers")
+    started = time.monotonic()
+    resp = httpx.post(f"{base}/chat/completions", json=chat("hi", tools=tools), timeout=60)
+    assert "context length" in assert_error(resp, 413)
+    assert time.monotonic() - started < 3.0
+
+
+def test_absurd_max_tokens_and_huge_headers_are_4xx_naming_the_limit(router: Served) -> None:
+    _, base = router.session("limits")
+    resp = httpx.post(f"{base}/chat/completions", json=chat("hi", max_tokens=10**30), timeout=30)
+    assert "2147483647" in assert_error(resp, 400)
+    resp = httpx.post(f"{base}/completions", json={"model": "default", "prompt": "hi", "max_tokens": 10**30})
+    assert "2147483647" in assert_error(resp, 400)
+    resp = httpx.post(
+        f"{base}/chat/completions", json=chat("hi"), headers={"x-pad": "a" * 100_000}, timeout=30
+    )
+    assert "limit is 32768" in assert_error(resp, 431)
+    assert httpx.post(f"{base}/chat/completions", json=chat("say:fine"), timeout=30).status_code == 200
