@@ -6,7 +6,8 @@ started with ``OPENAI_BASE_URL=http://127.0.0.1:8000/s/{session}/v1``, ``OPENAI_
 the model name, like any OpenAI-compatible client expects (and ``GYRE_EXECUTION_ID``, its execution's id). Its
 commands run in the same sandbox as it does. A scaffold that fails because its processes passed one of the
 sandbox's limits (memory, processes, CPU time: the sandbox kills them, nothing outside it) raises
-`ResourceExceeded`: its execution ends ``resource_exceeded`` and leaves training, like a workspace over its quota.
+`ResourceExceeded`: its execution ends ``resource_exceeded`` and scores 0 (trained on), like a workspace over its
+quota.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Each execution gets a router session and a sandbox, runs its agent under its wall-clock budget and its workspace's
 disk and inode quotas, and ends as data: ``done``, ``budget_exceeded``, ``resource_exceeded`` (a quota, or a command
 agent's processes killed in its sandbox past a memory, process or CPU limit: the agent is stopped, the workspace is
-not scored, the verdict is ``dropped``), ``crashed`` or ``cancelled``. Then, whatever the
+not scored, the verdict is a 0: what the agent caused in its own sandbox is its outcome, trained on), ``crashed`` or
+``cancelled``; only the host's own faults (the driver out of descriptors, memory or disk) drop an execution. Then, whatever the
 status (cancelled and over quota aside), the workspace loses its set-id bits and device files and the task's verifier
 scores it (`gyre.tasks.verify`). Its result (records, status, verdict, timings, error) is journaled before anything
 downstream sees it. Anything one execution raises, its verification and clean-up included, is recorded on it and
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import sys
 import time
@@ -212,6 +214,7 @@ class Runtime:
         scratch: Path | None = None
         verdict: Verdict | None = None
         unscorable = False  # the workspace could not be made safe for the host: never scored
+        infrastructure = ""  # the driver itself failed it (out of descriptors, memory, disk): never trained
         try:
             # set once the task's files are in: from then on there is something to score
             ready = asyncio.Event()
@@ -230,6 +233,8 @@ class Runtime:
             except Exception as exc:  # a failed execution is data, never raised to its neighbours
                 errors.append(_describe(exc))
                 log.info("execution %s crashed: %s", execution_id, errors[-1])
+                if _host_fault(exc):
+                    infrastructure = errors[-1]
             if self._slots is not None:  # verification needs no model: free the slot for the next execution
                 self._slots.release()
                 held = False
@@ -244,8 +249,11 @@ class Runtime:
                     self._internal_errors += 1
                     errors.append(f"the workspace could not be checked: {_describe(exc)}")
                     unscorable = True
+                    infrastructure = errors[-1] if _host_fault(exc) else infrastructure
             if self.verifier is not None:
-                verdict = await self._verify(spec, execution_id, workspace, status, errors, unscorable)
+                verdict = await self._verify(
+                    spec, execution_id, workspace, status, errors, unscorable, infrastructure
+                )
         except asyncio.CancelledError:
             self._finish(
                 spec, burst, execution_id, token, "cancelled", None, "cancelled", dispatched, started, None
@@ -271,12 +279,21 @@ class Runtime:
         status: ExecutionStatus,
         errors: list[str],
         unscorable: bool,
+        infrastructure: str = "",
     ) -> Verdict:
-        """The verifier's verdict; ``dropped`` over quota, for a workspace that could not be made safe to score, or
-        when verifying raised (the reason is the last of ``errors``)."""
+        """The verifier's verdict. What the agent caused in its own sandbox is its outcome, trained on: over its quota,
+        or a workspace that cannot be made safe to score (too deep, unreadable), scores 0. Only the host's faults are
+        ``dropped``: the driver out of descriptors, memory or disk while running it (``infrastructure``), or the
+        verifier raising (the reason is the last of ``errors``)."""
         assert self.verifier is not None
+        if infrastructure:
+            return Verdict(
+                outcome="dropped", detail=f"the host failed this execution, not its agent: {infrastructure}"
+            )
         if status == "resource_exceeded" or unscorable:
-            return Verdict(outcome="dropped", detail=errors[-1])
+            return Verdict(
+                outcome="scored", score=0.0, detail=f"the agent's own doing, scored 0: {errors[-1]}"
+            )
         try:
             return await self.verifier.verify(spec.task, workspace, execution_id)
         except Exception as exc:  # the verifier's bug or a hostile workspace: this execution's, no one else's
@@ -449,6 +466,26 @@ def _measure(roots: list[Path], limits: tree.Limits) -> tree.Usage:
     for root in roots:
         tree.usage(root, limits, used)
     return used
+
+
+_HOST_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOSPC, errno.EIO})
+
+
+def _host_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is the driver's own resources failing: descriptors, memory, disk."""
+    seen: set[int] = set()
+    stack: list[BaseException | None] = [exc]
+    while stack:
+        item = stack.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, OSError) and item.errno in _HOST_ERRNOS:
+            return True
+        if "Too many open files" in str(item):  # wrapped by a library that kept only the message
+            return True
+        stack += [item.__cause__, item.__context__, *getattr(item, "exceptions", ())]
+    return False
 
 
 def _describe(exc: BaseException) -> str:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import hmac
 import os
+import resource
 import tempfile
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,8 +24,33 @@ from gyre.router.core import Router
 from gyre.sandbox import tree
 
 SOCKET_NAME = "router.sock"
+# connections one execution's socket holds at once (an agent makes a few; each costs the driver a descriptor), and
+# all sockets together, a share of the driver's descriptor limit so that it never runs out for its own work
+MAX_CONNECTIONS = 64
+DRIVER_SHARE = 0.5
 _REFUSED = {"message": "this socket serves another session", "type": "authentication_error", "code": 401}
 CLOSE_S = 5.0  # how long closing a socket waits for its connections' tasks once they are cancelled
+
+
+class _Budget:
+    """The connections every session socket of this process holds (the driver's descriptors they may use)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self.limit = (
+            max(int(soft * DRIVER_SHARE), MAX_CONNECTIONS) if soft != resource.RLIM_INFINITY else 1 << 20
+        )
+
+
+_BUDGET = _Budget()
+
+
+class _Refused(asyncio.Protocol):
+    """A connection past a cap: closed as soon as it is accepted (its descriptor is the driver's at once again)."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
 
 
 class _OwnSession:
@@ -61,6 +87,38 @@ def _token(scope: dict[str, Any]) -> bytes | None:
     return None
 
 
+class _Counted(asyncio.Protocol):
+    """uvicorn's protocol, counted in `_BUDGET` while its connection is open (every callback forwarded)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.counted = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        _BUDGET.open += 1
+        self.counted = True
+        self.inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.counted:
+            _BUDGET.open -= 1
+            self.counted = False
+        self.inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        result: bool | None = self.inner.eof_received()
+        return result
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
 @contextlib.asynccontextmanager
 async def session_socket(router: Router, token: str) -> AsyncIterator[str]:
     """A new directory holding `SOCKET_NAME`, serving ``router``'s agent API for ``token`` only, while in use."""
@@ -88,7 +146,13 @@ async def session_socket(router: Router, token: str) -> AsyncIterator[str]:
         state = ServerState()
 
         def protocol() -> asyncio.Protocol:
-            return config.http_protocol_class(config=config, server_state=state, app_state={})  # type: ignore[call-arg]
+            if len(state.connections) >= MAX_CONNECTIONS or _BUDGET.open >= _BUDGET.limit:
+                refused[0] += 1
+                return _Refused()
+            inner = config.http_protocol_class(config=config, server_state=state, app_state={})  # type: ignore[call-arg]
+            return _Counted(inner)
+
+        refused = [0]
 
         server = await asyncio.get_running_loop().create_unix_server(protocol, path=path)
         try:

@@ -214,8 +214,9 @@ class Verifier:
             try:
                 verdict = await self._attempt(task, task.verifier, workspace, python_env, expected=expected,
                                               start_fails=fault)  # fmt: skip
-            except WorkspaceLimitExceeded as exc:  # the workspace's doing, not the verifier's: no retry helps
-                return Verdict(outcome="dropped", attempts=attempt, detail=f"not copied for grading: {exc}",
+            except WorkspaceLimitExceeded as exc:  # the workspace's doing, not the verifier's: the agent's 0
+                return Verdict(outcome="scored", score=0.0, attempts=attempt,
+                               detail=f"not copied for grading (the agent's own doing, scored 0): {exc}",
                                duration_s=time.monotonic() - start)  # fmt: skip
             except Exception as exc:  # anything it raises is this execution's, never its neighbours'
                 failures.append(f"attempt {attempt}: {type(exc).__name__}: {exc}"[:2000])

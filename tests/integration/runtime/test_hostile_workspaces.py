@@ -79,17 +79,21 @@ def test_a_deeply_nested_workspace_ends_only_its_own_execution(
     tiny_model: Path, tokenizer: Any, tmp_dir: Path
 ) -> None:
     """1,300 nested directories once raised RecursionError out of the verifier's walk and the clean-up's rmtree,
-    which cancelled every other execution and left their directories behind."""
-    deep_path = "/".join(["d"] * 1300)
-    deep = command("deep", f"mkdir -p {deep_path} && echo bottom > {deep_path}/leaf")
+    which cancelled every other execution and left their directories behind; 2,100 (paths past PATH_MAX) ended it
+    as ``dropped``, never trained (issue 31): it is the agent's 0."""
+    deep_path = "/".join(["d"] * 2100)
+    deep = command(
+        "deep", f"mkdir -p {deep_path} && echo bottom > {deep_path}/leaf", check="false"
+    )  # failing
     neighbours = [command(f"n{i}", "sleep 2; echo ok > out.txt", check="test -f out.txt") for i in range(2)]
     root = tmp_dir / "ws"
     results, stats = run(
         tiny_model, tokenizer, lambda _: [deep, *neighbours], SandboxConfig(workspace_root=str(root))
     )
     by_task = {r.task_id: r for r in results}
-    # recorded on it, whatever it is (scored, or dropped with the reason the workspace could not be scored)
-    assert by_task["deep"].verdict is not None and by_task["deep"].status != "cancelled"
+    deep_verdict = by_task["deep"].verdict
+    assert deep_verdict is not None and by_task["deep"].status != "cancelled"
+    assert by_task["deep"].trainable and deep_verdict.score == 0.0, (deep_verdict, by_task["deep"].error)
     for r in results[1:]:
         assert r.status == "done" and r.verdict is not None and r.verdict.score == 1.0, (r.error, r.verdict)
     assert stats.finished == 3
@@ -100,7 +104,8 @@ def test_a_workspace_over_its_quota_stops_that_execution_only(
     tiny_model: Path, tokenizer: Any, tmp_dir: Path
 ) -> None:
     """Past its disk quota while it runs (checked every quota_check_s), or past its inode quota when it ends, an
-    execution is ``resource_exceeded`` with a dropped verdict; its neighbour is scored as usual."""
+    execution is ``resource_exceeded`` and scores 0, trained on (issue 31: it was dropped, so a failing policy
+    learnt that breaking its sandbox is safer than failing); its neighbour is scored as usual."""
     cfg = SandboxConfig(
         workspace_root=str(tmp_dir / "ws"), disk_quota_mib=4, max_inodes=300, quota_check_s=0.2
     )
@@ -117,7 +122,8 @@ def test_a_workspace_over_its_quota_stops_that_execution_only(
     assert disk.finished_s - disk.started_s < 30
     assert inodes.status == "resource_exceeded" and "max_inodes" in (inodes.error or ""), inodes.error
     for over in (disk, inodes):
-        assert over.verdict is not None and over.verdict.outcome == "dropped" and not over.trainable
+        assert over.verdict is not None and (over.verdict.outcome, over.verdict.score) == ("scored", 0.0)
+        assert over.trainable and "the agent's own doing" in over.verdict.detail
     assert fine.status == "done" and fine.verdict is not None and fine.verdict.score == 1.0, fine.verdict
     assert stats.by_status == {"resource_exceeded": 2, "done": 1}
     assert left_behind(tmp_dir / "ws") == []
@@ -214,3 +220,59 @@ def test_concurrent_command_agents_leave_no_socket_directories(
         assert r.status == "done" and r.agent is not None and r.agent.status == "finished", r.agent
     assert len(set(sockets)) == 4  # one each
     assert left == []
+
+
+FLOOD = """
+import socket, time
+held = []
+for _ in range(3000):
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect("/run/gyre/router.sock")
+    except OSError:
+        s.close()
+        continue
+    held.append(s)
+time.sleep(4)
+"""
+
+
+def test_a_sandbox_flooding_its_router_socket_cannot_take_the_drivers_descriptors(
+    tiny_model: Path, tokenizer: Any, tmp_dir: Path
+) -> None:
+    """Before issue 31 each connection to an execution's socket held one of the driver's descriptors: ~16,000 of them
+    took the driver to its limit and its neighbours crashed (then trained on as placeholders). Now a socket holds
+    at most `MAX_CONNECTIONS`; the others are closed as they are accepted."""
+    import os
+    import threading
+
+    from gyre.runtime.sockets import MAX_CONNECTIONS
+
+    baseline = len(os.listdir("/proc/self/fd"))
+    peak, running = [baseline], threading.Event()
+
+    def sample() -> None:
+        while not running.is_set():
+            peak.append(len(os.listdir("/proc/self/fd")))
+            running.wait(0.05)
+
+    watcher = threading.Thread(target=sample)
+    watcher.start()
+    specs = [command("flood", f"python3 -c '{FLOOD}'"),
+             *(command(f"n{i}", "sleep 2; echo ok > out.txt", check="test -f out.txt") for i in range(2))]  # fmt: skip
+    try:
+        results, _ = run(
+            tiny_model, tokenizer, lambda _: specs, SandboxConfig(workspace_root=str(tmp_dir / "ws"))
+        )
+    finally:
+        running.set()
+        watcher.join()
+    for r in results[1:]:
+        assert r.status == "done" and r.verdict is not None and r.verdict.score == 1.0, (r.error, r.verdict)
+    held = (
+        sorted(peak)[len(peak) * 9 // 10] - baseline
+    )  # while the flood holds its connections (4 s of the run)
+    assert held < MAX_CONNECTIONS + 100, (held, max(peak) - baseline)  # was ~3,000
+    assert max(peak) - baseline < 1000, (
+        max(peak) - baseline
+    )  # refused connections are closed one loop turn later
