@@ -23,10 +23,12 @@ on Python's stack (a workspace may nest thousands of directories): ``find`` and 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import math
 import os
 import re
+import stat
 import subprocess
 import sys
 import time
@@ -333,9 +335,12 @@ class Verifier:
                     return Verdict(outcome="unscored", detail="a collection")
                 if channels:
                     return _score_pytest(task, spec, channels, results, timed_out, tail, expected)
-                return await asyncio.to_thread(
-                    _score, task, spec, graded, logs, sandbox.WORKSPACE, codes, timed_out, tail
-                )
+                try:
+                    return await asyncio.to_thread(
+                        _score, task, spec, graded, logs, sandbox.WORKSPACE, codes, timed_out, tail
+                    )
+                except ArtifactRedirected as exc:  # the agent's code aimed the host's read elsewhere
+                    return Verdict(outcome="tampered", exit_codes=codes, timed_out=timed_out, detail=str(exc))
         finally:
             for channel in channels:
                 channel.close(None)
@@ -636,14 +641,53 @@ def _score(
             )
 
 
+class ArtifactRedirected(Exception):
+    """A directory or file on the way to an artifact under /logs is a link: the commands (which run the agent's code)
+    pointed the host's read somewhere else. Tampering."""
+
+
+def _read_beneath(root: Path, relative: str) -> bytes | None:
+    """The regular file ``root/relative``, opened component by component without following any link (blocking);
+    None when absent; `ArtifactRedirected` when a component is a link."""
+    parts = [p for p in PurePosixPath(relative).parts if p not in ("", ".")]
+    if not parts or ".." in parts:
+        return None
+    fds = [os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)]
+    try:
+        for i, part in enumerate(parts):
+            try:
+                st = os.stat(part, dir_fd=fds[-1], follow_symlinks=False)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            if stat.S_ISLNK(st.st_mode):
+                raise ArtifactRedirected(f"{LOGS_DIR}/{'/'.join(parts[: i + 1])} is a link")
+            last = i == len(parts) - 1
+            if stat.S_ISREG(st.st_mode) != last or not (last or stat.S_ISDIR(st.st_mode)):
+                return None
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_NONBLOCK if last else os.O_DIRECTORY)
+            fds.append(os.open(part, flags, dir_fd=fds[-1]))
+        size = os.fstat(fds[-1]).st_size
+        if size > MAX_REPORT_BYTES:
+            raise VerifierFailure(f"the artifact {relative} is {size} bytes, over {MAX_REPORT_BYTES}")
+        with os.fdopen(os.dup(fds[-1]), "rb") as f:
+            return f.read(MAX_REPORT_BYTES + 1)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # swapped for a link between the look and the open
+            raise ArtifactRedirected(f"{LOGS_DIR}/{relative} became a link") from None
+        raise
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _read_artifact(graded: Path, logs: Path, shown: str, path: str) -> bytes | None:
-    """An artifact the verifier wrote: under /logs (bound to ``logs``) or in the workspace; None when absent."""
+    """An artifact the verifier wrote: under /logs (bound to ``logs``; read without following links) or in the
+    workspace; None when absent."""
     try:
         if path.startswith(LOGS_DIR + "/"):
-            host = logs / path[len(LOGS_DIR) + 1 :]
-            if host.is_symlink() or not host.is_file():
+            data = _read_beneath(logs, path[len(LOGS_DIR) + 1 :])
+            if data is None:
                 return None
-            data = host.read_bytes()
         else:
             data = paths.read_file(graded, path, shown)
     except (SandboxError, FileNotFoundError):

@@ -529,3 +529,23 @@ def test_python_that_is_not_pytest_still_runs_in_the_tasks_environment(tmp_path:
                                                                                   commands=commands))  # fmt: skip
     verdict = grade(tmp_path, {**retrying.files, **retrying.solution_files}, graded=retrying)
     assert (verdict.outcome, verdict.score) == ("scored", 1.0), verdict.detail
+
+
+def test_a_reward_directory_swapped_for_a_link_to_the_host_is_tampered(tmp_path: Path) -> None:
+    # the reward-file verifier's command runs the agent's code, which can replace /logs/verifier: the driver (root)
+    # read the link's target on the host, where a file held 0.77
+    from gyre.tasks.base import VerifierSpec
+
+    host = Path(tempfile.mkdtemp(prefix="gyre-redteam-host-"))
+    (host / "reward.txt").write_text("0.77\n")
+    host.chmod(0o755)
+    attack = f"rm -rf /logs/verifier && ln -s {host} /logs/verifier\n"
+    spec = VerifierSpec(
+        commands=("bash grade.sh",), result="reward_file", report_path="/logs/verifier/reward.txt"
+    )
+    graded = Task(id="reward-link", instruction="x", verifier=spec)
+    verdict = grade(tmp_path, {"grade.sh": attack}, graded=graded)
+    assert (verdict.outcome, verdict.score) == ("tampered", 0.0), verdict
+    assert "is a link" in verdict.detail and verdict.trainable
+    honest = grade(tmp_path / "honest", {"grade.sh": "echo 0.5 > /logs/verifier/reward.txt\n"}, graded=graded)
+    assert (honest.outcome, honest.score) == ("scored", 0.5), honest
