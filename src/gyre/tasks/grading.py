@@ -51,7 +51,7 @@ MAX_EVENT_BYTES = 16 << 20  # more than this from one command is not a pytest ru
 CONFIG_FILES = ("pytest.ini", ".pytest.ini", "pytest.toml", "pyproject.toml", "tox.ini", "setup.cfg")
 # hidden files that configure the run rather than hold tests
 NOT_TESTS = frozenset({*CONFIG_FILES, "conftest.py", "setup.py", "MANIFEST.in", "requirements.txt"})
-EXIT_OK, EXIT_TESTS_FAILED, EXIT_USAGE_ERROR = 0, 1, 4
+EXIT_OK, EXIT_TESTS_FAILED, EXIT_INTERNAL_ERROR, EXIT_USAGE_ERROR = 0, 1, 3, 4
 REPEAT = "\n#"  # joins a node id reported again to its repeat number (never in a node id: ids are one line)  # pytest's exit statuses
 SIGNALLED = 128  # an exit status at or above this: the process was killed by a signal
 
@@ -378,9 +378,10 @@ def read_events(raw: bytes, key: bytes) -> GradedRun:
 
 def judge_unfinished(run: GradedRun, exit_code: int, timed_out: bool) -> None:
     """A session that started and never finished: believable only when something killed it from outside."""
-    # except pytest refusing to start (exit 4, nothing reported: a hidden conftest that cannot import the agent's
-    # missing package): its score is 0, and ending there gains nothing
-    refused = exit_code == EXIT_USAGE_ERROR and not run.tests
+    # except pytest refusing to start (exit 4) or failing in a session hook of the task's own conftest (exit 3, an
+    # internal error), nothing reported: a conftest that cannot import the agent's missing package. Its score is 0,
+    # and ending there gains nothing
+    refused = exit_code in (EXIT_USAGE_ERROR, EXIT_INTERNAL_ERROR) and not run.tests
     if run.started and not run.finished and not timed_out and exit_code < SIGNALLED and not refused:
         run.tampering.append(
             f"pytest exited (status {exit_code}) without finishing its session: code in the process ended it"

@@ -547,7 +547,10 @@ def _score_pytest(
     passed = sum(o == "passed" for o in outcomes.values())
     failed = sum(o == "failed" for o in outcomes.values()) + len(collect_errors)
     declared = spec.declared_test_count
-    denominator = declared if declared is not None else passed + failed
+    # without a declared count, the host's clean collection over the reference: a test the workspace skipped (a
+    # stub raising unittest.SkipTest) or never ran still counts, unpassed
+    counted_ids = len(expected) if expected is not None else 0
+    denominator = declared if declared is not None else max(counted_ids, passed + failed)
     score = min(passed / denominator, 1.0) if denominator else 0.0
     return Verdict(
         outcome="scored",

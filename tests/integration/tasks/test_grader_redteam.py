@@ -549,3 +549,19 @@ def test_a_reward_directory_swapped_for_a_link_to_the_host_is_tampered(tmp_path:
     assert "is a link" in verdict.detail and verdict.trainable
     honest = grade(tmp_path / "honest", {"grade.sh": "echo 0.5 > /logs/verifier/reward.txt\n"}, graded=graded)
     assert (honest.outcome, honest.score) == ("scored", 0.5), honest
+
+
+def test_skipping_what_is_not_implemented_does_not_shrink_the_denominator(tmp_path: Path) -> None:
+    # no declared test count: the denominator was the tests that ran, so a workspace skipping what it lacks (one of
+    # the modules raising unittest.SkipTest) scored 1.00; now the clean collection over the reference counts
+    undeclared = task()
+    assert undeclared.verifier is not None
+    undeclared = msgspec.structs.replace(
+        undeclared, verifier=msgspec.structs.replace(undeclared.verifier, declared_test_count=None)
+    )
+    skipping = "import unittest\n\n\ndef __getattr__(name):\n    def lacking(*a, **k):\n        raise unittest.SkipTest(name)\n\n    return lacking\n"
+    files = {**undeclared.solution_files, "numwords/roman.py": skipping}
+    verdict = grade(tmp_path / "skips", files, graded=undeclared)
+    assert verdict.outcome == "scored" and verdict.skipped and 0.0 < verdict.score < 1.0, verdict
+    solved = grade(tmp_path / "solved", undeclared.solution_files, graded=undeclared)
+    assert (solved.outcome, solved.score) == ("scored", 1.0), solved.detail

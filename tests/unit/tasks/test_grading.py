@@ -101,6 +101,14 @@ def test_a_session_that_never_finished_is_believed_only_when_killed_from_outside
     run = read_events(stream(PASSING[:1]), KEY)
     judge_unfinished(run, 4, False)
     assert run.tampering == []
+    # ... and a task's own conftest raising in a session hook over an empty workspace (exit 3, internal error, issue
+    # 31: it was judged tampering, which inflated the signal); once a test was reported, ending there is not
+    run = read_events(stream(PASSING[:1]), KEY)
+    judge_unfinished(run, 3, False)
+    assert run.tampering == []
+    run = read_events(stream(PASSING[:2]), KEY)
+    judge_unfinished(run, 3, False)
+    assert run.tampering != []
 
 
 def test_reported_ids_must_be_ones_the_host_collected() -> None:
