@@ -319,8 +319,10 @@ class Verifier:
                     env = grading.environment(
                         task, spec, env, shown_grader, sandbox.WORKSPACE, collect is not None
                     )
-                    launch = None  # an image brings its own Python: its pytest starts as the image has it
-                    if not cfg.image:
+                    # an image brings its own Python, and without python_env the sandbox may not see ours: there
+                    # pytest starts as the commands find it
+                    launch = None
+                    if not cfg.image and (python_env is not None or self.python_env):
                         launch = grading.Launch.for_sandbox(env, trusted, python_env, sandbox)
                         env["PATH"] = f"{shown_grader}/bin:{launch.path}"  # the grader's pytest first
                     await asyncio.to_thread(
