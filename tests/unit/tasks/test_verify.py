@@ -224,11 +224,12 @@ def test_anything_the_verifier_raises_is_that_executions_dropped_verdict(tmp_pat
 
 def test_a_workspace_past_its_quota_is_not_copied_for_grading(tmp_path: Path) -> None:
     """The verifier's copy out is bounded by the workspace quotas: past them it is refused before copying (no
-    retries: the workspace's doing), the verdict dropped with the quota named."""
+    retries: the workspace's doing), scored 0 with the quota named and trained on (issue 31: it was dropped, an
+    escape from a 0)."""
     ws = workspace(tmp_path, {**SOLVED, **{f"junk/{i}": "x" for i in range(40)}})
     verifier = Verifier(retries=2, retry_delay_s=0.01, sandbox=SandboxConfig(max_inodes=20))
     verdict = verify(load_task(DATA / "gyre-add"), ws, verifier)
-    assert (verdict.outcome, verdict.attempts, verdict.trainable) == ("dropped", 1, False)
+    assert (verdict.outcome, verdict.score, verdict.attempts, verdict.trainable) == ("scored", 0.0, 1, True)
     assert "max_inodes" in verdict.detail, verdict.detail
     roomy = Verifier(retry_delay_s=0.01, sandbox=SandboxConfig(max_inodes=100))
     assert verify(load_task(DATA / "gyre-add"), ws, roomy).score == 1.0
