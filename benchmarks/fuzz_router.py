@@ -228,6 +228,28 @@ class Generator:
             method = "GET"
         return "admin", method, path, {}, self.raw()
 
+    def hostile_schema(self) -> tuple[str, str, str, dict[str, str], bytes]:
+        """Valid but hostile (issue 31): tools of 300,000 numbers or empty objects, 900 levels deep, 1,000 tools; an
+        absurd max_tokens; a 100 KB header."""
+        kind = self.rng.choice(["numbers", "objects", "deep", "many", "max_tokens", "header"])
+        parameters: Any = {"type": "object"}
+        if kind == "numbers":
+            parameters = {"type": "object", "enum": list(range(300_000))}
+        elif kind == "objects":
+            parameters = {"type": "object", "x": [{}] * 300_000}
+        elif kind == "deep":
+            parameters = json.loads('{"a":' * 900 + "1" + "}" * 900)
+        tool = {"type": "function", "function": {"name": "f", "description": "", "parameters": parameters}}
+        body: dict[str, Any] = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                "tools": [tool] * (1000 if kind == "many" else 1)}  # fmt: skip
+        if kind == "max_tokens":
+            body["max_tokens"] = 10**30
+        headers = {
+            "content-type": "application/json",
+            **({"x-pad": "a" * 100_000} if kind == "header" else {}),
+        }
+        return "agent", "POST", f"/s/{self.token}/v1/chat/completions", headers, json.dumps(body).encode()
+
     def big(self) -> tuple[str, str, str, dict[str, str], bytes]:
         """7 MiB (fits the body limit, not the context), 9 MiB (over the limit), or 150,000 tiny messages."""
         kind = self.rng.choice([7, 9, 0])
@@ -250,6 +272,10 @@ async def half_sent(port: int, path: str) -> int:
         return int(line.split()[1]) if line else 0
     finally:
         writer.close()
+
+
+def _p99(latencies: list[float]) -> float | None:
+    return sorted(latencies)[min(len(latencies) - 1, len(latencies) * 99 // 100)] if latencies else None
 
 
 async def well_behaved(base_url: str, stop: asyncio.Event) -> list[float]:
@@ -314,6 +340,8 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
                 return
             if roll < 0.0045:
                 port_name, method, path, headers, body_bytes = gen.big()
+            elif roll < 0.0145:
+                port_name, method, path, headers, body_bytes = gen.hostile_schema()
             elif roll < 0.25:
                 port_name, method, path, headers, body_bytes = gen.admin()
             else:
@@ -338,6 +366,11 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
             while not queue.empty():
                 await one(queue.get_nowait())
 
+        quiet_stop = asyncio.Event()
+        quiet_task = asyncio.ensure_future(well_behaved(polite, quiet_stop))
+        await asyncio.sleep(args.quiet_s)  # the polite session alone first: its quiet latencies
+        quiet_stop.set()
+        quiet = await quiet_task
         started = time.monotonic()
         polite_task = asyncio.ensure_future(well_behaved(polite, stop))
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
@@ -356,7 +389,10 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
         "wall_s": wall_s,
         "polite_calls": len(latencies),
         "polite_p50_s": sorted(latencies)[len(latencies) // 2] if latencies else None,
+        "polite_p99_s": _p99(latencies),
         "polite_max_s": max(latencies) if latencies else None,
+        "quiet_calls": len(quiet),
+        "quiet_p99_s": _p99(quiet),
         "router_alive": alive,
     }
 
@@ -376,6 +412,9 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--quiet-s", type=float, default=10.0, help="the polite session alone first, for its quiet p99"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fuzz_router.json")
     args = parser.parse_args()
     console = Console(width=120)
@@ -424,7 +463,9 @@ def report(console: Console, args: argparse.Namespace, result: dict[str, Any]) -
     console.print(table)
     console.print(
         f"agent port {result['by_port'].get('agent', 0):,}, admin port {result['by_port'].get('admin', 0):,}; "
-        f"statuses {result['codes']}; wall {result['wall_s']:.0f} s; polite p50 {result['polite_p50_s']:.3f} s; router RSS "
+        f"statuses {result['codes']}; wall {result['wall_s']:.0f} s; polite p50 {result['polite_p50_s']:.3f} s, "
+        f"p99 {result['polite_p99_s']:.3f} s against {result['quiet_p99_s']:.3f} s quiet "
+        f"({result['polite_p99_s'] / result['quiet_p99_s']:.1f}x; target <= 2x); router RSS "
         f"{result['router_rss_start_mib']:.0f} -> {result['router_rss_mib']:.0f} MiB; router alive: {result['router_alive']}"
     )
     for example in result["server_error_examples"]:
