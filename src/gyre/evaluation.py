@@ -125,9 +125,7 @@ class EvalSummary(msgspec.Struct, frozen=True, kw_only=True):
     rows: list[ExecutionRow]
     tampered: int = 0  # executions the verifier caught tampering with the grader (scored 0; also in outcomes)
     counted: int = 0  # executions the mean and pass rate are over (scored, placeholder, tampered)
-    dropped: int = (
-        0  # executions left out of them: the verifier failed on every attempt, or the host failed them
-    )
+    dropped: int = 0  # executions left out of them: the verifier failed, or the host failed them
     problems: list[str] = msgspec.field(default_factory=list)  # why the figures are not clean; one line each
 
     @property

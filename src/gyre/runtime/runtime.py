@@ -4,8 +4,8 @@ Each execution gets a router session and a sandbox, runs its agent under its wal
 disk and inode quotas, and ends as data: ``done``, ``budget_exceeded``, ``resource_exceeded`` (a quota, or a command
 agent's processes killed in its sandbox past a memory, process or CPU limit: the agent is stopped, the workspace is
 not scored, the verdict is a 0: what the agent caused in its own sandbox is its outcome, trained on), ``crashed`` or
-``cancelled``; only the host's own faults (the driver out of descriptors, memory or disk) drop an execution. Then, whatever the
-status (cancelled and over quota aside), the workspace loses its set-id bits and device files and the task's verifier
+``cancelled``; only the host's own faults (the driver out of descriptors, memory or disk) drop an execution. Then,
+whatever the status (cancelled and over quota aside), the workspace loses its set-id bits and device files and the task's verifier
 scores it (`gyre.tasks.verify`). Its result (records, status, verdict, timings, error) is journaled before anything
 downstream sees it. Anything one execution raises, its verification and clean-up included, is recorded on it and
 never reaches the others; cancelling the runtime cancels every execution and their sandboxes are cleaned up. A

@@ -147,12 +147,9 @@ async def session_socket(router: Router, token: str) -> AsyncIterator[str]:
 
         def protocol() -> asyncio.Protocol:
             if len(state.connections) >= MAX_CONNECTIONS or _BUDGET.open >= _BUDGET.limit:
-                refused[0] += 1
                 return _Refused()
             inner = config.http_protocol_class(config=config, server_state=state, app_state={})  # type: ignore[call-arg]
             return _Counted(inner)
-
-        refused = [0]
 
         server = await asyncio.get_running_loop().create_unix_server(protocol, path=path)
         try:

@@ -92,6 +92,10 @@ class Sandbox(abc.ABC):
         ``cwd`` is relative to the workspace or absolute; ``stdin`` is fed to the command, else it reads nothing.
         """
 
+    def command_env(self) -> dict[str, str]:
+        """The variables a command gets before its caller's own (none beyond the scrubbed environment here)."""
+        return {}
+
     @abc.abstractmethod
     async def read_file(self, path: str) -> bytes:
         """The contents of a regular file in the workspace."""

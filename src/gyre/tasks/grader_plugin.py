@@ -8,10 +8,11 @@ standard library and pytest.
 The channel: the host writes a 32-byte key into the FIFO ``$GYRE_GRADER_KEY``; the grader's launcher
 (`gyre.tasks.grader_launch`, the commands' ``pytest``) reads it before anything else runs and hands it over in
 ``sys``; a pytest started another way reads the FIFO at import (a later one finds none and stays silent), so
-afterwards it lives only in this process's memory. Each event is one line on the FIFO ``$GYRE_GRADER_REPORT``, which the host reads as it arrives:
-``<hmac> <json>``, the JSON numbered from 0 (``n``) and the HMAC-SHA256 of the JSON under the key. Events: ``start``,
-``collect_error`` (a collector that failed), ``collected`` (with ``--collect-only``), ``test`` (a test's outcome after its teardown), ``tampered`` (a
-tripwire below fired) and ``finish``. The host treats a line it cannot authenticate, a gap in the numbering, or
+afterwards it lives only in this process's memory. Each event is one line on the FIFO ``$GYRE_GRADER_REPORT``,
+which the host reads as it arrives: ``<hmac> <json>``, the JSON numbered from 0 (``n``) and the HMAC-SHA256 of the
+JSON under the key. Events: ``start``, ``collect_error`` (a collector that failed), ``collected`` (with
+``--collect-only``), ``test`` (a test's outcome after its teardown), ``tampered`` (a tripwire below fired) and
+``finish``. The host treats a line it cannot authenticate, a gap in the numbering, or
 anything after ``finish`` as tampering: a report rewritten at exit or forged without the key is caught.
 
 Tripwires, captured at import and checked at every test report and at the end of the session: the functions that

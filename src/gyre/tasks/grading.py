@@ -40,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from gyre.sandbox.base import Sandbox
 from gyre.tasks.base import Task, VerifierSpec
 
 PLUGIN_SOURCE = Path(__file__).with_name("grader_plugin.py")
@@ -123,19 +124,16 @@ class Launch:
     path: str
 
     @classmethod
-    def for_sandbox(
-        cls, env: dict[str, str], trusted: list[str], python_env: object, sandbox: object
-    ) -> Launch:
-        """For commands run with ``env`` (the grader's variables included) in ``sandbox``, over ``python_env`` (a
-        `PreparedEnvironment`, or None: the driver's own Python, shown read-only)."""
+    def for_sandbox(cls, env: dict[str, str], env_dir: Path | None, sandbox: Sandbox) -> Launch:
+        """For commands run with ``env`` (the grader's variables included) in ``sandbox``, over the prepared
+        environment ``env_dir`` (None: the driver's own Python, shown read-only)."""
         from gyre.sandbox import pyenv
         from gyre.sandbox.workspace import SYSTEM_PATH
 
-        shown = sandbox.command_env() if hasattr(sandbox, "command_env") else {}
+        shown = sandbox.command_env()
         path = env.get("PATH") or shown.get("PATH") or SYSTEM_PATH
         layer = shown.get("VIRTUAL_ENV", "")
-        if python_env is not None:
-            env_dir = Path(python_env.path)  # type: ignore[attr-defined]
+        if env_dir is not None:
             interpreter, sites = str(pyenv.base_interpreter(env_dir)), [pyenv.site_packages(env_dir)]
         else:
             interpreter, sites = str(Path(sys.executable).resolve()), [pyenv.site_packages(sys.prefix)]

@@ -323,7 +323,7 @@ class Verifier:
                     # pytest starts as the commands find it
                     launch = None
                     if not cfg.image and (python_env is not None or self.python_env):
-                        launch = grading.Launch.for_sandbox(env, trusted, python_env, sandbox)
+                        launch = grading.Launch.for_sandbox(env, env_dir, sandbox)
                         env["PATH"] = f"{shown_grader}/bin:{launch.path}"  # the grader's pytest first
                     await asyncio.to_thread(
                         grading.write_grader, task, spec, grader, sandbox.WORKSPACE, trusted, launch
@@ -549,8 +549,8 @@ def _score_pytest(
     passed = sum(o == "passed" for o in outcomes.values())
     failed = sum(o == "failed" for o in outcomes.values()) + len(collect_errors)
     declared = spec.declared_test_count
-    # without a declared count, the host's clean collection over the reference: a test the workspace skipped (a
-    # stub raising unittest.SkipTest) or never ran still counts, unpassed
+    # without a declared count, the host's clean collection over the reference is the denominator: a test the
+    # workspace skipped (a stub raising unittest.SkipTest) or never ran counts as not passed
     counted_ids = len(expected) if expected is not None else 0
     denominator = declared if declared is not None else max(counted_ids, passed + failed)
     score = min(passed / denominator, 1.0) if denominator else 0.0
