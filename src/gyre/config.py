@@ -72,6 +72,10 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     body_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = (
         30.0  # a request head, then its body, must arrive within
     )
+    # agent connections held at once: past a cap the one that has waited longest without a whole request is closed
+    # (a new one is refused only when all are serving); 0: half the process's descriptor limit
+    max_connections: NonNegative = 0
+    max_connections_per_client: NonNegative = 0  # from one address (not loopback); 0: a quarter of the above
     context_length: NonNegative = (
         0  # tokens; a request that cannot fit gets 413 unrendered; 0: the model's own
     )

@@ -1,17 +1,28 @@
-"""The agent port's listening socket: every pending connection is accepted each time the socket is readable.
+"""The agent port's listening socket: every pending connection is accepted each time the socket is readable, and
+no more connections are held than the router's descriptors allow.
 
 libuv, under uvloop, accepts one connection per event-loop iteration (since libuv 1.45, "unix: don't accept()
 connections in a loop"). A loaded router spends tens of milliseconds on one iteration (it serves every request that
 became ready), so a burst of new agent connections queued in the kernel, one iteration each: at 256 concurrent
 connections the last ones got their first answer only after the others had finished theirs (issue 17,
 ``benchmarks/router.py``). The stdlib loop accepts up to the backlog per iteration; this does the same on uvloop.
+
+`ConnectionGate` caps the connections held at once, in all and from one client address (issue 31: slow
+connections past the router's descriptor limit stalled a polite session for 22 s). A connection is *waiting* while
+it has no whole request in hand (a request head or body still arriving, or idle between requests); at a cap, the
+connection that has waited longest is closed to make room, so a flood of silent or trickling connections cannot
+keep a client that sends whole requests out. Only when every connection in the way is serving a request is the new
+one refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
+import resource
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +37,106 @@ ACCEPT_BURST = (
 ACCEPT_RETRY_S = (
     1.0  # out of descriptors: stop accepting this long (connections wait in the kernel's backlog)
 )
+DESCRIPTOR_SHARE = 0.5  # of the process's descriptor limit, for agent connections when no cap is configured
+CLIENT_SHARE = 0.25  # of that cap, for one address other than loopback when no cap is configured
+REPORT_EVERY_S = 10.0  # closed and refused connections are logged at most this often
+
+
+class ConnectionGate:
+    """Admits connections under a total cap and a per-address cap, closing the longest-waiting one to make room.
+
+    Connections are objects with a ``transport``; the protocol tells the gate when one starts or stops waiting
+    (`waiting`, `busy`) and when it is gone (`release`). Loopback addresses have no cap of their own: every agent
+    on the router's host shares them, so only the total applies.
+    """
+
+    def __init__(self, limit: int, per_client: int) -> None:
+        self.limit, self.per_client = limit, per_client
+        self.client: dict[Any, str] = {}  # open connection -> its address
+        self.count: dict[str, int] = {}  # address -> open connections
+        self.idle: dict[Any, None] = {}  # waiting connections, longest waiting first
+        self.idle_of: dict[str, dict[Any, None]] = {}  # the same by address
+        self.evicted = self.refused = 0
+        self._reported = (0, 0)
+        self._report_at = 0.0
+
+    @classmethod
+    def for_process(cls, limit: int, per_client: int) -> ConnectionGate:
+        """Caps from configuration; 0 takes `DESCRIPTOR_SHARE` of this process's descriptor limit (and
+        `CLIENT_SHARE` of that per address)."""
+        if limit == 0:
+            soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+            limit = 1 << 20 if soft == resource.RLIM_INFINITY else max(64, int(soft * DESCRIPTOR_SHARE))
+        return cls(limit, per_client or max(16, int(limit * CLIENT_SHARE)))
+
+    def admit(self, conn: Any, address: str) -> bool:
+        """Whether ``conn``, just made from ``address``, may stay (closing a waiting one if that makes room)."""
+        own = not _loopback(address) and self.count.get(address, 0) >= self.per_client
+        if own or len(self.client) >= self.limit:
+            pool = self.idle_of.get(address, {}) if own else self.idle
+            victim = next(iter(pool), None)
+            if victim is None:
+                self.refused += 1
+                self._report()
+                return False
+            self.release(victim)
+            victim.transport.close()
+            self.evicted += 1
+            self._report()
+        self.client[conn] = address
+        self.count[address] = self.count.get(address, 0) + 1
+        self.waiting(conn)
+        return True
+
+    def waiting(self, conn: Any) -> None:
+        """``conn`` has no whole request in hand from now (made, or its last response sent)."""
+        address = self.client.get(conn)
+        if address is not None and conn not in self.idle:
+            self.idle[conn] = None
+            self.idle_of.setdefault(address, {})[conn] = None
+
+    def busy(self, conn: Any) -> None:
+        """``conn``'s request has arrived whole: it is not closed to make room until its response is sent."""
+        if conn in self.idle:
+            del self.idle[conn]
+            self._forget_idle(self.client[conn], conn)
+
+    def release(self, conn: Any) -> None:
+        """``conn`` is gone."""
+        address = self.client.pop(conn, None)
+        if address is None:
+            return
+        self.count[address] -= 1
+        if not self.count[address]:
+            del self.count[address]
+        if conn in self.idle:
+            del self.idle[conn]
+            self._forget_idle(address, conn)
+
+    def _forget_idle(self, address: str, conn: Any) -> None:
+        of = self.idle_of[address]
+        del of[conn]
+        if not of:
+            del self.idle_of[address]
+
+    def _report(self) -> None:
+        now = time.monotonic()
+        if now >= self._report_at:
+            self._report_at = now + REPORT_EVERY_S
+            evicted, refused = self.evicted - self._reported[0], self.refused - self._reported[1]
+            self._reported = (self.evicted, self.refused)
+            log.warning(
+                "agent connections at their cap (%d in all, %d from one address): %d waiting ones closed and %d "
+                "refused since the last report (router.max_connections, router.max_connections_per_client)",
+                self.limit, self.per_client, evicted, refused,
+            )  # fmt: skip
+
+
+def _loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:  # a Unix socket's peer (no address)
+        return True
 
 
 def bind(host: str, port: int, backlog: int) -> socket.socket:

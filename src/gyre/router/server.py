@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
@@ -33,6 +33,9 @@ from gyre.router.openai_types import (
     RouterError,
 )
 from gyre.router.pool import CallControl
+
+if TYPE_CHECKING:
+    from gyre.router.listener import ConnectionGate
 
 MAX_HEADER_BYTES = 32 << 10  # a request's header lines together (a scaffold sends well under 4 KiB)
 log = logging.getLogger(__name__)
@@ -361,8 +364,9 @@ def _http_errors() -> dict[Any, Callable[[Request, Exception], Awaitable[Respons
     return {404: not_found, 405: not_allowed}
 
 
-def head_timeout_protocol(timeout_s: float) -> Any:
-    """uvicorn's HTTP protocol, closing a connection whose request head does not arrive within ``timeout_s``.
+def head_timeout_protocol(timeout_s: float, gate: ConnectionGate | None = None) -> Any:
+    """uvicorn's HTTP protocol, closing a connection whose request head does not arrive within ``timeout_s``, and
+    admitting connections through ``gate`` (which closes the longest-waiting one at a cap).
 
     uvicorn times only the idle gap between requests: a client that opens a connection and sends half a request
     line or header (or nothing) would hold it forever. "auto" (uvicorn's own choice) where httptools is missing.
@@ -386,6 +390,9 @@ def head_timeout_protocol(timeout_s: float) -> Any:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            if gate is not None and not gate.admit(self, self.client[0] if self.client else ""):
+                transport.close()  # every connection in the way is serving a request
+                return
             self._arm()  # until the first head is complete
 
         def on_message_begin(self) -> None:
@@ -396,8 +403,20 @@ def head_timeout_protocol(timeout_s: float) -> Any:
             self._disarm()  # the body has its own timeout (router.body_timeout_s, in the application)
             super().on_headers_complete()
 
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            if gate is not None:
+                gate.busy(self)  # the request is whole: served, not closed to make room
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if gate is not None and not self.pipeline:
+                gate.waiting(self)
+
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if gate is not None:
+                gate.release(self)
             super().connection_lost(exc)
 
     return HeadTimeoutProtocol
@@ -419,7 +438,7 @@ async def serve_router(router: Router) -> None:
 async def _serve(router: Router) -> None:
     import uvicorn
 
-    from gyre.router.listener import AgentServer, bind
+    from gyre.router.listener import AgentServer, ConnectionGate, bind
 
     agent_config = uvicorn.Config(
         build_agent_app(router),
@@ -427,7 +446,10 @@ async def _serve(router: Router) -> None:
         port=router.cfg.port,
         log_level="warning",
         timeout_keep_alive=KEEP_ALIVE_S,
-        http=head_timeout_protocol(router.cfg.body_timeout_s),
+        http=head_timeout_protocol(
+            router.cfg.body_timeout_s,
+            ConnectionGate.for_process(router.cfg.max_connections, router.cfg.max_connections_per_client),
+        ),
     )
     try:
         sock = bind(router.cfg.host, router.cfg.port, agent_config.backlog)

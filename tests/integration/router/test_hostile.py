@@ -481,3 +481,41 @@ def test_absurd_max_tokens_and_huge_headers_are_4xx_naming_the_limit(router: Ser
     )
     assert "limit is 32768" in assert_error(resp, 431)
     assert httpx.post(f"{base}/chat/completions", json=chat("say:fine"), timeout=30).status_code == 200
+
+
+# ---- issue 31: connections past the router's descriptors -----------------------------------------------------------
+def test_silent_connections_past_the_descriptor_limit_do_not_keep_a_polite_client_out(
+    tiny_model: Path, scripted: ScriptedEngine, tmp_path: Path
+) -> None:
+    """A router at 256 descriptors; 400 connections that send half a request head and then nothing (their head
+    timeout is 30 s). Before issue 31 the router ran out of descriptors and the polite call waited in the kernel's
+    backlog until the silent ones timed out; now the longest-waiting connection is closed to make room."""
+    proc, admin = launch_router(
+        tiny_model, [scripted.url], journal_dir=tmp_path, log_path=tmp_path / "router.log", open_files=256
+    )
+    silent: list[socket.socket] = []
+    with proc:
+        served = Served(proc, admin, tmp_path)
+        _, base = served.session("polite")
+        try:
+            for _ in range(400):
+                sock = socket.create_connection(("127.0.0.1", proc.port), timeout=30)
+                sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n")
+                silent.append(sock)
+            started = time.monotonic()
+            with openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=15) as client:
+                reply = client.chat.completions.create(
+                    model="default", messages=[{"role": "user", "content": "say:welcome"}], max_tokens=8
+                )
+            assert reply.choices[0].message.content == "welcome"
+            assert time.monotonic() - started < 5.0
+            for sock in silent[:100]:  # the earliest were closed to make room for the later ones
+                sock.settimeout(5)
+                try:
+                    assert sock.recv(1) == b""
+                except ConnectionResetError:  # closed before the router read what it had sent
+                    pass
+        finally:
+            for sock in silent:
+                sock.close()
+        assert "agent connections at their cap" in (tmp_path / "router.log").read_text()
