@@ -96,7 +96,9 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     output_limit_bytes: Positive = 262144  # stdout and stderr are each cut after this, with a marker
     network: bool = False  # True shares the host's network with the sandbox: no network isolation at all
     containment: Literal["auto", "cgroup", "uid", "rlimit"] = "auto"  # bounds processes (gyre.sandbox.limits)
-    disk_quota_mib: Positive = 2048  # file contents in a workspace and its /tmp; past it the execution stops
+    disk_quota_mib: Positive = (
+        2048  # disk (blocks) files use in a workspace and its /tmp; past it the execution stops
+    )
     max_inodes: Positive = 100_000  # files, directories and links in a workspace and its /tmp, likewise
     quota_check_s: Annotated[float, msgspec.Meta(gt=0)] = (
         2.0  # seconds between usage checks while an agent runs

@@ -7,8 +7,9 @@ than one name and no symlink is followed), keeps at most `MAX_OPEN_FDS` director
 (deeper levels are reopened through ``..`` and checked against the device and inode seen on the way down), and
 stops at its limits (`Limits`) with `WorkspaceLimitExceeded`. All functions block: run them in a thread.
 
-- `usage` measures a tree (bytes of file contents, entries) and stops as soon as a limit is passed;
-- `copy` copies directories, regular files and symlinks (as links), nothing else, dropping set-id bits;
+- `usage` measures a tree (disk space its files use, entries) and stops as soon as a limit is passed;
+- `copy` copies directories, regular files (holes stay holes) and symlinks (as links), nothing else, dropping
+  set-id bits;
 - `sanitize` strips set-id bits and deletes device files in place (before the host uses a workspace);
 - `remove` deletes a tree (`empty`: its contents); `prune` deletes the entries a predicate picks;
 - `walk` yields every entry (with an fd of its directory, for ``*at`` calls); `chown` gives a tree to a uid.
@@ -38,14 +39,20 @@ _COPY_CHUNK = 8 << 20  # bytes per sendfile call (the copy's deadline is checked
 class Limits:
     """What one tree may hold, and how long a copy of it may take; None: no limit."""
 
-    max_bytes: int | None = None  # file contents (apparent sizes: what a copy writes)
+    # disk space regular files use (allocated blocks: a sparse file's holes are free, preallocated space is not;
+    # what a copy writes, since it keeps holes)
+    max_bytes: int | None = None
     max_entries: int | None = None  # files, directories, links and other entries, the root excluded
     timeout_s: float | None = None  # wall clock of one `copy`
 
 
 @dataclass
 class Usage:
-    """What a walk saw: bytes of regular files' contents and entries (the root excluded)."""
+    """What a walk saw: bytes of disk regular files use (their blocks) and entries (the root excluded).
+
+    Blocks, not apparent sizes: three 900 MB sparse files use no disk and copy in no time (issue 31: counting
+    them by size stopped an execution for what it never wrote), and a file preallocated past its size uses what it
+    holds."""
 
     bytes: int = 0
     entries: int = 0
@@ -54,7 +61,7 @@ class Usage:
         """Count one entry; `WorkspaceLimitExceeded` once a limit is passed."""
         self.entries += 1
         if stat.S_ISREG(st.st_mode):
-            self.bytes += st.st_size
+            self.bytes += st.st_blocks * 512  # st_blocks counts 512-byte units whatever the block size
         if limits is None:
             return
         if limits.max_entries is not None and self.entries > limits.max_entries:
@@ -330,20 +337,46 @@ def _copy_file(
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         out = os.open(name, flags, 0o600, dir_fd=dest_dir)
         try:
-            offset = 0
-            while offset < st.st_size:
-                if deadline is not None and time.monotonic() > deadline:
-                    raise WorkspaceLimitExceeded("time", (limits and limits.timeout_s) or 0, offset)
-                sent = os.sendfile(out, fd, offset, min(_COPY_CHUNK, st.st_size - offset))
-                if sent == 0:  # truncated since it was measured
-                    break
-                offset += sent
+            for start, end in _data_extents(fd, st.st_size):
+                offset = start
+                while offset < end:
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise WorkspaceLimitExceeded("time", (limits and limits.timeout_s) or 0, offset)
+                    os.lseek(out, offset, os.SEEK_SET)
+                    sent = os.sendfile(out, fd, offset, min(_COPY_CHUNK, end - offset))
+                    if sent == 0:  # truncated since it was measured
+                        break
+                    offset += sent
+            os.ftruncate(out, min(st.st_size, os.fstat(fd).st_size))  # a trailing hole, or a file cut since
             os.fchmod(out, stat.S_IMODE(st.st_mode) & ~_SETID)
             os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
         finally:
             os.close(out)
     finally:
         os.close(fd)
+
+
+def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """The ``[start, end)`` ranges of ``fd`` below ``size`` that hold data (the whole file where the filesystem
+    cannot tell holes apart)."""
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(fd, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # only a hole from here on
+                return
+            if offset == 0 and exc.errno in (errno.EINVAL, errno.EOPNOTSUPP):
+                yield 0, size
+            return
+        if start >= size:
+            return
+        try:
+            end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        except OSError:
+            end = size
+        yield start, end
+        offset = end
 
 
 def remove(path: Path | str) -> None:

@@ -115,17 +115,20 @@ def test_a_workspace_over_its_quota_stops_that_execution_only(
             "inodes", "mkdir many && cd many && touch $(seq 500)"
         ),  # exits at once: the last check sees it
         command("fine", "head -c 1M /dev/zero > small && mkdir a && touch a/b", check="test -f a/b"),
+        # 2.7 GB of sparse files use no disk: within the quota, graded as usual (they were counted by size)
+        command("sparse", "truncate -s 900M a b c && sleep 1", check="test -f c"),
     ]
     results, stats = run(tiny_model, tokenizer, lambda _: specs, cfg)
-    disk, inodes, fine = results
+    disk, inodes, fine, sparse = results
     assert disk.status == "resource_exceeded" and "disk_quota_mib" in (disk.error or ""), disk.error
     assert disk.finished_s - disk.started_s < 30
     assert inodes.status == "resource_exceeded" and "max_inodes" in (inodes.error or ""), inodes.error
     for over in (disk, inodes):
         assert over.verdict is not None and (over.verdict.outcome, over.verdict.score) == ("scored", 0.0)
         assert over.trainable and "the agent's own doing" in over.verdict.detail
-    assert fine.status == "done" and fine.verdict is not None and fine.verdict.score == 1.0, fine.verdict
-    assert stats.by_status == {"resource_exceeded": 2, "done": 1}
+    for done in (fine, sparse):
+        assert done.status == "done" and done.verdict is not None and done.verdict.score == 1.0, done.error
+    assert stats.by_status == {"resource_exceeded": 2, "done": 2}
     assert left_behind(tmp_dir / "ws") == []
 
 

@@ -57,18 +57,45 @@ def test_deep_trees_are_measured_copied_pruned_and_removed(tmp_path: Path) -> No
 def test_limits_stop_a_walk_as_soon_as_they_are_passed(tmp_path: Path) -> None:
     (tmp_path / "ws").mkdir()
     for i in range(20):
-        (tmp_path / "ws" / str(i)).write_bytes(b"x" * 1000)
+        (tmp_path / "ws" / str(i)).write_bytes(b"x" * 4096)  # a block each
     with pytest.raises(WorkspaceLimitExceeded, match="max_inodes") as inodes:
         tree.usage(tmp_path / "ws", tree.Limits(max_entries=10))
     assert inodes.value.resource == "inodes" and inodes.value.seen == 11
     with pytest.raises(WorkspaceLimitExceeded, match="disk_quota_mib"):
-        tree.copy(tmp_path / "ws", tmp_path / "out", tree.Limits(max_bytes=5000))
+        tree.copy(tmp_path / "ws", tmp_path / "out", tree.Limits(max_bytes=20_000))
     with pytest.raises(WorkspaceLimitExceeded, match="copy_timeout_s"):
         tree.copy(tmp_path / "ws", tmp_path / "out2", tree.Limits(timeout_s=1e-9))
     used = tree.Usage()
     tree.usage(tmp_path / "ws", None, used)
     tree.usage(tmp_path / "ws", None, used)  # two roots against one budget
-    assert used == tree.Usage(bytes=40_000, entries=40)
+    assert used == tree.Usage(bytes=2 * 20 * 4096, entries=40)
+
+
+def test_files_count_the_disk_they_use_and_holes_stay_holes(tmp_path: Path) -> None:
+    """Three 900 MB sparse files use no disk: they fit a 1 MiB quota and copy in no time, holes kept (issue 31: the
+    quota counted apparent sizes, and the execution was stopped for what it never wrote)."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    for name in "abc":
+        with open(ws / name, "wb") as f:
+            f.truncate(900 << 20)
+    with open(ws / "middle", "wb") as f:  # data between two holes
+        f.seek(1 << 20)
+        f.write(b"y" * 8192)
+        f.truncate(3 << 20)
+    (ws / "plain").write_bytes(b"z" * 4096)
+    quota = tree.Limits(max_bytes=1 << 20, timeout_s=30)
+    used = tree.usage(ws, quota)
+    assert used == tree.Usage(bytes=8192 + 4096, entries=5)
+    copied = tree.copy(ws, tmp_path / "by-descriptors", quota)
+    asyncio.run(copy_tree(ws, tmp_path / "by-cp", quota))
+    for out in (tmp_path / "by-descriptors", tmp_path / "by-cp"):
+        assert tree.usage(out) == used == copied
+        for name in ("a", "middle", "plain"):
+            assert (out / name).stat().st_size == (ws / name).stat().st_size
+        assert (out / "middle").read_bytes() == (ws / "middle").read_bytes()
+    with pytest.raises(WorkspaceLimitExceeded, match="disk_quota_mib"):
+        tree.usage(ws, tree.Limits(max_bytes=8192))  # what the files hold still counts
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making device files needs root")
@@ -120,7 +147,7 @@ def test_the_verifiers_copy_is_bounded(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     for i in range(50):
-        (ws / str(i)).write_bytes(b"x" * 10_000)
+        (ws / str(i)).write_bytes(b"x" * 8192)
     with pytest.raises(WorkspaceLimitExceeded, match="max_inodes"):
         asyncio.run(copy_tree(ws, tmp_path / "a", tree.Limits(max_entries=49)))
     assert not (tmp_path / "a").exists()
@@ -132,5 +159,5 @@ def test_the_verifiers_copy_is_bounded(tmp_path: Path) -> None:
         (many / str(i)).touch()
     with pytest.raises(WorkspaceLimitExceeded, match="copy_timeout_s"):
         asyncio.run(copy_tree(many, tmp_path / "b", tree.Limits(timeout_s=1e-3)))
-    asyncio.run(copy_tree(ws, tmp_path / "c", tree.Limits(max_bytes=500_000, max_entries=50, timeout_s=60)))
-    assert tree.usage(tmp_path / "c") == tree.Usage(bytes=500_000, entries=50)
+    asyncio.run(copy_tree(ws, tmp_path / "c", tree.Limits(max_bytes=409_600, max_entries=50, timeout_s=60)))
+    assert tree.usage(tmp_path / "c") == tree.Usage(bytes=409_600, entries=50)
