@@ -494,7 +494,7 @@ def test_code_the_install_step_runs_plants_nothing_that_runs_before_the_grader(t
 
 def test_a_key_taken_by_the_install_step_of_the_same_command_is_tampering(tmp_path: Path) -> None:
     # one command installs and tests: its key is in the install step's environment too. The install step's code reads
-    # it first (it could sign anything); the grader's launcher then finds it gone and says so
+    # it first (it could sign anything) and cannot put it back; the grader's launcher then finds it gone and says so
     from gyre.tasks.formats import load_task
 
     stamina = load_task(RETRYING.parent / "stamina")
@@ -507,7 +507,12 @@ def test_a_key_taken_by_the_install_step_of_the_same_command_is_tampering(tmp_pa
         class CustomBuildHook(BuildHookInterface):
             def initialize(self, version, build_data):
                 fd = os.open(os.environ["GYRE_GRADER_KEY"], os.O_RDONLY | os.O_NONBLOCK)
-                os.read(fd, 32)
+                key = os.read(fd, 32)
+                try:  # and put it back, so that the launcher finds it: the key's pipe is read-only to sandboxes
+                    back = os.open(os.environ["GYRE_GRADER_KEY"], os.O_WRONLY | os.O_NONBLOCK)
+                    os.write(back, key)
+                except OSError:
+                    pass
         """
     )
     texts = {p: t for p, t in stamina.solution_files.items() if p in ("README.md", "CHANGELOG.md")}
