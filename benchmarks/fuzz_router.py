@@ -10,9 +10,16 @@ and roles; and on the admin port malformed session and engine bodies, engine URL
 A few requests send half a body, or hang up mid-call or mid-stream. (Admin requests never drain or remove the one real engine, and add
 no engine that parses: those are legitimate operations, not input the router must survive.)
 
-Side by side in the same run, one well-behaved session (the official ``openai`` client) holds a conversation, a
-call at a time; its slowest call is the stall measure. At the end the router must still serve, and every line of
-its journal must load. Prints a table and writes ``benchmarks/results/fuzz_router.json``.
+While the fuzzing runs, descriptor floods (issue 31) hold far more connections than the router may: silent ones
+(half a request head, then nothing), ones that trickle a body, and ones that connect and hang up, re-opened as the
+router closes them; the router runs with ``router.max_connections=1000``.
+
+Side by side in the same run, in a process of its own (so the fuzzer's own work never delays it), one well-behaved
+session (the official ``openai`` client) holds a conversation, a call at a time, and a probe asks the router's
+``/health`` every 50 ms: the polite session's p99 against its p99 alone beforehand is the stall measure, and the
+probe's, which never reaches the engine, tells the router's own event loop apart from the engine that the fuzzer's
+valid calls share with the polite one. At the end the router must still serve, and every line of its journal must
+load. Prints a table and writes ``benchmarks/results/fuzz_router.json``.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import random
 import shutil
 import socket
@@ -270,8 +278,13 @@ async def half_sent(port: int, path: str) -> int:
         writer.write(head.encode() + b'{"model": ')
         line = await asyncio.wait_for(reader.readline(), 60)
         return int(line.split()[1]) if line else 0
+    except ConnectionResetError:  # closed to make room before the router had read it (the floods)
+        return 0
     finally:
         writer.close()
+
+
+MAX_CONNECTIONS = 1000  # the router's cap in this run: the floods hold more
 
 
 def _p99(latencies: list[float]) -> float | None:
@@ -292,6 +305,95 @@ async def well_behaved(base_url: str, stop: asyncio.Event) -> list[float]:
             if len(messages) > 40:
                 messages = messages[:1]
     return latencies
+
+
+async def probe(health_url: str, stop: asyncio.Event) -> list[float]:
+    """``/health`` every 50 ms until ``stop`` (the router's loop only, no engine); each answer's latency."""
+    latencies: list[float] = []
+    async with httpx.AsyncClient(timeout=120) as http:
+        while not stop.is_set():
+            started = time.monotonic()
+            await http.get(health_url)
+            latencies.append(time.monotonic() - started)
+            await asyncio.sleep(0.05)
+    return latencies
+
+
+def observer(base_url: str, health_url: str, stop: Any, out: Any) -> None:
+    """(a process of its own) The polite session and the probe until ``stop`` is set; their latencies to ``out``."""
+
+    async def main() -> tuple[list[float], list[float]]:
+        done = asyncio.Event()
+
+        async def watch() -> None:
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+            done.set()
+
+        watcher = asyncio.ensure_future(watch())
+        polite, health = await asyncio.gather(well_behaved(base_url, done), probe(health_url, done))
+        await watcher
+        return polite, health
+
+    out.put(asyncio.run(main()))
+
+
+class Observed:
+    """`observer` in a spawned process; `stop` returns (polite latencies, probe latencies)."""
+
+    def __init__(self, base_url: str, health_url: str) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._stop, self._out = ctx.Event(), ctx.Queue()
+        self._proc = ctx.Process(target=observer, args=(base_url, health_url, self._stop, self._out))
+        self._proc.start()
+
+    async def stop(self) -> tuple[list[float], list[float]]:
+        self._stop.set()
+        result: tuple[list[float], list[float]] = await asyncio.to_thread(self._out.get, True, 300)
+        await asyncio.to_thread(self._proc.join, 30)
+        return result
+
+
+async def flood(port: int, kind: str, target: int, stop: asyncio.Event, counts: Counter[str]) -> None:
+    """Hold ``target`` connections of one ``kind`` to ``port`` until ``stop``, opening a new one a second after the
+    router closes one: ``silent`` (half a head, then nothing), ``trickle`` (a whole head, then a body byte a second)
+    or ``hangup`` (connect and close at once, ten a second). (Connecting as fast as the kernel allows is a flood of
+    the network stack, for a firewall, not the router.)"""
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n"
+    if kind == "trickle":
+        head += b"content-type: application/json\r\ncontent-length: 100000\r\n\r\n"
+
+    async def one() -> None:
+        while not stop.is_set():
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                counts[f"{kind} refused"] += 1
+                await asyncio.sleep(0.1)
+                continue
+            counts[f"{kind} opened"] += 1
+            try:
+                if kind == "hangup":
+                    await asyncio.sleep(0.1)
+                    continue
+                writer.write(head)
+                while not stop.is_set():
+                    if kind == "trickle":
+                        writer.write(b" ")
+                    try:
+                        if await asyncio.wait_for(reader.read(1 << 16), 1.0) == b"":
+                            counts[f"{kind} closed by the router"] += 1
+                            break
+                    except TimeoutError:
+                        continue
+            except OSError:
+                counts[f"{kind} closed by the router"] += 1
+            finally:
+                writer.close()
+            if kind != "hangup":
+                await asyncio.sleep(1.0)
+
+    await asyncio.gather(*(one() for _ in range(target)))
 
 
 async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict[str, Any]:
@@ -323,9 +425,12 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
                 path = f"/s/{token}/v1/chat/completions" if port_name == "agent" else "/admin/sessions"
                 status = await half_sent(agent_port if port_name == "agent" else admin_port, path)
                 by_port[port_name] += 1
-                statuses[f"{status // 100}xx" if status else "no answer"] += 1
+                # on the agent port, where the floods hold more connections than the router may, a request that
+                # never arrives whole is one the router closes to make room (answered 408 once it has read some)
+                evicted = not status and port_name == "agent"
+                statuses["half-sent, closed" if evicted else f"{status // 100}xx" if status else "no answer"] += 1
                 codes[status] += 1
-                if status >= 500 or not status:
+                if status >= 500 or not (status or evicted):
                     server_errors.append({"kind": "half-sent", "port": port_name, "status": status})
                 return
             if roll < 0.004:  # hang up mid-call
@@ -366,16 +471,20 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
             while not queue.empty():
                 await one(queue.get_nowait())
 
-        quiet_stop = asyncio.Event()
-        quiet_task = asyncio.ensure_future(well_behaved(polite, quiet_stop))
+        quiet_observer = Observed(polite, f"{agent_url}/health")
         await asyncio.sleep(args.quiet_s)  # the polite session alone first: its quiet latencies
-        quiet_stop.set()
-        quiet = await quiet_task
+        quiet, quiet_health = await quiet_observer.stop()
         started = time.monotonic()
-        polite_task = asyncio.ensure_future(well_behaved(polite, stop))
+        observed = Observed(polite, f"{agent_url}/health")
+        flood_counts: Counter[str] = Counter()
+        floods = [
+            asyncio.ensure_future(flood(agent_port, kind, n, stop, flood_counts))
+            for kind, n in (("silent", args.flood), ("trickle", args.flood // 4), ("hangup", 4))
+        ]
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
         stop.set()
-        latencies = await polite_task
+        await asyncio.gather(*floods)
+        latencies, health = await observed.stop()
         wall_s = time.monotonic() - started
         alive = (await http.get(f"{agent_url}/health")).status_code == 200
     return {
@@ -392,7 +501,12 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
         "polite_p99_s": _p99(latencies),
         "polite_max_s": max(latencies) if latencies else None,
         "quiet_calls": len(quiet),
+        "quiet_p50_s": sorted(quiet)[len(quiet) // 2] if quiet else None,
         "quiet_p99_s": _p99(quiet),
+        "health_p99_s": _p99(health),
+        "health_max_s": max(health) if health else None,
+        "quiet_health_p99_s": _p99(quiet_health),
+        "floods": dict(sorted(flood_counts.items())),
         "router_alive": alive,
     }
 
@@ -415,6 +529,9 @@ def main() -> None:
     parser.add_argument(
         "--quiet-s", type=float, default=10.0, help="the polite session alone first, for its quiet p99"
     )
+    parser.add_argument(
+        "--flood", type=int, default=2000, help="silent connections held (a quarter as many trickling bodies)"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fuzz_router.json")
     args = parser.parse_args()
     console = Console(width=120)
@@ -434,7 +551,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         model, overrides=["engine.kv_cache_mem_gib=0.1"], log_path=tmp / "engine.log"
     ) as engine:
         proc, admin = launch_router(
-            model, [engine.url], journal_dir=tmp / "journal", overrides=["router.body_timeout_s=5"],
+            model, [engine.url], journal_dir=tmp / "journal",
+            overrides=["router.body_timeout_s=5", f"router.max_connections={MAX_CONNECTIONS}"],
             log_path=tmp / "router.log",
         )  # fmt: skip
         with proc:
@@ -465,7 +583,9 @@ def report(console: Console, args: argparse.Namespace, result: dict[str, Any]) -
         f"agent port {result['by_port'].get('agent', 0):,}, admin port {result['by_port'].get('admin', 0):,}; "
         f"statuses {result['codes']}; wall {result['wall_s']:.0f} s; polite p50 {result['polite_p50_s']:.3f} s, "
         f"p99 {result['polite_p99_s']:.3f} s against {result['quiet_p99_s']:.3f} s quiet "
-        f"({result['polite_p99_s'] / result['quiet_p99_s']:.1f}x; target <= 2x); router RSS "
+        f"({result['polite_p99_s'] / result['quiet_p99_s']:.1f}x; target <= 2x); the router's /health p99 "
+        f"{result['health_p99_s']:.3f} s (max {result['health_max_s']:.3f} s) against "
+        f"{result['quiet_health_p99_s']:.3f} s quiet; floods {result['floods']}; router RSS "
         f"{result['router_rss_start_mib']:.0f} -> {result['router_rss_mib']:.0f} MiB; router alive: {result['router_alive']}"
     )
     for example in result["server_error_examples"]:

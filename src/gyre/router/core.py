@@ -12,10 +12,10 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gyre.config import RouterConfig
 from gyre.errors import ConfigError, EngineCapacityError, EngineRequestError
@@ -27,6 +27,8 @@ from gyre.router.openai_types import ChatRequest, CompletionRequest, RouterError
 from gyre.router.pool import CallAborted, CallControl, Chunk, EnginePool, Generation, NoCapacity
 from gyre.router.render import ChatRenderer
 from gyre.router.sessions import Session, SessionStore, Turn
+
+T = TypeVar("T")
 
 ROLES: frozenset[str] = frozenset(ROLE_PRIORITY)
 # Requests with more text than this (characters) are rendered and encoded on the render thread, not the event
@@ -60,11 +62,19 @@ class Router:
         # One thread renders long requests, one at a time: the tokenizer's batch encode releases the GIL, so the
         # event loop keeps serving every other session meanwhile.
         self._render_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gyre-render")
+        # Another decodes large bodies, one at a time (issue 31: 300,000 empty objects took the loop 0.3 s): a flood
+        # of them queues behind itself, and the loop gets the interpreter back every switch interval meanwhile.
+        self._decode_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gyre-decode")
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the decode thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._decode_thread, fn, *args)
 
     async def aclose(self) -> None:
-        """Close engine clients, the render thread and the journal."""
+        """Close engine clients, the render and decode threads and the journal."""
         await self.pool.aclose()
         self._render_thread.shutdown(wait=False, cancel_futures=True)
+        self._decode_thread.shutdown(wait=False, cancel_futures=True)
         if self.journal is not None:
             self.journal.close()
 
@@ -559,19 +569,20 @@ def check_tools(tools: Any) -> None:
         raise RouterError(
             f"tools holds {len(tools)} tools; at most {MAX_TOOLS} are accepted", 400, param="tools"
         )
-    nodes, stack = 0, [(tools, 1)]
+    # values are counted as they are found, a whole array or object at a time, so a wide one is refused before
+    # its members are looked at
+    nodes, stack = 1, [(tools, 1)]
     while stack:
         item, depth = stack.pop()
-        nodes += 1
-        if nodes > MAX_TOOLS_NODES:
-            raise RouterError(f"tools holds more than {MAX_TOOLS_NODES} JSON values; a tool schema that large is "
-                              "not accepted", 400, param="tools")  # fmt: skip
         if depth > MAX_TOOLS_DEPTH:
             raise RouterError(f"tools is nested deeper than {MAX_TOOLS_DEPTH} levels", 400, param="tools")
-        if isinstance(item, dict):
-            stack.extend((v, depth + 1) for v in item.values())
-        elif isinstance(item, list):
-            stack.extend((v, depth + 1) for v in item)
+        if isinstance(item, dict | list):
+            nodes += len(item)
+            if nodes > MAX_TOOLS_NODES:
+                raise RouterError(f"tools holds more than {MAX_TOOLS_NODES} JSON values; a tool schema that large "
+                                  "is not accepted", 400, param="tools")  # fmt: skip
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((v, depth + 1) for v in children if isinstance(v, dict | list))
 
 
 def _model_context_length(model_path: str) -> int:

@@ -9,10 +9,10 @@ connections the last ones got their first answer only after the others had finis
 
 `ConnectionGate` caps the connections held at once, in all and from one client address (issue 31: slow
 connections past the router's descriptor limit stalled a polite session for 22 s). A connection is *waiting* while
-it has no whole request in hand (a request head or body still arriving, or idle between requests); at a cap, the
-connection that has waited longest is closed to make room, so a flood of silent or trickling connections cannot
-keep a client that sends whole requests out. Only when every connection in the way is serving a request is the new
-one refused.
+it has no whole request in hand (a request head or body still arriving, or idle between requests); at a cap, a
+waiting one is closed to make room (those that never sent a whole request first, longest waiting first), so a flood
+of silent or trickling connections cannot keep a client that sends whole requests out, nor close its kept-alive
+connections. Only when every connection in the way is serving a request is the new one refused.
 """
 
 from __future__ import annotations
@@ -43,19 +43,23 @@ REPORT_EVERY_S = 10.0  # closed and refused connections are logged at most this 
 
 
 class ConnectionGate:
-    """Admits connections under a total cap and a per-address cap, closing the longest-waiting one to make room.
+    """Admits connections under a total cap and a per-address cap, closing a waiting one to make room.
 
-    Connections are objects with a ``transport``; the protocol tells the gate when one starts or stops waiting
-    (`waiting`, `busy`) and when it is gone (`release`). Loopback addresses have no cap of their own: every agent
-    on the router's host shares them, so only the total applies.
+    The one closed is the longest-waiting connection that has never sent a whole request (a silent or trickling
+    one), else the longest-idle of those that have (a client's kept-alive connection, which it will find closed and
+    replace). Connections are objects with an ``evict()`` that closes them; the protocol tells the gate when one
+    starts or stops waiting (`waiting`, `busy`) and when it is gone (`release`). Loopback addresses have no cap of their own: every
+    agent on the router's host shares them, so only the total applies.
     """
 
     def __init__(self, limit: int, per_client: int) -> None:
         self.limit, self.per_client = limit, per_client
         self.client: dict[Any, str] = {}  # open connection -> its address
         self.count: dict[str, int] = {}  # address -> open connections
-        self.idle: dict[Any, None] = {}  # waiting connections, longest waiting first
-        self.idle_of: dict[str, dict[Any, None]] = {}  # the same by address
+        self.served: set[Any] = set()  # connections that have sent a whole request
+        # waiting connections, never served then served, longest waiting first: in all, and by address
+        self.idle: tuple[dict[Any, None], dict[Any, None]] = ({}, {})
+        self.idle_of: dict[str, tuple[dict[Any, None], dict[Any, None]]] = {}
         self.evicted = self.refused = 0
         self._reported = (0, 0)
         self._report_at = 0.0
@@ -73,14 +77,14 @@ class ConnectionGate:
         """Whether ``conn``, just made from ``address``, may stay (closing a waiting one if that makes room)."""
         own = not _loopback(address) and self.count.get(address, 0) >= self.per_client
         if own or len(self.client) >= self.limit:
-            pool = self.idle_of.get(address, {}) if own else self.idle
-            victim = next(iter(pool), None)
+            pools = self.idle_of.get(address, ({}, {})) if own else self.idle
+            victim = next(iter(pools[0]), None) or next(iter(pools[1]), None)
             if victim is None:
                 self.refused += 1
                 self._report()
                 return False
             self.release(victim)
-            victim.transport.close()
+            victim.evict()
             self.evicted += 1
             self._report()
         self.client[conn] = address
@@ -91,33 +95,39 @@ class ConnectionGate:
     def waiting(self, conn: Any) -> None:
         """``conn`` has no whole request in hand from now (made, or its last response sent)."""
         address = self.client.get(conn)
-        if address is not None and conn not in self.idle:
-            self.idle[conn] = None
-            self.idle_of.setdefault(address, {})[conn] = None
+        if address is None:
+            return
+        kind = conn in self.served
+        if conn not in self.idle[kind]:
+            self.idle[kind][conn] = None
+            self.idle_of.setdefault(address, ({}, {}))[kind][conn] = None
 
     def busy(self, conn: Any) -> None:
         """``conn``'s request has arrived whole: it is not closed to make room until its response is sent."""
-        if conn in self.idle:
-            del self.idle[conn]
-            self._forget_idle(self.client[conn], conn)
+        if conn in self.client:
+            self._unwait(conn)
+            self.served.add(conn)
 
     def release(self, conn: Any) -> None:
         """``conn`` is gone."""
-        address = self.client.pop(conn, None)
-        if address is None:
+        if conn not in self.client:
             return
+        self._unwait(conn)
+        self.served.discard(conn)
+        address = self.client.pop(conn)
         self.count[address] -= 1
         if not self.count[address]:
             del self.count[address]
-        if conn in self.idle:
-            del self.idle[conn]
-            self._forget_idle(address, conn)
 
-    def _forget_idle(self, address: str, conn: Any) -> None:
-        of = self.idle_of[address]
-        del of[conn]
-        if not of:
-            del self.idle_of[address]
+    def _unwait(self, conn: Any) -> None:
+        kind = conn in self.served
+        if conn in self.idle[kind]:
+            del self.idle[kind][conn]
+            address = self.client[conn]
+            of = self.idle_of[address]
+            del of[kind][conn]
+            if not of[0] and not of[1]:
+                del self.idle_of[address]
 
     def _report(self) -> None:
         now = time.monotonic()

@@ -24,7 +24,7 @@ from starlette.routing import Route
 from gyre.engine.http import sse_event
 from gyre.errors import ConfigError, EngineRequestError, GyreError
 from gyre.records import Role
-from gyre.router.core import ROLES, Router
+from gyre.router.core import ROLES, Router, check_tools
 from gyre.router.openai_types import (
     AddEngineRequest,
     ChatRequest,
@@ -37,6 +37,7 @@ from gyre.router.pool import CallControl
 if TYPE_CHECKING:
     from gyre.router.listener import ConnectionGate
 
+INLINE_DECODE_BYTES = 256 << 10  # larger request bodies are decoded off the event loop
 MAX_HEADER_BYTES = 32 << 10  # a request's header lines together (a scaffold sends well under 4 KiB)
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -131,7 +132,7 @@ class AgentApp:
         control = CallControl()
         async with _abort_on_disconnect(receive, control):
             if op == "completions":
-                creq = _decode(raw, CompletionRequest)
+                creq = await self._decode(raw, CompletionRequest)
                 del raw  # a large body is not kept for the length of the call
                 if creq.stream:
                     raise RouterError(
@@ -139,12 +140,19 @@ class AgentApp:
                     )
                 await reply.json(200, await router.complete(token, creq, role, control))
                 return
-            req = _decode(raw, ChatRequest)
+            req = await self._decode(raw, ChatRequest)
             del raw
             if not req.stream:
                 await reply.json(200, await router.chat(token, req, role, control))
                 return
             await self._stream(reply, router.chat_stream(token, req, role, control))
+
+    async def _decode(self, raw: bytes, type_: type[T]) -> T:
+        """The request ``raw`` holds: decoded here when small, else on the router's decode thread (tools checked
+        there too: a wide schema costs the loop nothing)."""
+        if len(raw) <= INLINE_DECODE_BYTES:
+            return _decode(raw, type_)
+        return await self.router.off_loop(_decode_checked, raw, type_)
 
     @staticmethod
     async def _stream(reply: _Reply, chunks: AsyncIterator[dict[str, Any]]) -> None:
@@ -277,6 +285,13 @@ def _decode(raw: bytes, type_: type[T]) -> T:
         raise RouterError("the body is nested too deeply", 400) from None
 
 
+def _decode_checked(raw: bytes, type_: type[T]) -> T:
+    request = _decode(raw, type_)
+    if isinstance(request, ChatRequest):
+        check_tools(request.tools)
+    return request
+
+
 def build_agent_app(router: Router) -> AgentApp:
     """The agent-facing OpenAI-compatible application."""
     return AgentApp(router)
@@ -378,6 +393,7 @@ def head_timeout_protocol(timeout_s: float, gate: ConnectionGate | None = None) 
 
     class HeadTimeoutProtocol(HttpToolsProtocol):
         _head_timer: asyncio.TimerHandle | None = None
+        _receiving = False  # a request has begun and has not arrived whole
 
         def _arm(self) -> None:
             self._disarm()
@@ -397,6 +413,7 @@ def head_timeout_protocol(timeout_s: float, gate: ConnectionGate | None = None) 
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            self._receiving = True
             self._arm()  # a request started on a kept-alive connection: its head must arrive in time too
 
         def on_headers_complete(self) -> None:
@@ -405,6 +422,7 @@ def head_timeout_protocol(timeout_s: float, gate: ConnectionGate | None = None) 
 
         def on_message_complete(self) -> None:
             super().on_message_complete()
+            self._receiving = False
             if gate is not None:
                 gate.busy(self)  # the request is whole: served, not closed to make room
 
@@ -412,6 +430,13 @@ def head_timeout_protocol(timeout_s: float, gate: ConnectionGate | None = None) 
             super().on_response_complete()
             if gate is not None and not self.pipeline:
                 gate.waiting(self)
+
+        def evict(self) -> None:
+            """Closed to make room (`ConnectionGate`): a request half arrived is told why, an idle connection just
+            closed (its client finds it closed and opens another)."""
+            if self._receiving and not self.transport.is_closing():
+                self.transport.write(EVICTED_RESPONSE)
+            self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
@@ -421,6 +446,18 @@ def head_timeout_protocol(timeout_s: float, gate: ConnectionGate | None = None) 
 
     return HeadTimeoutProtocol
 
+
+_EVICTED = msgspec.json.encode(
+    RouterError(
+        "the request did not arrive whole before the router needed its connection for another (it holds "
+        "router.max_connections at most); send it again",
+        408,
+    ).body()
+)
+EVICTED_RESPONSE = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s" % (len(_EVICTED), _EVICTED)
+)
 
 # Idle agent connections stay open this long: far longer than clients keep theirs (httpx: 5 s), so a client never
 # reuses a connection the server has just closed (the agent would see a connection error after a long tool call).

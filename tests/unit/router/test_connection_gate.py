@@ -6,13 +6,12 @@ from gyre.router.listener import ConnectionGate
 
 
 class Conn:
-    """A connection as the gate sees it: a transport it can close."""
+    """A connection as the gate sees it: one it can close."""
 
     def __init__(self) -> None:
-        self.transport = self
         self.closed = False
 
-    def close(self) -> None:
+    def evict(self) -> None:
         self.closed = True
 
 
@@ -69,3 +68,19 @@ def test_loopback_clients_share_only_the_total() -> None:
         gate.busy(conn)
     assert not any(conn.closed for conn in conns)
     assert not gate.admit(Conn(), "::1")
+
+
+def test_connections_that_never_sent_a_request_make_room_before_kept_alive_ones() -> None:
+    """A client's connection idle between its calls outlives a flood of silent ones, however long it has idled."""
+    gate = ConnectionGate(limit=3, per_client=3)
+    kept = Conn()
+    assert gate.admit(kept, "127.0.0.1")
+    gate.busy(kept)
+    gate.waiting(kept)  # answered; idle since, the longest of all
+    flood = [Conn() for _ in range(10)]
+    for conn in flood:
+        assert gate.admit(conn, "127.0.0.1")
+    assert not kept.closed and all(conn.closed for conn in flood[:-2])
+    gate.busy(flood[-1])
+    gate.busy(flood[-2])  # the last two sent whole requests, and are being served: only the kept one can go
+    assert gate.admit(Conn(), "127.0.0.1") and kept.closed
