@@ -326,8 +326,7 @@ def observer(base_url: str, health_url: str, stop: Any, out: Any) -> None:
         done = asyncio.Event()
 
         async def watch() -> None:
-            while not stop.is_set():
-                await asyncio.sleep(0.05)
+            await asyncio.to_thread(stop.wait)  # a process's event: waited for on a thread
             done.set()
 
         watcher = asyncio.ensure_future(watch())
@@ -428,7 +427,9 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
                 # on the agent port, where the floods hold more connections than the router may, a request that
                 # never arrives whole is one the router closes to make room (answered 408 once it has read some)
                 evicted = not status and port_name == "agent"
-                statuses["half-sent, closed" if evicted else f"{status // 100}xx" if status else "no answer"] += 1
+                statuses[
+                    "half-sent, closed" if evicted else f"{status // 100}xx" if status else "no answer"
+                ] += 1
                 codes[status] += 1
                 if status >= 500 or not (status or evicted):
                     server_errors.append({"kind": "half-sent", "port": port_name, "status": status})
