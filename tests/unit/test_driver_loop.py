@@ -18,7 +18,7 @@ class Node:
 @pytest.fixture
 def governed():  # type: ignore[no-untyped-def]
     gc.collect()
-    governor = Governor(thaw_every=3).install()
+    governor = Governor(thaw_every=3, thaw_interval_s=0).install()
     yield governor
     governor.remove()
     gc.unfreeze()
@@ -35,7 +35,7 @@ def _old_cycle() -> weakref.ref[Node]:
 def test_survivors_are_frozen_and_a_thaw_reclaims_old_cycles(governed: Governor) -> None:
     ref = _old_cycle()
     assert governed.full >= 1 and gc.get_freeze_count() > 0, "survivors of a full collection were not frozen"
-    while (governed.full + 1) % governed.thaw_every != 0:  # collections before the next thaw skip the cycle
+    while not governed.due():  # collections before the next thaw skip the cycle
         gc.collect()
         assert ref() is not None, "a frozen object was walked before its thaw"
     gc.collect()  # the thaw: walks the whole heap
@@ -50,6 +50,19 @@ def test_young_cycles_are_reclaimed_without_a_thaw(governed: Governor) -> None:
     del node
     gc.collect()
     assert ref() is None and governed.thawed == 0
+
+
+def test_collections_in_quick_succession_never_walk_the_whole_heap_twice() -> None:
+    """However fast something allocates (and so collects), the whole heap is walked at most once an interval."""
+    gc.collect()
+    governor = Governor(thaw_every=2, thaw_interval_s=3600).install()
+    try:
+        for _ in range(20):
+            gc.collect()
+        assert (governor.full, governor.thawed) == (20, 0)
+    finally:
+        governor.remove()
+        gc.unfreeze()
 
 
 def test_run_returns_the_result_and_leaves_no_governor_behind() -> None:
