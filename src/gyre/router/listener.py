@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 ACCEPT_BURST = (
     1024  # connections taken per readiness at most, so a connection storm cannot stall one iteration
 )
+# at the connection cap, where every connection accepted closes a waiting one: so few per readiness that one accepted
+# a moment ago has its request read before it is the longest waiting (a flood admitted 1,024 at a time closed new
+# connections of polite clients before their requests were read)
+ACCEPT_BURST_AT_CAP = 64
 ACCEPT_RETRY_S = (
     1.0  # out of descriptors: stop accepting this long (connections wait in the kernel's backlog)
 )
@@ -169,8 +173,13 @@ def bind(host: str, port: int, backlog: int) -> socket.socket:
 class Listener:
     """Accepts on ``sock`` and hands each connection to the loop with a new ``protocol()``; owns ``sock``."""
 
-    def __init__(self, sock: socket.socket, protocol: Callable[[], asyncio.Protocol]) -> None:
-        self._sock, self._protocol = sock, protocol
+    def __init__(
+        self,
+        sock: socket.socket,
+        protocol: Callable[[], asyncio.Protocol],
+        gate: ConnectionGate | None = None,
+    ) -> None:
+        self._sock, self._protocol, self._gate = sock, protocol, gate
         self._loop = asyncio.get_running_loop()
         # hand-overs in flight: each runs for one loop iteration (until the protocol's connection_made)
         self._handing: set[asyncio.Task[Any]] = set()
@@ -178,7 +187,9 @@ class Listener:
         self._loop.add_reader(sock.fileno(), self._accept)
 
     def _accept(self) -> None:
-        for _ in range(ACCEPT_BURST):
+        gate = self._gate
+        at_cap = gate is not None and len(gate.client) >= gate.limit
+        for _ in range(ACCEPT_BURST_AT_CAP if at_cap else ACCEPT_BURST):
             try:
                 conn, _ = self._sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -226,9 +237,11 @@ class Listener:
 class AgentServer(uvicorn.Server):
     """uvicorn's server (its clock, signals and graceful shutdown) accepting through a `Listener` on ``sock``."""
 
-    def __init__(self, config: uvicorn.Config, sock: socket.socket) -> None:
+    def __init__(
+        self, config: uvicorn.Config, sock: socket.socket, gate: ConnectionGate | None = None
+    ) -> None:
         super().__init__(config)
-        self.sock = sock
+        self.sock, self.gate = sock, gate
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's start-up with the `Listener` in place of ``loop.create_server``."""
@@ -240,5 +253,5 @@ class AgentServer(uvicorn.Server):
                 config=config, server_state=self.server_state, app_state=self.lifespan.state
             )
 
-        self.servers = [Listener(self.sock, protocol)]  # type: ignore[list-item]
+        self.servers = [Listener(self.sock, protocol, self.gate)]  # type: ignore[list-item]
         self.started = True

@@ -425,16 +425,19 @@ def head_timeout_protocol(timeout_s: float, gate: ConnectionGate | None = None) 
             self._receiving = False
             if gate is not None:
                 gate.busy(self)  # the request is whole: served, not closed to make room
+                if self.cycle is not None and self.cycle.response_complete:  # answered before it was whole
+                    gate.waiting(self)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if gate is not None and not self.pipeline:
+            if gate is not None and not self.pipeline and not self._receiving:
                 gate.waiting(self)
 
         def evict(self) -> None:
             """Closed to make room (`ConnectionGate`): a request half arrived is told why, an idle connection just
             closed (its client finds it closed and opens another)."""
-            if self._receiving and not self.transport.is_closing():
+            answered = self.cycle is not None and self.cycle.response_started  # (before the body came whole)
+            if self._receiving and not answered and not self.transport.is_closing():
                 self.transport.write(EVICTED_RESPONSE)
             self.transport.close()
 
@@ -477,16 +480,14 @@ async def _serve(router: Router) -> None:
 
     from gyre.router.listener import AgentServer, ConnectionGate, bind
 
+    gate = ConnectionGate.for_process(router.cfg.max_connections, router.cfg.max_connections_per_client)
     agent_config = uvicorn.Config(
         build_agent_app(router),
         host=router.cfg.host,
         port=router.cfg.port,
         log_level="warning",
         timeout_keep_alive=KEEP_ALIVE_S,
-        http=head_timeout_protocol(
-            router.cfg.body_timeout_s,
-            ConnectionGate.for_process(router.cfg.max_connections, router.cfg.max_connections_per_client),
-        ),
+        http=head_timeout_protocol(router.cfg.body_timeout_s, gate),
     )
     try:
         sock = bind(router.cfg.host, router.cfg.port, agent_config.backlog)
@@ -494,7 +495,7 @@ async def _serve(router: Router) -> None:
         raise ConfigError(
             f"the router cannot listen on {router.cfg.host}:{router.cfg.port} (router.host, router.port): {exc}"
         ) from None
-    agent = AgentServer(agent_config, sock)  # accepts every waiting connection at once (see its module)
+    agent = AgentServer(agent_config, sock, gate)  # accepts every waiting connection at once (see its module)
     admin = uvicorn.Server(
         uvicorn.Config(
             build_admin_app(router),
