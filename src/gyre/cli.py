@@ -209,6 +209,14 @@ def cmd_tasks_prepare(args: argparse.Namespace) -> int:
                 bar.update(job, description=f"preparing {task.id}")
                 row = [task.id, "-", "none declared", "", "", "", "ok"]
                 start = time.monotonic()
+                try:  # what can be refused without building anything is refused first (hidden tests missing)
+                    verifier.check(task)
+                except TaskError as exc:
+                    refused[task.id] = str(exc)
+                    row[2], row[6] = "not built", "[red]refused[/] (below)"
+                    table.add_row(*row)
+                    bar.advance(job)
+                    continue
                 if task.environment is not None:
                     was = environments.lookup(task.environment, cfg)
                     try:
@@ -228,9 +236,11 @@ def cmd_tasks_prepare(args: argparse.Namespace) -> int:
                 bar.advance(job)
 
     _run_loop(run())
-    Console().print(table)
+    from gyre.evaluation import PIPE_WIDTH
+
+    (Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)).print(table)  # a pipe: never 80 columns
     for task_id, why in refused.items():
-        print(f"refused {task_id}: {why[:2000]}")
+        print(f"refused {task_id}: {why}")
     if refused:
         print(
             f"{len(refused)} of {len(tasks)} task(s) refused: their grading could not be faithful",

@@ -95,6 +95,10 @@ class AgentError(GyreError):
     """An agent broke its contract; recorded on its execution, never raised into the driver."""
 
 
+class ContextOverflow(AgentError):
+    """A model call's prompt cannot fit the model's context (the router's 413): the agent's to handle."""
+
+
 class TaskError(GyreError):
     """A task directory or suite is malformed; the message names the file and field."""
 

@@ -8,8 +8,9 @@ verdict), ``results.json``, ``results.md`` and ``scores.png``.
 
 Every headline says what its mean and pass rate are over ("over 1 scored of 2 executions, 1 dropped"): dropped
 executions are left out of both, so a run that dropped half its tasks must not read as a clean 1.000. What makes a
-run's figures untrustworthy as they stand is listed in ``EvalSummary.problems`` (empty: ``summary.ok``): any dropped
-execution and, with ``--agent oracle`` (which validates a suite), any reference solution scoring below 1.
+run's figures untrustworthy as they stand is listed in ``EvalSummary.problems`` (empty: ``summary.ok``): any task
+that did not run, any dropped execution and, with ``--agent oracle`` (which validates a suite), any reference
+solution scoring below 1.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncio
 import contextlib
 import random
 import statistics
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -130,7 +132,7 @@ class EvalSummary(msgspec.Struct, frozen=True, kw_only=True):
 
     @property
     def ok(self) -> bool:
-        """A clean run: something ran, nothing was dropped and, for the oracle, every reference solution scored 1."""
+        """A clean run: every task ran, nothing was dropped and, for the oracle, every reference solution scored 1."""
         return not self.problems
 
 
@@ -389,17 +391,25 @@ def summarize(
         dropped=sum(r.outcome == "dropped" for r in rows),
         # an expert chosen in place of the suite's (an impatient one) is not held to a perfect score
         problems=_problems(
-            rows, oracle=options.agent == "oracle" and not options.expert, group_size=options.group_size
+            rows,
+            oracle=options.agent == "oracle" and not options.expert,
+            group_size=options.group_size,
+            not_run=unsupported,
         ),
     )
 
 
-def _problems(rows: list[ExecutionRow], oracle: bool, group_size: int = 1) -> list[str]:
-    """What makes these figures untrustworthy as they stand, one line each: every dropped execution and, when the
-    agent is the oracle, every reference solution that did not score 1 (its task is broken)."""
+def _problems(
+    rows: list[ExecutionRow], oracle: bool, group_size: int = 1, not_run: dict[str, str] | None = None
+) -> list[str]:
+    """What makes these figures untrustworthy as they stand, one line each: every task that did not run (refused or
+    unsupported here: the figures are not over the suite), every dropped execution and, when the agent is the
+    oracle, every reference solution that did not score 1 (its task is broken)."""
     found: list[str] = []
     if not rows:
         found.append("nothing ran: no task of the suite could run on this host")
+    for task_id, why in sorted((not_run or {}).items()):
+        found.append(f"{task_id}: not run: {_brief(why)}")
     for r in rows:
         name = r.task_id if group_size == 1 else f"{r.task_id} (execution {r.group_index})"
         if r.outcome == "dropped":
@@ -414,6 +424,13 @@ def _problems(rows: list[ExecutionRow], oracle: bool, group_size: int = 1) -> li
                 f"{name}: the reference solution scored {r.score:.3f} ({r.status}, {r.outcome}{tests}): {why}"
             )
     return found
+
+
+def _brief(text: str, head: int = 300, tail: int = 300) -> str:
+    """``text`` on one line, its start (what was refused and why) and its end (where a command's output says what
+    failed) kept when it is long."""
+    line = " ".join(text.split())
+    return line if len(line) <= head + tail else f"{line[:head]} ... {line[-tail:]}"
 
 
 def _tail(text: str | None, chars: int = 300) -> str:
@@ -579,6 +596,9 @@ def plot_scores(s: EvalSummary, path: Path) -> None:
     plt.close(fig)
 
 
+PIPE_WIDTH = 200  # columns of the summary when it is not printed on a terminal (the table needs about 140)
+
+
 def print_summary(s: EvalSummary, run_dir: str) -> None:
     """The headline figures and where the files are, on the terminal."""
     from rich.console import Console
@@ -589,7 +609,9 @@ def print_summary(s: EvalSummary, run_dir: str) -> None:
     table = Table(title=f"gyre eval: {s.suite} ({s.agent})")
     for column in ("tasks", "executions", "scored", "dropped", "mean score", "95% CI", "pass rate", "placeholders",
                    "tampered", "mean calls", "mean tokens", "wall time"):  # fmt: skip
-        table.add_column(column, justify="right")
+        table.add_column(
+            column, justify="right", overflow="fold"
+        )  # narrower than the table: wrapped, never cut
     table.add_row(
         str(s.tasks), str(s.executions), str(s.counted), str(s.dropped), f"{s.mean_score:.3f}",
         f"{s.mean_ci[0]:.3f}-{s.mean_ci[1]:.3f}", f"{s.pass_rate:.1%}",
@@ -597,11 +619,13 @@ def print_summary(s: EvalSummary, run_dir: str) -> None:
         f"{s.mean_calls:.1f}",
         f"{s.mean_tokens:,.0f}", f"{s.wall_s:.1f} s",
     )  # fmt: skip
-    console = Console()
+    # on a terminal, its width (a narrow one folds the cells, never cuts them); otherwise (a pipe, a log file) wide
+    # enough for the whole table, where rich would draw 80 columns
+    console = Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
     console.print(table)
     console.print(Text(headline(s), style="bold"))
     if s.unsupported:
-        console.print(f"{len(s.unsupported)} task(s) not run (unsupported here): see results.md")
+        console.print(f"{len(s.unsupported)} task(s) not run (refused, or unsupported here): see results.md")
     if s.tampered and s.agent != "oracle":  # the oracle's are among the problems
         console.print(Text(f"{s.tampered} execution(s) tampered with the grader (scored 0): see results.md",
                            style="bold yellow"))  # fmt: skip

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import msgspec
 
 from gyre.agents.base import AgentContext, AgentResult, AgentStatus
-from gyre.errors import SandboxError
+from gyre.errors import ContextOverflow, SandboxError
 from gyre.records import Role
 
 SYSTEM_PROMPT = """You are an autonomous software engineer working in a sandboxed Linux workspace (your current \
@@ -73,6 +73,20 @@ class BuiltinAgentConfig(msgspec.Struct, frozen=True, kw_only=True):
     seed: int | None = None
 
 
+CUT_MARK = "\n\n[... {cut:,} characters of the task description cut here to fit the model's context ...]\n\n"
+
+
+def shorten(text: str, keep: float = 0.5, least: int = 2000) -> str | None:
+    """``text`` cut to ``keep`` of its length in its middle (its start, the task's statement, kept three times longer
+    than its end), the cut marked; None when it is already under ``least`` characters."""
+    if len(text) < least:
+        return None
+    kept = int(len(text) * keep)
+    head = kept * 3 // 4
+    tail = kept - head
+    return text[:head] + CUT_MARK.format(cut=len(text) - kept) + text[len(text) - tail :]
+
+
 def call_seed(seed: int, ctx: AgentContext, role: str, call: int) -> int:
     """The sampling seed of an execution's ``call``-th model call: a stable hash of the run's seed, the task, the
     execution's place in its group and the call, in the range the OpenAI API's ``seed`` takes."""
@@ -118,8 +132,20 @@ class BuiltinAgent:
         messages = self._fresh(instruction)
         for step in range(1, max_steps + 1):
             seeded = {} if cfg.seed is None else {"seed": call_seed(cfg.seed, ctx, role, tally.calls)}
-            body = await ctx.client.chat(messages, tools=tools, role=role, temperature=cfg.temperature,
-                                         max_tokens=cfg.max_tokens_per_call, **seeded)  # fmt: skip
+            try:
+                body = await ctx.client.chat(messages, tools=tools, role=role, temperature=cfg.temperature,
+                                             max_tokens=cfg.max_tokens_per_call, **seeded)  # fmt: skip
+            except ContextOverflow as exc:
+                # a task description longer than the model's context is cut in its middle until it fits; a
+                # conversation that outgrew it starts again from the (cut) description: the workspace keeps
+                # the work (issue 32: a 77k-token spec crashed the agent)
+                if len(messages) <= 2:
+                    shorter = shorten(instruction)
+                    if shorter is None:
+                        return "gave_up", f"the task description cannot fit the model's context: {exc}", step
+                    instruction = shorter
+                messages = self._fresh(instruction)
+                continue
             tally.calls += 1
             message = body["choices"][0]["message"]
             messages.append({k: v for k, v in message.items() if v is not None})
@@ -165,9 +191,12 @@ class BuiltinAgent:
         request = [*messages, {"role": "user", "content": SUMMARY_REQUEST}]
         cfg = self.config
         seeded = {} if cfg.seed is None else {"seed": call_seed(cfg.seed, ctx, role, tally.calls)}
-        body = await ctx.client.chat(request, tools=tools, tool_choice="none", role=role,
-                                     temperature=cfg.temperature, max_tokens=cfg.max_tokens_per_call,
-                                     **seeded)  # fmt: skip
+        try:
+            body = await ctx.client.chat(request, tools=tools, tool_choice="none", role=role,
+                                         temperature=cfg.temperature, max_tokens=cfg.max_tokens_per_call,
+                                         **seeded)  # fmt: skip
+        except ContextOverflow:  # too long even to be summarised: start again from the task alone
+            return self._fresh(instruction)
         tally.calls += 1
         tally.compactions += 1
         return self._fresh(instruction, body["choices"][0]["message"].get("content") or "")

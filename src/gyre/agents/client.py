@@ -11,7 +11,7 @@ from typing import Any, Protocol
 import httpx
 import msgspec
 
-from gyre.errors import AgentError
+from gyre.errors import AgentError, ContextOverflow
 from gyre.records import Role
 from gyre.router.core import Router
 from gyre.router.openai_types import ChatRequest, RouterError
@@ -47,7 +47,8 @@ class InProcessModelClient:
         try:
             return await self.router.chat(self.token, req, role)
         except RouterError as exc:
-            raise AgentError(f"model call failed ({exc.status}): {exc}") from None
+            kind = ContextOverflow if exc.status == 413 else AgentError
+            raise kind(f"model call failed ({exc.status}): {exc}") from None
 
 
 class HttpModelClient:
@@ -68,7 +69,8 @@ class HttpModelClient:
             f"{self.base_url}/chat/completions", json=body, headers={"X-Gyre-Role": role}
         )
         if resp.status_code != 200:
-            raise AgentError(f"model call failed ({resp.status_code}): {resp.text[:500]}")
+            kind = ContextOverflow if resp.status_code == 413 else AgentError
+            raise kind(f"model call failed ({resp.status_code}): {resp.text[:500]}")
         data: dict[str, Any] = resp.json()
         return data
 

@@ -232,6 +232,7 @@ def _nl2repo_environment(root: Path, hidden: dict[str, FileData]) -> Environment
             pins += [f"{m[1]}=={m[2]}" for line in block.splitlines() if (m := _FREEZE_LINE.match(line))]
     pyproject = hidden.get("pyproject.toml")
     requirements = _grader_requirements(root, pyproject if isinstance(pyproject, str) else None)
+    requirements += _setuptools_requirements(hidden)
     # the project the agent writes is never installed from the registry (a freeze of its image may list it: an
     # empty workspace would pass)
     own = {_canonical(root.name), *(_canonical(n) for n in _project_names(hidden))}
@@ -275,6 +276,94 @@ def _grader_requirements(root: Path, pyproject: str | None) -> list[str]:
     for name in ("test", "tests", "testing"):
         out += [r for r in extras.get(name, []) if isinstance(r, str)]
         out += [r for r in groups.get(name, []) if isinstance(r, str)]
+    return out
+
+
+_TEST_EXTRAS = ("test", "tests", "testing")
+_SETUP_KEYWORDS = ("install_requires", "tests_require", "setup_requires")
+
+
+def _setuptools_requirements(hidden: dict[str, FileData]) -> list[str]:
+    """What a setuptools project of the grader's declares: ``setup.py``'s ``install_requires``, ``tests_require``,
+    ``setup_requires`` and test extras where they are literal (read, never run), ``setup.cfg``'s ``[options]`` and
+    test extras, and the lines of ``requirements.txt`` (a ``setup.py`` commonly reads it); setuptools itself when
+    there is a ``setup.py`` (its ``pip install -e .`` runs offline, without build isolation)."""
+    out: list[str] = []
+    setup_py = hidden.get("setup.py")
+    if isinstance(setup_py, str):
+        out += ["setuptools", *_setup_py_requirements(setup_py)]
+    setup_cfg = hidden.get("setup.cfg")
+    if isinstance(setup_cfg, str):
+        out += _setup_cfg_requirements(setup_cfg)
+    for name in ("requirements.txt",):
+        text = hidden.get(name)
+        if isinstance(text, str) and isinstance(setup_py, str) and name in setup_py:
+            out += _requirement_lines(text)
+    return out
+
+
+def _requirement_lines(text: str) -> list[str]:
+    """The requirements of a requirements file or a ``setup.cfg`` value: comments, options and blanks left out."""
+    lines = (line.split("#", 1)[0].strip() for line in text.splitlines())
+    return [line for line in lines if line and not line.startswith(("-", "."))]
+
+
+def _setup_py_requirements(source: str) -> list[str]:
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    names: dict[str, ast.expr] = {}  # module-level NAME = literal, for install_requires=NAME
+    for statement in tree.body:
+        if (
+            isinstance(statement, ast.Assign)
+            and len(statement.targets) == 1
+            and isinstance(statement.targets[0], ast.Name)
+        ):
+            names[statement.targets[0].id] = statement.value
+
+    def strings(node: ast.expr | None) -> list[str]:
+        if isinstance(node, ast.Name):
+            node = names.get(node.id)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):  # DEPS + ["other"]
+            return strings(node.left) + strings(node.right)
+        if isinstance(node, ast.List | ast.Tuple):
+            return [e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return _requirement_lines(node.value)
+        return []
+
+    out: list[str] = []
+    for call in ast.walk(tree):
+        if not isinstance(call, ast.Call):
+            continue
+        for keyword in call.keywords:
+            if keyword.arg in _SETUP_KEYWORDS:
+                out += strings(keyword.value)
+            elif keyword.arg == "extras_require":
+                extras = names.get(keyword.value.id) if isinstance(keyword.value, ast.Name) else keyword.value
+                if isinstance(extras, ast.Dict):
+                    for key, value in zip(extras.keys, extras.values, strict=True):
+                        if isinstance(key, ast.Constant) and key.value in _TEST_EXTRAS:
+                            out += strings(value)
+    return out
+
+
+def _setup_cfg_requirements(text: str) -> list[str]:
+    import configparser
+
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read_string(text)
+    except configparser.Error:
+        return []
+    out: list[str] = []
+    for key in _SETUP_KEYWORDS:
+        out += _requirement_lines(parser.get("options", key, fallback=""))
+    for extra in _TEST_EXTRAS:
+        out += _requirement_lines(parser.get("options.extras_require", extra, fallback=""))
     return out
 
 

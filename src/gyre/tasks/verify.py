@@ -179,20 +179,27 @@ class Verifier:
         self.check(task)
         python_env = await environments.ensure(task, self.sandbox_cfg)
         await self._expected_ids(task, python_env)
+        refusal = self._refusal(task)
+        if refusal is not None:
+            raise TaskError(refusal)
+
+    def _refusal(self, task: Task) -> str | None:
+        """Why ``task``'s grading cannot be faithful, once its clean collection has run (None: it can)."""
         failure = self._collection_failed.get(task.id)
         if failure is None:
-            return
+            return None
         provided = {
             part.removesuffix(".py") for p in {**task.files, **task.solution_files} for part in p.split("/")
         }
         missing = sorted({m for m in _MISSING_MODULE.findall(failure) if m.split(".")[0] not in provided})
         if missing:
-            raise TaskError(
+            return (
                 f"task {task.id}: its hidden tests import {', '.join(missing)}, which neither its reference "
                 "solution nor its environment provides (a test dependency the task does not declare)"
             )
-        raise TaskError(f"task {task.id}: the hidden tests cannot be collected over its reference solution: "
-                        f"{failure[-1500:]}")  # fmt: skip
+        # its start says what failed, its end the last lines of the failing command's output
+        brief = failure if len(failure) <= 3000 else f"{failure[:1000]}\n[...]\n{failure[-2000:]}"
+        return f"task {task.id}: the hidden tests cannot be collected over its reference solution: {brief}"
 
     async def _verify(self, task: Task, workspace: Path | None, key: str) -> Verdict:
         self.check(task)
@@ -211,6 +218,14 @@ class Verifier:
                 outcome="dropped", attempts=0, detail=str(exc), duration_s=time.monotonic() - start
             )
         expected = await self._expected_ids(task, python_env)
+        refusal = self._refusal(task)
+        if refusal is not None:  # what preflight refuses is never scored (a 0 here would be the task's fault)
+            return Verdict(
+                outcome="dropped",
+                attempts=0,
+                detail=f"refused: {refusal}",
+                duration_s=time.monotonic() - start,
+            )
         for attempt in range(1, self.retries + 2):
             fault = self._start_fault is not None and self._start_fault(key, attempt)
             try:

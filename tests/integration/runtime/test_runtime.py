@@ -231,3 +231,22 @@ print(open("answer.txt").read())
     assert result.agent.status == "finished", result.agent.detail
     assert "no network" in result.agent.detail and "hello from the model" in result.agent.detail
     assert len(result.records) == 1 and result.records[0].session == result.execution_id
+
+
+def test_a_task_description_longer_than_the_context_is_cut_to_fit_not_a_crash(
+    tiny_model: Path, tokenizer: Any, journal: Path
+) -> None:
+    """Issue 32: a 77k-token NL2RepoBench spec crashed the built-in agent (the router's 413 raised through it)."""
+    statement = "Write 42 to answer.txt."
+    spec = statement + "\n" + "the library's behaviour in detail. " * 40_000 + "\nThe last line of the spec."
+    task = Task(id="long-spec", instruction=spec)
+    steps = [call("submit", answer="done")]
+    with ScriptedEngine(tokenizer, stepwise(tokenizer, steps)) as fake:
+        (result,), _ = run(tiny_model, fake.url, [ExecutionSpec(task=task)], journal)
+    assert result.status == "done" and result.agent is not None, result.error
+    assert result.agent.status == "submitted", result.agent
+    (record,) = result.records
+    prompt = tokenizer.decode(record.new_input_ids)
+    assert statement in prompt and "The last line of the spec." in prompt
+    assert "cut here to fit the model's context" in prompt
+    assert len(record.new_input_ids) < 32_768

@@ -112,3 +112,26 @@ def test_a_task_whose_environment_cannot_be_built_is_refused_with_the_reason(
     # preparing again builds nothing for the task that worked
     assert main(["tasks", "prepare", str(tmp_path / "suite" / "fine"), "--set", cache, "--no-progress"]) == 0
     assert "cached" in capsys.readouterr().out
+
+
+def test_prepare_refuses_what_it_can_before_building_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 32: `gyre tasks prepare` built each task's environment (some with torch) before refusing the task.
+    A public NL2RepoBench folder (its hidden tests are in the benchmark's images) is refused unbuilt."""
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for name in ("humanize", "retrying"):  # unchanged public folders: 59 and 12 pins, no hidden tests
+        for file in (FIXTURES / name).iterdir():
+            if file.is_file() and not file.name.endswith(".py") and file.name != "UPSTREAM.md":
+                (suite / name).mkdir(exist_ok=True)
+                (suite / name / file.name).write_bytes(file.read_bytes())
+    environments.forget()
+    cache = tmp_path / "cache"
+    code = main(
+        ["tasks", "prepare", str(suite), "--set", f'sandbox.env_cache_dir="{cache}"', "--no-progress"]
+    )
+    out = capsys.readouterr()
+    assert code == 1 and "2 of 2 task(s) refused" in out.err
+    assert out.out.count("not shipped") == 2 and "not built" in out.out
+    assert not cache.exists() or not any(cache.rglob("*.json")), sorted(cache.rglob("*"))[:5]

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from fakes import ScriptedEngine
@@ -179,3 +180,38 @@ def test_a_clean_oracle_run_exits_0(
     code, out, results = eval_oracle(suite, tiny_model, capsys)
     assert code == 0 and results["problems"] == []
     assert "over 1 scored of 1 executions; 0 dropped" in out and "not a clean run" not in out
+
+
+@pytest.mark.usefixtures("wide_terminal")
+def test_a_task_that_did_not_run_makes_the_run_not_clean(
+    tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 32: `gyre eval --agent oracle` exited 0 ("clean") when a task was refused and never ran."""
+    suite = tmp_path / "suite"
+    gyre_task(suite, "right", "42", f"commands = [{json.dumps(CHECK_42)}]")
+    outside = f'commands = [{json.dumps(CHECK_42)}]\nresult = "reward_file"\nreport_path = "/etc/reward.txt"'
+    gyre_task(suite, "outside", "42", outside)  # a report outside /logs: refused before anything runs
+    code, out, results = eval_oracle(suite, tiny_model, capsys)
+    assert code == EXIT_NOT_CLEAN
+    assert "outside: not run: task outside: verifier report /etc/reward.txt" in out
+    assert "over 1 scored of 1 executions" in out and "right:" not in out
+    assert [p.split(":")[0] for p in results["problems"]] == ["outside"]  # type: ignore[union-attr]
+
+
+def test_the_summary_table_is_never_cut_on_a_narrow_console(
+    tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without a terminal rich drew 80 columns, and the table's twelve columns were cut: a pipe or a log file gets
+    the whole table, one line a row, whatever COLUMNS says."""
+    from gyre.evaluation import EvalSummary, print_summary
+
+    suite = tmp_path / "suite"
+    gyre_task(suite, "right", "42", f"commands = [{json.dumps(CHECK_42)}]")
+    code, _, _ = eval_oracle(suite, tiny_model, capsys)
+    assert code == 0
+    summary = msgspec.json.decode((tmp_path / "run" / "results.json").read_bytes(), type=EvalSummary)
+    for width in ("80", "40"):
+        monkeypatch.setenv("COLUMNS", width)
+        print_summary(summary, str(tmp_path / "run"))
+        out = capsys.readouterr().out
+        assert "…" not in out and "wall time" in out and "placeholders" in out and "mean tokens" in out, out

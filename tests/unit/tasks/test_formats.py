@@ -76,6 +76,33 @@ def test_nl2repo_task_with_shipped_tests_is_runnable(tmp_path: Path) -> None:
     )
 
 
+def test_a_setuptools_graders_requirements_are_read_not_run(tmp_path: Path) -> None:
+    """Issue 32: setup.py's install_requires was never read, so a setup.py project needed a hand-written
+    environment.toml. Read statically (literals, a module-level name, test extras), with setup.cfg's and the
+    requirements.txt a setup.py reads; nothing of setup.py runs (its side effect would fail the load)."""
+    _write_nl2repo(tmp_path)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("def test_a():\n    pass\n")
+    (tmp_path / "grader").mkdir()
+    (tmp_path / "grader" / "setup.py").write_text(
+        "import sys\nfrom setuptools import setup\n"
+        "DEPS = ['attrs>=21', 'click']\n"
+        "if 'run' in sys.argv: raise SystemExit('setup.py was run')\n"
+        "with open('requirements.txt') as f: reqs = f.read().splitlines()\n"
+        "setup(name='demo', install_requires=DEPS + reqs, tests_require=['pytest-mock'],\n"
+        "      extras_require={'test': ['freezegun'], 'docs': ['sphinx']})\n"
+    )
+    (tmp_path / "grader" / "requirements.txt").write_text("# runtime\nsix>=1.7.0\n-r other.txt\n")
+    (tmp_path / "grader" / "setup.cfg").write_text(
+        "[options]\ninstall_requires =\n    packaging\n[options.extras_require]\ntesting = hypothesis\n"
+    )
+    task = load_task(tmp_path)
+    assert task.environment is not None
+    assert set(task.environment.requirements) == {
+        "setuptools", "attrs>=21", "click", "pytest-mock", "freezegun", "six>=1.7.0", "packaging", "hypothesis",
+    }  # fmt: skip
+
+
 def test_harbor_task_loads() -> None:
     task = load_task(DATA / "harbor-hello")
     assert (task.id, task.format, task.time_budget_s) == ("harbor-hello", "harbor", 120.0)
