@@ -249,6 +249,47 @@ def cmd_tasks_prepare(args: argparse.Namespace) -> int:
     return 1 if refused else 0
 
 
+def cmd_tasks_import_nl2repobench(args: argparse.Namespace) -> int:
+    """Import NL2RepoBench tasks (`gyre.tasks.nl2repo_import`); a table of what was imported and why not."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from gyre.evaluation import PIPE_WIDTH
+    from gyre.tasks.nl2repo_import import find_tasks, import_benchmark, read_sources
+
+    sources = read_sources(args.sources) if args.sources else {}
+    base = args.sources.parent if args.sources else None
+    for item in args.source:
+        task, sep, spec = item.partition("=")
+        if not sep or not task or not spec:
+            raise ConfigError(f"--source {item!r}: expected TASK=SPEC")
+        sources[task] = str(Path(spec).resolve()) if Path(spec).exists() else spec
+    only = [t.strip() for t in args.tasks.split(",") if t.strip()] if args.tasks else None
+    if only is None and not args.all:
+        only = sorted(set(sources) & set(find_tasks(args.bench)))
+        if not only:
+            raise ConfigError(
+                "no task has a source: give --source TASK=SPEC, --sources FILE, --tasks or --all"
+            )
+    results = import_benchmark(args.bench, args.out, sources, only, base)
+    table = Table(title=f"gyre tasks import-nl2repobench {args.bench} -> {args.out}")
+    for column in ("task", "result", "hidden tests", "grader", "solution", "source or reason"):
+        table.add_column(column, overflow="fold")
+    for r in results:
+        if r.imported:
+            table.add_row(
+                r.task, "imported", str(len(r.tests)), str(len(r.grader)), str(len(r.solution)), r.source
+            )
+        else:
+            table.add_row(r.task, f"[red]refused ({r.stage})[/]", "", "", "", r.reason)
+    (Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)).print(table)
+    refused = [r for r in results if not r.imported]
+    print(
+        f"{len(results) - len(refused)} of {len(results)} task(s) imported into {args.out}", file=sys.stderr
+    )
+    return 1 if refused else 0
+
+
 def cmd_sandbox_run(args: argparse.Namespace) -> int:
     """Run one command in the sandbox an agent would get and print what happened (to check a set-up)."""
     from gyre.config import load_config
@@ -591,6 +632,23 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--set", action="append", metavar="KEY=VALUE", help="dotted override")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
     s.set_defaults(fn=cmd_tasks_prepare)
+    s = tasks_sub.add_parser(
+        "import-nl2repobench",
+        help="build Gyre task folders from NL2RepoBench's public folders and each project's upstream source",
+        epilog="exit status: 0 every task imported; 1 some task not (the table says why); 2 a usage error. "
+        "Then `gyre tasks prepare OUT_DIR` builds the environments and checks each reference, and "
+        "`gyre eval --suite OUT_DIR --agent oracle` grades them.",
+    )
+    s.add_argument("bench", type=Path, help="the NL2RepoBench repository (or its test_files folder)")
+    s.add_argument("out", type=Path, help="where the task folders are written (one per task, replaced)")
+    s.add_argument("--tasks", help="comma-separated task names (default: every task with a source)")
+    s.add_argument("--source", action="append", default=[], metavar="TASK=SPEC",
+                   help="a task's upstream source: a directory, an sdist, pypi:NAME==VERSION or git:URL@REV")  # fmt: skip
+    s.add_argument("--sources", type=Path, help='a TOML file of task = "SPEC" lines (paths relative to it)')
+    s.add_argument(
+        "--all", action="store_true", help="every task of the benchmark, those without a source refused"
+    )
+    s.set_defaults(fn=cmd_tasks_import_nl2repobench)
 
     s = sub.add_parser("sandbox", help="sandboxes agents run commands in")
     sandbox_sub = s.add_subparsers(dest="sandbox_command", required=True)

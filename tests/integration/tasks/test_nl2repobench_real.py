@@ -9,7 +9,6 @@ between 0 and 1; an empty workspace 0. The environments are built from the regis
 
 from __future__ import annotations
 
-import ast
 import asyncio
 from pathlib import Path
 
@@ -19,43 +18,11 @@ from gyre.config import SandboxConfig
 from gyre.tasks import environments
 from gyre.tasks.formats import load_task
 from gyre.tasks.verify import Verdict, Verifier
+from nl2repo_fixtures import FIXTURES, REMOVED
+from nl2repo_fixtures import without as _without
+from nl2repo_fixtures import write_tree as _write
 
 pytestmark = pytest.mark.slow(reason="builds and grades real NL2RepoBench tasks with their environments")
-
-FIXTURES = Path(__file__).resolve().parents[2] / "data" / "nl2repobench"
-# task -> (solution file, the function or method taken out: "Class.method" or "function")
-REMOVED = {
-    "retrying": ("retrying.py", "Retrying.incrementing_sleep"),
-    "parse": ("parse.py", "findall"),
-    "humanize": ("src/humanize/filesize.py", "naturalsize"),
-    "stamina": ("src/stamina/_core.py", "Attempt.next_wait"),
-    "docopt-ng": ("docopt/__init__.py", "_levenshtein_norm"),
-}
-
-
-def _without(source: str, qualname: str) -> str:
-    """``source`` with the body of ``qualname`` (a function, or ``Class.method``) replaced by ``raise
-    NotImplementedError``: the one function an agent left unwritten (the module still imports)."""
-    lines = source.splitlines(keepends=True)
-    nodes: list[ast.stmt] = ast.parse(source).body
-    *owners, name = qualname.split(".")
-    for owner in owners:
-        nodes = next(n for n in nodes if isinstance(n, ast.ClassDef) and n.name == owner).body
-    node = next(n for n in nodes if isinstance(n, ast.FunctionDef) and n.name == name)
-    body = node.body[0]
-    first = body.lineno - 1
-    indent = " " * body.col_offset
-    assert node.end_lineno is not None
-    return "".join([*lines[:first], f"{indent}raise NotImplementedError\n", *lines[node.end_lineno :]])
-
-
-def _write(root: Path, files: dict[str, str | bytes]) -> Path:
-    root.mkdir()
-    for rel, data in files.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data if isinstance(data, bytes) else data.encode())
-    return root
 
 
 @pytest.fixture(scope="module")
