@@ -313,6 +313,11 @@ def _ensure_model(path: str) -> None:
         from gyre.models import init_model
 
         init_model(path, preset="tiny")
+        print(
+            f"gyre eval: no --model-path given and none at {path}: created the tiny model there "
+            f"({Path(path).resolve()}; `gyre init-model` makes one); give --model-path for another",
+            file=sys.stderr,
+        )
         return
     raise ConfigError(f"model directory {path} not found (no config.json); give --model-path")
 
@@ -609,9 +614,7 @@ def print_summary(s: EvalSummary, run_dir: str) -> None:
     table = Table(title=f"gyre eval: {s.suite} ({s.agent})")
     for column in ("tasks", "executions", "scored", "dropped", "mean score", "95% CI", "pass rate", "placeholders",
                    "tampered", "mean calls", "mean tokens", "wall time"):  # fmt: skip
-        table.add_column(
-            column, justify="right", overflow="fold"
-        )  # narrower than the table: wrapped, never cut
+        table.add_column(column, justify="right", overflow="fold")  # a narrow terminal: wrapped, never cut
     table.add_row(
         str(s.tasks), str(s.executions), str(s.counted), str(s.dropped), f"{s.mean_score:.3f}",
         f"{s.mean_ci[0]:.3f}-{s.mean_ci[1]:.3f}", f"{s.pass_rate:.1%}",

@@ -52,8 +52,8 @@ class ConnectionGate:
     The one closed is the longest-waiting connection that has never sent a whole request (a silent or trickling
     one), else the longest-idle of those that have (a client's kept-alive connection, which it will find closed and
     replace). Connections are objects with an ``evict()`` that closes them; the protocol tells the gate when one
-    starts or stops waiting (`waiting`, `busy`) and when it is gone (`release`). Loopback addresses have no cap of their own: every
-    agent on the router's host shares them, so only the total applies.
+    starts or stops waiting (`waiting`, `busy`) and when it is gone (`release`). Loopback addresses have no cap of
+    their own: every agent on the router's host shares them, so only the total applies.
     """
 
     def __init__(self, limit: int, per_client: int) -> None:

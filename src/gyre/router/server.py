@@ -430,7 +430,8 @@ def head_timeout_protocol(timeout_s: float, gate: ConnectionGate | None = None) 
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            if gate is not None and not self.pipeline and not self._receiving:
+            idle = self.cycle is None or self.cycle.response_complete  # no pipelined request started just now
+            if gate is not None and idle and not self._receiving:
                 gate.waiting(self)
 
         def evict(self) -> None:

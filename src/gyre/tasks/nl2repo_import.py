@@ -109,8 +109,7 @@ def unpack_source(spec: str, work: Path, base: Path | None = None) -> tuple[Path
         requirement = spec.removeprefix("pypi:")
         argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", requirement,
                 "-d", str(work / "dl")]  # fmt: skip
-        done = _run(argv, f"pip download {requirement}")
-        del done
+        _run(argv, f"pip download {requirement}")
         archives = sorted((work / "dl").iterdir())
         if len(archives) != 1:
             raise TaskError(f"pip download {requirement} gave {len(archives)} files, not one sdist")

@@ -215,3 +215,18 @@ def test_the_summary_table_is_never_cut_on_a_narrow_console(
         print_summary(summary, str(tmp_path / "run"))
         out = capsys.readouterr().out
         assert "…" not in out and "wall time" in out and "placeholders" in out and "mean tokens" in out, out
+
+
+def test_the_default_model_is_never_created_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 32: without --model-path, `gyre eval` created models/tiny in the working directory without a word."""
+    from gyre.evaluation import _ensure_model
+
+    monkeypatch.chdir(tmp_path)
+    _ensure_model("models/tiny")
+    err = capsys.readouterr().err
+    assert (tmp_path / "models" / "tiny" / "config.json").is_file()
+    assert "created the tiny model" in err and str(tmp_path / "models" / "tiny") in err
+    _ensure_model("models/tiny")  # there now: nothing said
+    assert capsys.readouterr().err == ""
