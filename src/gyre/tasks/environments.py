@@ -25,6 +25,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -246,9 +247,32 @@ def _run(argv: list[str], deadline: float, what: str) -> str:
     except OSError as exc:
         raise EnvironmentFailed(f"{what}: cannot run {argv[0]}: {exc}") from None
     if done.returncode != 0:
-        output = (done.stderr.strip() or done.stdout.strip())[-_TAIL:]
-        raise EnvironmentFailed(f"{what} failed (exit {done.returncode}): {output}")
+        whole = done.stderr.strip() or done.stdout.strip()
+        missing = missing_packages(whole)
+        named = f"the package registry has no {', '.join(missing)} as asked; " if missing else ""
+        raise EnvironmentFailed(f"{what} failed (exit {done.returncode}): {named}{whole[-_TAIL:]}")
     return done.stdout
+
+
+# what pip and uv say when a requirement cannot be met, and the name they say it of
+_MISSING = (
+    re.compile(r"No matching distribution found for ([A-Za-z0-9][A-Za-z0-9._\-\[\],<>=!~ ]*)"),
+    re.compile(
+        r"Because ([A-Za-z0-9][A-Za-z0-9._\-]*)(?:[<>=!~]=?[^\s]*)? was not found in the package registry"
+    ),
+    re.compile(r"Because there is no version of ([A-Za-z0-9][A-Za-z0-9._\-]*[<>=!~]=?[^\s]*)"),
+)
+
+
+def missing_packages(output: str) -> list[str]:
+    """The requirements an installer's ``output`` says it could not find (named, not buried in its last lines)."""
+    found: list[str] = []
+    for pattern in _MISSING:
+        for match in pattern.findall(output):
+            name = match.strip().rstrip(".")
+            if name not in found:
+                found.append(name)
+    return found
 
 
 def _last_line(text: str) -> str:
@@ -293,7 +317,7 @@ async def ensure(task: Task, cfg: SandboxConfig) -> PreparedEnvironment | None:
                 _memo[memo_key] = exc
     done = _memo[memo_key]
     if isinstance(done, EnvironmentFailed):
-        raise EnvironmentFailed(f"task {task.id}: its environment could not be built: {done}")
+        raise EnvironmentFailed(f"task {task.id} (environment): it could not be built: {done}")
     return done
 
 

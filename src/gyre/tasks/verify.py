@@ -34,7 +34,7 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
@@ -158,7 +158,8 @@ class Verifier:
     def check(self, task: Task) -> None:
         """Raise `TaskError` when this verifier cannot score ``task`` at all (check before running it)."""
         if task.unsupported:
-            raise TaskError(f"task {task.id} cannot be verified on this host: {task.unsupported}")
+            kind = "hidden tests" if task.missing_hidden_files else "host"
+            raise TaskError(f"task {task.id} ({kind}) cannot be verified: {task.unsupported}")
         report = task.verifier.report_path if task.verifier is not None else ""
         isolated = self.sandbox_cfg.backend == "bubblewrap" or task.image or self.sandbox_cfg.image
         if report.startswith("/") and not isolated:
@@ -194,12 +195,12 @@ class Verifier:
         missing = sorted({m for m in _MISSING_MODULE.findall(failure) if m.split(".")[0] not in provided})
         if missing:
             return (
-                f"task {task.id}: its hidden tests import {', '.join(missing)}, which neither its reference "
+                f"task {task.id} (hidden tests): they import {', '.join(missing)}, which neither its reference "
                 "solution nor its environment provides (a test dependency the task does not declare)"
             )
         # its start says what failed, its end the last lines of the failing command's output
         brief = failure if len(failure) <= 3000 else f"{failure[:1000]}\n[...]\n{failure[-2000:]}"
-        return f"task {task.id}: the hidden tests cannot be collected over its reference solution: {brief}"
+        return f"task {task.id} (reference): the hidden tests cannot be collected over its reference solution: {brief}"
 
     async def _verify(self, task: Task, workspace: Path | None, key: str) -> Verdict:
         self.check(task)
@@ -348,7 +349,7 @@ class Verifier:
                 timed_out = len(results) < len(spec.commands) or any(r.timed_out for r in results)
                 tail = (results[-1].stdout + results[-1].stderr)[-2000:] if results else ""
                 if collect is not None:
-                    collect += _collected(channels, results, tail)
+                    collect += _collected(channels, results, tail, spec.commands)
                     return Verdict(outcome="unscored", detail="a collection")
                 if channels:
                     return _score_pytest(task, spec, channels, results, timed_out, tail, expected)
@@ -478,19 +479,35 @@ def _write_tree(root: Path, files: dict[str, FileData]) -> None:
         paths.write_file(root, rel, str(root), text if isinstance(text, bytes) else text.encode())
 
 
-def _collected(channels: list[grading.Channel], results: list[ExecResult], tail: str) -> list[str]:
-    """The test ids of a clean ``--collect-only`` run; `VerifierFailure` unless every command collected cleanly."""
+def _collected(
+    channels: list[grading.Channel], results: list[ExecResult], tail: str, commands: Sequence[str] = ()
+) -> list[str]:
+    """The test ids of a clean ``--collect-only`` run; `VerifierFailure` unless every command collected cleanly,
+    naming first the other commands that failed before it (an install step), with their last lines."""
     if any(c.index >= len(results) for c in channels) or any(r.timed_out for r in results):
         raise VerifierFailure("the clean collection ran out of the verifier's time")
+    graded = {c.index for c in channels}
+    steps = [
+        f"`{command}` exited {r.exit_code}: {_last_lines(r.stdout + r.stderr)}"
+        for i, (command, r) in enumerate(zip(commands, results, strict=False))
+        if r.exit_code != 0 and i not in graded
+    ]
+    before = f" (before it, {'; '.join(steps)})" if steps else ""
     ids: list[str] = []
     for channel in channels:
         run = grading.read_events(bytes(channel.data), channel.key)
         if run.tampering or run.collect_errors or (run.started and run.exitstatus != grading.EXIT_OK):
             raise VerifierFailure(
-                f"the clean collection failed: {run.tampering or run.collect_errors}; {tail}"
+                f"the clean collection failed: {run.tampering or run.collect_errors}{before}; {tail}"
             )
         ids += run.collected
     return ids
+
+
+def _last_lines(text: str, lines: int = 8, chars: int = 800) -> str:
+    """The last non-blank ``lines`` of a command's output, on one line (`` | `` between them)."""
+    kept = [line.strip() for line in text.splitlines() if line.strip()][-lines:]
+    return " | ".join(kept)[-chars:]
 
 
 def _score_pytest(

@@ -17,6 +17,7 @@ from gyre.sandbox import make_sandbox
 from gyre.tasks import environments
 from gyre.tasks.base import EnvironmentSpec
 from gyre.tasks.formats import load_task
+from gyre.tasks.verify import Verifier
 
 FIXTURES = Path(__file__).resolve().parents[2] / "data" / "nl2repobench"  # start.md copied unchanged
 SPEC = EnvironmentSpec(pins=("six==1.17.0",))
@@ -109,6 +110,8 @@ def test_a_task_whose_environment_cannot_be_built_is_refused_with_the_reason(
     out = capsys.readouterr()
     assert code == 1 and "1 of 2 task(s) refused" in out.err
     assert "gyre-no-such-package-zz" in out.out and "could not be built" in out.out
+    text = " ".join(out.out.split())  # the table folds long cells
+    assert "(environment)" in text and "the package registry has no gyre-no-such-package-zz" in text
     # preparing again builds nothing for the task that worked
     assert main(["tasks", "prepare", str(tmp_path / "suite" / "fine"), "--set", cache, "--no-progress"]) == 0
     assert "cached" in capsys.readouterr().out
@@ -133,5 +136,21 @@ def test_prepare_refuses_what_it_can_before_building_anything(
     )
     out = capsys.readouterr()
     assert code == 1 and "2 of 2 task(s) refused" in out.err
-    assert out.out.count("not shipped") == 2 and "not built" in out.out
+    assert out.out.count("not shipped") == 2 and "not built" in out.out and "(hidden tests)" in out.out
     assert not cache.exists() or not any(cache.rglob("*.json")), sorted(cache.rglob("*"))[:5]
+
+
+def test_a_reference_that_cannot_be_collected_names_the_install_step_that_failed(tmp_path: Path) -> None:
+    """Issue 32: a refusal read "...: py:5: in <module>" and never mentioned the `pip install -e .` that failed."""
+    root = nl2repo_task(tmp_path / "t")
+    (root / "test_commands.json").write_text(json.dumps(["pip install -e .", "pytest tests"]))
+    (root / "grader").mkdir()
+    (root / "grader" / "setup.py").write_text("raise SystemExit('setup.py: README.rst is missing')\n")
+    (root / "solution" / "lib.py").write_text("raise RuntimeError('the reference is broken')\n")
+    task = load_task(root)
+    environments.forget()
+    with pytest.raises(TaskError) as refused:
+        asyncio.run(Verifier(SandboxConfig(), retries=0).preflight(task))
+    message = str(refused.value)
+    assert message.startswith("task t (reference): the hidden tests cannot be collected"), message[:300]
+    assert "`pip install -e .` exited 1" in message and "README.rst is missing" in message, message[:1500]
