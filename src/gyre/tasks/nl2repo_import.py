@@ -9,7 +9,8 @@ are built from each upstream project. `import_benchmark` rebuilds what such an i
   back from its image (`gyre.tasks.formats.NL2REPO_REMOVED`: ``setup.py``, ``pyproject.toml``, ``conftest.py``,
   ...) with ``.pytest.ini``, and the test infrastructure beside listed test files (``tests/__init__.py``, test data);
 - ``solution/``: the rest of the project (the reference the agent is asked to write), limited to the top-level
-  entries the spec's "Project Directory Structure" names when it has one, without VCS, CI and sdist metadata.
+  entries the spec's "Project Directory Structure" names when it has one (importable code is always kept), without
+  VCS and CI files (an sdist's ``PKG-INFO`` goes to ``grader/``: version plugins read it).
 
 Sources (`SourceSpec`): a local checkout (a directory), a local sdist (``.tar.gz``, ``.zip``), ``pypi:NAME==VERSION``
 (``pip download`` of the sdist from the package registry) or ``git:URL@REV``. The network is used only for the last
@@ -36,13 +37,16 @@ from gyre.errors import TaskError
 from gyre.tasks.formats import NL2REPO_GRADER_DIR, NL2REPO_REMOVED
 
 PUBLIC_FILES = ("start.md", "test_commands.json", "test_files.json", "test_case_count.txt")
-# the packaging and configuration the grader puts back, and pytest's other configuration file (the published grader
+# the packaging and configuration the grader puts back, pytest's other configuration file (the published grader
 # does not delete `.pytest.ini`, but its image holds the project's: parse's adds the README's doctests to the count)
-GRADER_NAMES = frozenset([*(pattern.removeprefix("**/") for pattern in NL2REPO_REMOVED), ".pytest.ini"])
+# and an sdist's PKG-INFO (setuptools-scm and hatch-vcs read the version from it where there is no git history)
+GRADER_NAMES = frozenset(
+    [*(pattern.removeprefix("**/") for pattern in NL2REPO_REMOVED), ".pytest.ini", "PKG-INFO"]
+)
 # never part of a task: version control, CI, editor and build leftovers, sdist metadata
 LEFT_OUT = (
     ".git", ".git/*", ".github/*", ".gitlab-ci.yml", ".gitignore", ".gitattributes", ".travis.yml",
-    ".pre-commit-config.yaml", ".readthedocs.y*ml", ".coveragerc", ".editorconfig", "PKG-INFO", "*.egg-info/*",
+    ".pre-commit-config.yaml", ".readthedocs.y*ml", ".coveragerc", ".editorconfig", "*.egg-info/*",
     "*__pycache__*", "*.pyc", ".tox/*", ".mypy_cache/*", ".pytest_cache/*",
 )  # fmt: skip
 FETCH_TIMEOUT_S = 600
@@ -215,9 +219,16 @@ def split_source(root: Path, hidden: list[str], tree_top: set[str] | None) -> Sp
         in_test_dir = any(rel.startswith(d + "/") for d in test_dirs)
         if path.name in GRADER_NAMES or in_test_dir:
             grader.append(rel)
-        elif tree_top is None or path.parts[0] in tree_top:
+        elif tree_top is None or path.parts[0] in tree_top or _code(root, path.parts[0]):
             solution.append(rel)
     return Split(tests=sorted(hidden_set), grader=grader, solution=solution)
+
+
+def _code(root: Path, top: str) -> bool:
+    """Whether the top-level entry ``top`` is importable code (a module, a package, ``src/``): the reference keeps it
+    even where the spec's tree leaves it out (more-Itertools' spec draws another project's tree)."""
+    entry = root / top
+    return top == "src" or (entry.is_file() and top.endswith(".py")) or (entry / "__init__.py").is_file()
 
 
 def import_task(folder: Path, spec: str | None, out: Path, base: Path | None = None) -> ImportResult:
