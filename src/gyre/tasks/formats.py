@@ -299,7 +299,20 @@ def _setuptools_requirements(hidden: dict[str, FileData]) -> list[str]:
         text = hidden.get(name)
         if isinstance(text, str) and isinstance(setup_py, str) and name in setup_py:
             out += _requirement_lines(text)
-    return out
+    return [
+        r for r in out if _valid(r)
+    ]  # a guess from files that are not requirement lists must not fail the load
+
+
+def _valid(requirement: str) -> bool:
+    """Whether ``requirement`` is a requirement specifier (setup.cfg's ``%(name)s`` interpolations are not)."""
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        Requirement(requirement)
+    except InvalidRequirement:
+        return False
+    return True
 
 
 def _requirement_lines(text: str) -> list[str]:
