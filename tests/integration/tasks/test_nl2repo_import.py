@@ -30,7 +30,9 @@ NOISE = {
 def upstream_tree(name: str) -> dict[str, bytes]:
     """What the project's sdist would hold: the reference, the grader's files, the hidden tests, and noise."""
     task = load_task(FIXTURES / name)
-    files = {**task.hidden_files, **task.solution_files, **NOISE}
+    # an sdist's PKG-INFO is whole (hatchling refuses one without a Name); the importer gives it to grader/
+    pkg_info = f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n"
+    files = {**task.hidden_files, **task.solution_files, **NOISE, "PKG-INFO": pkg_info}
     return {rel: data if isinstance(data, bytes) else data.encode() for rel, data in files.items()}
 
 
