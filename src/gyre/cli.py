@@ -252,6 +252,7 @@ def cmd_tasks_prepare(args: argparse.Namespace) -> int:
 def cmd_tasks_import_nl2repobench(args: argparse.Namespace) -> int:
     """Import NL2RepoBench tasks (`gyre.tasks.nl2repo_import`); a table of what was imported and why not."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from gyre.evaluation import PIPE_WIDTH
@@ -278,10 +279,15 @@ def cmd_tasks_import_nl2repobench(args: argparse.Namespace) -> int:
     for r in results:
         if r.imported:
             table.add_row(
-                r.task, "imported", str(len(r.tests)), str(len(r.grader)), str(len(r.solution)), r.source
+                r.task,
+                "imported",
+                str(len(r.tests)),
+                str(len(r.grader)),
+                str(len(r.solution)),
+                escape(r.source),
             )
-        else:
-            table.add_row(r.task, f"[red]refused ({r.stage})[/]", "", "", "", r.reason)
+        else:  # a reason quotes command output: "[end of output]" is text, not markup
+            table.add_row(r.task, f"[red]refused ({r.stage})[/]", "", "", "", escape(r.reason))
     (Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)).print(table)
     refused = [r for r in results if not r.imported]
     print(

@@ -12,7 +12,7 @@ are built from each upstream project. `import_benchmark` rebuilds what such an i
   entries the spec's "Project Directory Structure" names when it has one (importable code is always kept), without
   VCS and CI files (an sdist's ``PKG-INFO`` goes to ``grader/``: version plugins read it).
 
-Sources (`SourceSpec`): a local checkout (a directory), a local sdist (``.tar.gz``, ``.zip``), ``pypi:NAME==VERSION``
+Sources: a local checkout (a directory), a local sdist (``.tar.gz``, ``.zip``), ``pypi:NAME==VERSION``
 (``pip download`` of the sdist from the package registry) or ``git:URL@REV``. The network is used only for the last
 two, and only here. Whatever cannot be built is returned with one reason, classified (`ImportResult.stage`).
 """
@@ -92,7 +92,7 @@ def find_tasks(bench: Path) -> dict[str, Path]:
 
 
 def read_sources(path: Path) -> dict[str, str]:
-    """A sources file: TOML, ``task = "SPEC"`` per line (`SourceSpec`)."""
+    """A sources file: TOML, ``task = "SPEC"`` per line (SPEC as `unpack_source` takes it)."""
     import tomllib
 
     try:
