@@ -81,7 +81,9 @@ def test_lost_repeated_and_reordered_control_messages_change_nothing_a_run_promi
     assert all(s.trainer.micro_steps == sum(s.trainer.by_member.values()) > 0 for s in steps)
     executions = list(read_journal(run_dir / "journal" / "executions.jsonl", ExecutionResult))
     assert len(executions) == len({e.execution_id for e in executions}) == 12
-    assert all(e.status == "done" and e.verdict is not None for e in executions)
+    assert all(e.status == "done" and e.verdict is not None for e in executions), [
+        (e.execution_id, e.status, e.error) for e in executions if e.status != "done" or e.verdict is None
+    ]  # a full run saw one fail once (2026-12-04): say which and why next time
     # colocate: both cells train every step and come back between steps, each switch once and without error
     switches = list(read_journal(run_dir / "switches.jsonl", SwitchRecord))
     assert not any(s.error for s in switches), [s.error for s in switches if s.error]
