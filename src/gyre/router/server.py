@@ -24,7 +24,7 @@ from starlette.routing import Route
 from gyre.engine.http import sse_event
 from gyre.errors import ConfigError, EngineRequestError, GyreError
 from gyre.records import Role
-from gyre.router.core import ROLES, Router, check_tools
+from gyre.router.core import ROLES, Router
 from gyre.router.openai_types import (
     AddEngineRequest,
     ChatRequest,
@@ -148,11 +148,11 @@ class AgentApp:
             await self._stream(reply, router.chat_stream(token, req, role, control))
 
     async def _decode(self, raw: bytes, type_: type[T]) -> T:
-        """The request ``raw`` holds: decoded here when small, else on the router's decode thread (tools checked
-        there too: a wide schema costs the loop nothing)."""
+        """The request ``raw`` holds: decoded here when small, else on the router's decode thread (`check_tools`,
+        on the loop later, refuses a wide schema before walking its members)."""
         if len(raw) <= INLINE_DECODE_BYTES:
             return _decode(raw, type_)
-        return await self.router.off_loop(_decode_checked, raw, type_)
+        return await self.router.off_loop(_decode, raw, type_)
 
     @staticmethod
     async def _stream(reply: _Reply, chunks: AsyncIterator[dict[str, Any]]) -> None:
@@ -283,13 +283,6 @@ def _decode(raw: bytes, type_: type[T]) -> T:
         raise RouterError(f"the body is not valid JSON: {exc}", 400) from None
     except RecursionError:
         raise RouterError("the body is nested too deeply", 400) from None
-
-
-def _decode_checked(raw: bytes, type_: type[T]) -> T:
-    request = _decode(raw, type_)
-    if isinstance(request, ChatRequest):
-        check_tools(request.tools)
-    return request
 
 
 def build_agent_app(router: Router) -> AgentApp:
