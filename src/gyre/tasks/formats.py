@@ -15,6 +15,7 @@ Every malformed directory raises `TaskError` naming the file and the field.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import re
@@ -209,34 +210,110 @@ def _load_nl2repo(root: Path) -> Task:
     )
 
 
-# The spec's environment section: "The Python version used in the current project is: Python 3.10.11", then a code
-# block of "name  version" lines (a pip freeze of the grading image)
+# The spec's environment section: "The Python version used in the current project is: Python 3.10.11", then code
+# blocks of "name  version" lines (a pip freeze of the grading image) or of requirement lines with comments
+# ("trio   # Asynchronous testing support", "path-dict~=3.0.4")
 _PYTHON_VERSION = re.compile(r"Python version[^\n]*?:\s*(?:Python\s*)?(\d+\.\d+(?:\.\d+)?)", re.IGNORECASE)
 _FREEZE_LINE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s+(?:==\s*)?v?([0-9][A-Za-z0-9.+!_-]*)\s*$")
+_REQUIREMENT_LINE = re.compile(
+    r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)(\[[A-Za-z0-9,._ -]+\])?\s*"
+    r"((?:(?:===?|~=|>=|<=|!=|>|<)\s*[0-9][A-Za-z0-9.*+!_-]*\s*,?\s*)*)(#.*)?$"
+)
+_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*$")
+_ENVIRONMENT_HEADING = re.compile(r"\benvironment\b", re.IGNORECASE)
+_WITHIN_ENVIRONMENT = re.compile(r"depend|python version|librar", re.IGNORECASE)
+
+
+def _environment_section(text: str) -> tuple[str, list[list[str]]]:
+    """The spec's environment section (its prose, and the lines of each code block), read as markdown: a ``#`` line
+    inside a code fence is a comment, not a heading; the section runs from its heading to the next heading of its
+    level or above that is not about the Python version or the dependencies."""
+    prose: list[str] = []
+    blocks: list[list[str]] = []
+    level = 0  # the environment heading's level; 0: not in the section
+    fence: list[str] | None = None
+    for line in text.splitlines():
+        if line.lstrip().startswith("```"):
+            if fence is None:
+                fence = []
+            else:
+                if level:
+                    blocks.append(fence)
+                fence = None
+            continue
+        if fence is not None:
+            fence.append(line)
+            continue
+        heading = _HEADING.match(line)
+        if heading is not None:
+            depth, title = len(heading[1]), heading[2]
+            if not level and _ENVIRONMENT_HEADING.search(title) and not blocks:
+                level = depth
+                continue
+            if level and depth <= level and not _WITHIN_ENVIRONMENT.search(title):
+                break
+        if level:
+            prose.append(line)
+    return "\n".join(prose), blocks
+
+
+def _test_imports(hidden: dict[str, FileData]) -> set[str]:
+    """The top-level modules the hidden Python files import (absolute imports), read, never run."""
+    out: set[str] = set()
+    for path, data in hidden.items():
+        if not path.endswith(".py") or not isinstance(data, str):
+            continue
+        try:
+            tree = ast.parse(data)
+        except (SyntaxError, ValueError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                out |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                out.add(node.module.split(".")[0])
+    return out
+
+
+def _spec_dependencies(text: str, hidden: dict[str, FileData]) -> tuple[str | None, list[str], list[str]]:
+    """The spec's Python version, its freeze list (pins), and those of its requirement lines the hidden tests import
+    (a list of tools the image had, "trio  # Asynchronous testing support": installing every tool it names would
+    build documentation and lint stacks for nothing, and its old pins of those often no longer install)."""
+    prose, blocks = _environment_section(text)
+    python = m.group(1) if (m := _PYTHON_VERSION.search(prose)) else None
+    imported = {_canonical(name) for name in _test_imports(hidden)}
+    pins: list[str] = []
+    requirements: list[str] = []
+    for block in blocks:
+        for line in block:
+            if m := _FREEZE_LINE.match(line):
+                pins.append(f"{m[1]}=={m[2]}")
+            elif (
+                (m := _REQUIREMENT_LINE.match(line))
+                and (m[3].strip() or m[4])
+                and _canonical(m[1]) in imported
+            ):
+                requirements.append(f"{m[1]}{m[2] or ''}{m[3].strip().rstrip(',')}")
+    return python, pins, requirements
 
 
 def _nl2repo_environment(root: Path, hidden: dict[str, FileData]) -> EnvironmentSpec | None:
-    """What the task's commands need: the spec's freeze list (pins), the grader's declared dependencies (its
-    ``pyproject.toml``), then ``environment.toml``'s ``[environment]``; None when it declares nothing."""
-    text = _read_text(root / "start.md")
-    pins: list[str] = []
-    python = None
-    section = re.search(
-        r"^#+\s*Environment\b.*?$(.*?)(?=^#{1,2}\s(?!#))", text, re.MULTILINE | re.DOTALL | re.IGNORECASE
-    )
-    if section is not None:
-        body = section.group(1)
-        if m := _PYTHON_VERSION.search(body):
-            python = m.group(1)
-        for block in re.findall(r"```[^\n]*\n(.*?)```", body, re.DOTALL):
-            pins += [f"{m[1]}=={m[2]}" for line in block.splitlines() if (m := _FREEZE_LINE.match(line))]
-    pyproject = hidden.get("pyproject.toml")
-    requirements = _grader_requirements(root, pyproject if isinstance(pyproject, str) else None)
-    requirements += _setuptools_requirements(hidden)
+    """What the task's commands need: the spec's freeze list (pins) and the requirements it lists that the hidden
+    tests import, the grader's declared dependencies (its ``pyproject.toml``, ``setup.py``...), then
+    ``environment.toml``'s ``[environment]``; None when it declares nothing."""
+    python, pins, listed = _spec_dependencies(_read_text(root / "start.md"), hidden)
     # the project the agent writes is never installed from the registry (a freeze of its image may list it: an
     # empty workspace would pass)
     own = {_canonical(root.name), *(_canonical(n) for n in _project_names(hidden))}
     pins = [p for p in pins if _canonical(p.split("==")[0]) not in own]
+    requirements = [r for r in listed if _requirement_name(r) not in own]
+    pyproject = hidden.get("pyproject.toml")
+    imported = {_canonical(name) for name in _test_imports(hidden)}
+    requirements += _grader_requirements(root, pyproject if isinstance(pyproject, str) else None, imported)
+    requirements += _setuptools_requirements(hidden)
+    # pkg_resources is setuptools' (which a fresh environment lacks, and whose 81 drops it)
+    if "pkg-resources" in imported:
+        requirements.append("setuptools<81")
     extra = EnvironmentSpec()
     if (root / "environment.toml").is_file():
         path = root / "environment.toml"
@@ -257,8 +334,9 @@ def _nl2repo_environment(root: Path, hidden: dict[str, FileData]) -> Environment
     return spec
 
 
-def _grader_requirements(root: Path, pyproject: str | None) -> list[str]:
-    """The dependencies the grader's ``pyproject.toml`` declares, with its test extras and dependency groups."""
+def _grader_requirements(root: Path, pyproject: str | None, imported: set[str]) -> list[str]:
+    """The dependencies the grader's ``pyproject.toml`` declares, with its test extras and dependency groups, and
+    what its other extras and groups declare that the hidden tests import (``imported``: canonical names)."""
     if pyproject is None:
         return []
     try:
@@ -276,7 +354,16 @@ def _grader_requirements(root: Path, pyproject: str | None) -> list[str]:
     for name in ("test", "tests", "testing"):
         out += [r for r in extras.get(name, []) if isinstance(r, str)]
         out += [r for r in groups.get(name, []) if isinstance(r, str)]
+    # another extra or group's requirement (deepdiff's tests import uuid6, which only its "dev" extra declares) when
+    # the hidden tests import it by its name
+    for name, listed in (*extras.items(), *groups.items()):
+        if name not in _TEST_EXTRAS and isinstance(listed, list):
+            out += [r for r in listed if isinstance(r, str) and _requirement_name(r) in imported]
     return out
+
+
+def _requirement_name(requirement: str) -> str:
+    return _canonical(re.split(r"[\[<>=!~;@ ]", requirement.strip(), maxsplit=1)[0])
 
 
 _TEST_EXTRAS = ("test", "tests", "testing")

@@ -84,6 +84,8 @@ GUARDED = (
     ("pluggy._callers", "_multicall"), ("pluggy._hooks", "HookCaller.__call__"),
     ("pluggy._manager", "PluginManager._hookexec"), ("builtins", "compile"), ("builtins", "exec"),
 )  # fmt: skip
+# the builtins module's own metadata, which importing machinery may rebind (six's tests do): no test's outcome reads it
+MODULE_METADATA = frozenset({"__name__", "__doc__", "__package__", "__loader__", "__spec__"})
 HOOKS = (
     "pytest_runtest_protocol", "pytest_runtest_setup", "pytest_runtest_call", "pytest_runtest_teardown",
     "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_pyfunc_call", "pytest_report_teststatus",
@@ -141,6 +143,7 @@ class _Grader:
         self.phases: dict[str, str] = {}  # nodeid -> the worst outcome of its phases so far
         self.code: dict[str, object] = {}  # nodeid -> its test function's code, at collection
         self.current: str | None = None  # the test whose run protocol is under way
+        self.nested = 0  # pytest sessions a test started in this process, under way
         self.modules: list[types.ModuleType] = []  # the collected test modules
         self.pm: Any = None
         self.start_plugins: set[int] = set()
@@ -212,7 +215,7 @@ class _Grader:
                 self.trip(f"{module}.{path} was replaced")
         now = vars(builtins)
         for name, original in self.builtins.items() if between_tests else ():
-            if now.get(name) is not original:
+            if now.get(name) is not original and name not in MODULE_METADATA:
                 self.trip(f"builtins.{name} was replaced")
         tracers = (sys.gettrace(), sys.getprofile(), threading.gettrace(), threading.getprofile())
         for tracer in tracers:  # a tracer can jump over a test's assertions
@@ -263,8 +266,9 @@ class _Grader:
             self.trip(f"the code of {item.nodeid[:200]} is not its hidden source's")
 
     def _as_written(self, function: Any, path: str) -> bool:
-        """Whether ``function`` is code the hidden file ``path`` compiles to, or a wrapper of it made by the grader's
-        installation (functools, unittest.mock, hypothesis...); any level of code of the agent's is not."""
+        """Whether ``function`` is code the hidden file ``path`` (or another hidden file) compiles to, or a wrapper of
+        it made by the grader's installation (functools, unittest.mock, hypothesis...); any level of code of the
+        agent's is not."""
         for _ in range(32):
             code = getattr(function, "__code__", None)
             handle = getattr(function, "hypothesis", None)  # hypothesis's wrapper takes the test's file name
@@ -272,13 +276,14 @@ class _Grader:
             if not isinstance(code, types.CodeType):
                 if not self._trusted(type(function)):  # a wrapper object (lru_cache): a library's, or not ok
                     return False
-            elif os.path.realpath(code.co_filename) == path:
-                candidates = self._pristine(path).get((_qualname(code), code.co_firstlineno), [])
+            elif (file := os.path.realpath(code.co_filename)) == path or file in self.sources:
+                # the file's own code, or another hidden file's (a mixin's method, a test imported from a helper)
+                candidates = self._pristine(file).get((_qualname(code), code.co_firstlineno), [])
                 if any(_same_code(code, c) for c in candidates):
                     return True
                 if handle is None:
                     return False
-            elif not os.path.realpath(code.co_filename).startswith(self.trusted_dirs):
+            elif not file.startswith(self.trusted_dirs):
                 return False
             function = getattr(function, "__wrapped__", None) or getattr(handle, "inner_test", None)
             if function is None:
@@ -290,21 +295,24 @@ class _Grader:
         path = os.path.realpath(getattr(module, "__file__", None) or "/")
         if path not in self.sources:
             return
-        defined = self._defined(path) - self._implementation_decorated(path, vars(module))
-        for name in defined:
-            if not self._vouch(vars(module).get(name), module.__name__, path):
+        wrapped = self._implementation_decorated(path, vars(module))
+        for name in self._defined(path) - wrapped:
+            if not self._vouch(vars(module).get(name), module.__name__, path, wrapped):
                 self.trip(f"{name} in {os.path.basename(path)} is not what its source defines")
 
-    def _vouch(self, value: object, module: str, path: str) -> bool:
+    def _vouch(self, value: object, module: str, path: str, wrapped: set[str]) -> bool:
         """Whether a name the hidden file binds with ``def`` or ``class`` still holds what its source made: its
-        function (or a fixture, a decorator's wrapper of it), or its class with the methods its body defines."""
+        function (or a fixture, a decorator's wrapper of it), or its class with the methods its body defines (but
+        those in ``wrapped``, which the implementation decorates)."""
         if isinstance(value, type):
             own = [getattr(v, "__func__", v) for v in vars(value).values()]
             prefix = value.__qualname__ + "."
             return value.__module__ == module and all(
                 self._as_written(f, path)
                 for f in own
-                if isinstance(f, types.FunctionType) and f.__qualname__.startswith(prefix)
+                if isinstance(f, types.FunctionType)
+                and f.__qualname__.startswith(prefix)
+                and f.__qualname__ not in wrapped
             )
         function = getattr(value, "_fixture_function", value)  # pytest's fixture definition
         if isinstance(function, types.FunctionType) or hasattr(function, "__wrapped__"):
@@ -312,9 +320,10 @@ class _Grader:
         return self._trusted(type(value))  # e.g. a functools.partial the source made
 
     def _implementation_decorated(self, path: str, namespace: dict[str, Any]) -> set[str]:
-        """Qualified names of the functions and methods the hidden file's source decorates with something of the
-        implementation under test (a name its module binds to code outside the grader's installation, e.g. the
-        ``@retry`` of a retry library): their wrappers are the implementation's code by design."""
+        """Qualified names of the functions, classes and methods the hidden file's source decorates with something of
+        the implementation under test (a name its module binds to code outside the grader's installation, e.g. the
+        ``@retry`` of a retry library, or freezegun's ``@freeze_time`` on a class, which wraps every method): their
+        wrappers are the implementation's code by design."""
 
         def root(expr: ast.expr) -> str | None:
             while isinstance(expr, ast.Call | ast.Attribute):
@@ -332,15 +341,21 @@ class _Grader:
             return not file.startswith(self.trusted_dirs) and file not in self.sources
 
         def decorated(node: ast.stmt) -> bool:
-            kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
+            kinds = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
             return isinstance(node, kinds) and any(implementation(root(d)) for d in node.decorator_list)
 
+        functions = (ast.FunctionDef, ast.AsyncFunctionDef)
         out: set[str] = set()
         for node in self._tree(path):
             if decorated(node):
                 out.add(node.name)  # type: ignore[attr-defined]
-            elif isinstance(node, ast.ClassDef):
-                out |= {f"{node.name}.{item.name}" for item in node.body if decorated(item)}  # type: ignore[attr-defined]
+            if isinstance(node, ast.ClassDef):
+                whole = decorated(node)  # a class decorator may wrap every method
+                out |= {
+                    f"{node.name}.{item.name}"
+                    for item in node.body
+                    if isinstance(item, functions) and (whole or decorated(item))
+                }
         return out
 
     def _defined(self, path: str) -> set[str]:
@@ -360,7 +375,9 @@ class _Grader:
 
     def report(self, rep: pytest.TestReport) -> None:
         """Fold one phase's report into its test's outcome; a test's event goes out after its teardown."""
-        if type(rep) is not pytest.TestReport:
+        kind = type(rep)
+        own = kind is pytest.TestReport or (issubclass(kind, pytest.TestReport) and self._trusted(kind))
+        if not own:  # pytest's report, or a subclass of its installation's (a unittest subtest's)
             self.trip(f"a report of type {type(rep).__name__} instead of pytest's")
         if rep.nodeid != self.current:
             self.trip(f"a report for {rep.nodeid[:200]} outside that test's run")
@@ -401,18 +418,28 @@ _grader = _Grader()
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     """Watch the plugins from here on, then put the task's import paths (the workspace's) on sys.path."""
+    if _grader.config is not None:
+        return  # a pytest session a test runs in this process (ipytest's): it inherits the options, not the grading
     _grader.watch(early_config.pluginmanager)
     _grader.config = early_config
     for path in reversed(_CONFIG["pythonpath"]):
         sys.path.insert(0, path)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """A test's own pytest session (ipytest runs one per notebook cell) is not the graded one."""
+    if session.config is not _grader.config:
+        _grader.nested += 1
+
+
 def pytest_collectreport(report: pytest.CollectReport) -> None:
-    if report.failed:
+    if report.failed and not _grader.nested:
         _grader.emit("collect_error", id=report.nodeid[:MAX_ID_CHARS])
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config is not _grader.config:
+        return
     modules = {}
     for item in session.items:
         _grader.code[item.nodeid] = getattr(getattr(item, "obj", None), "__code__", None)
@@ -430,6 +457,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    if item.config is not _grader.config:
+        return (yield)
     if item.nodeid not in _grader.code:
         _grader.trip(f"{item.nodeid[:200]} ran without being collected")
     _grader.current = item.nodeid
@@ -441,6 +470,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> None:
+    if item.config is not _grader.config:
+        return
     code = getattr(getattr(item, "obj", None), "__code__", None)
     if item.nodeid in _grader.code and code is not _grader.code[item.nodeid]:
         _grader.trip(f"the code of {item.nodeid[:200]} was replaced")
@@ -449,6 +480,8 @@ def pytest_runtest_call(item: pytest.Item) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if _grader.nested:
+        return  # a report of the nested session's; ignoring one never raises the score (a test without one fails)
     between_tests = report.when == "teardown"
     _grader.check(between_tests)
     for module in _grader.modules if between_tests else ():
@@ -458,6 +491,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if session.config is not _grader.config:
+        _grader.nested = max(0, _grader.nested - 1)
+        return
     _grader.check(between_tests=True)
     for module in _grader.modules:
         _grader.check_module(module)

@@ -563,9 +563,11 @@ def _score_pytest(
         outcomes.update({i: run.tests[i] for i in reported})
         collect_errors.update(i for i in run.collect_errors if not hidden or grading.in_hidden(i, hidden))
     if tampering:
+        reasons = "\n".join(tampering)[:4000]  # then the run's last words, to tell a false alarm from a cheat
         return Verdict(
-            outcome="tampered", exit_codes=codes, timed_out=timed_out, detail="\n".join(tampering)[:4000]
-        )
+            outcome="tampered", exit_codes=codes, timed_out=timed_out,
+            detail=f"{reasons}\n--- the commands' output, last lines ---\n{tail[-2000:]}" if tail else reasons,
+        )  # fmt: skip
     # pytest refused to start (exit 4, before its session). Its command line or configuration (an option of a plugin
     # the environment lacks) is the grader's failure, the same on every attempt; a conftest that cannot import the
     # agent's missing package is the agent's 0. With a clean collection over the reference, it is always the latter.

@@ -104,6 +104,67 @@ def test_a_setuptools_graders_requirements_are_read_not_run(tmp_path: Path) -> N
     }  # fmt: skip
 
 
+SPEC_ENVIRONMENT = """\
+## Environment Configuration
+
+### Python Version
+
+The Python version used in the current project is: Python 3.10.11
+
+## Core Dependency Library Versions
+
+```Plain
+# Core security library
+MarkupSafe>=3.0                    # HTML safe string processing
+
+# Testing frameworks
+trio                               # Asynchronous testing support
+path-dict~=3.0.4
+sphinx                             # Documentation generator
+demo>=1.0                          # the project itself
+```
+
+Core dependencies
+```
+anyio                    4.10.0
+httpx                    0.28.1
+```
+
+## Project Architecture
+
+```
+requests   2.0.0
+```
+"""
+
+
+def test_the_test_dependencies_a_task_declares_anywhere_are_found(tmp_path: Path) -> None:
+    """Issue 32: a `#` comment in the spec's dependency block was read as a heading that ended the environment
+    section (jinja, fastapi-users: no pin read at all), and requirement lines ("trio  # Asynchronous testing
+    support") were never read, so tests that import trio, path_dict or httpx could not run. The freeze lines are
+    pins; a requirement line, or one of the grader's non-test extras, is installed when the hidden tests import it
+    (not the documentation stack, not the project itself); nothing outside the section counts."""
+    _write_nl2repo(tmp_path)
+    (tmp_path / "start.md").write_text(SPEC_ENVIRONMENT)
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text(
+        "import trio\nfrom path_dict import PathDict\nimport demo\nimport markupsafe\nimport uuid6\n"
+        "import pkg_resources\n\ndef test_a():\n    pass\n"
+    )
+    (tmp_path / "grader").mkdir()
+    (tmp_path / "grader" / "pyproject.toml").write_text(
+        '[project]\nname = "demo"\n[project.optional-dependencies]\ndev = ["uuid6==2025.0.1", "nox"]\n'
+    )
+    task = load_task(tmp_path)
+    assert task.environment is not None
+    assert task.environment.python == "3.10.11"
+    assert task.environment.pins == ("anyio==4.10.0", "httpx==0.28.1")
+    # deepdiff's tests import uuid6, which only its "dev" extra declares; pkg_resources is setuptools'
+    assert task.environment.requirements == (
+        "MarkupSafe>=3.0", "trio", "path-dict~=3.0.4", "uuid6==2025.0.1", "setuptools<81",
+    )  # fmt: skip
+
+
 def test_harbor_task_loads() -> None:
     task = load_task(DATA / "harbor-hello")
     assert (task.id, task.format, task.time_budget_s) == ("harbor-hello", "harbor", 120.0)

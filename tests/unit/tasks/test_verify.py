@@ -298,6 +298,118 @@ def test_library_decorated_tests_and_fixtures_are_not_mistaken_for_tampering(tmp
     assert (verdict.outcome, verdict.score) == ("scored", 1.0), verdict.detail
 
 
+def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path) -> None:
+    """What real NL2RepoBench suites do (freezegun, tenacity, pyquery, boto, funcy, six, more-itertools): a class
+    decorated by the implementation, which wraps every method; a helper method decorated by it; tests inherited from
+    a mixin in another hidden file; a test imported from another hidden file; the builtins module's metadata rebound;
+    unittest subtests (pytest's own report type); a test running a pytest session of its own in the process
+    (ipytest's: its session ended the grader's report). Each graded as written: 1.0 solved, a failing subtest fails
+    its test."""
+    implementation = {
+        "calc.py": textwrap.dedent(
+            """
+            import functools
+
+            def add(a, b):
+                return a + b
+
+            def traced(thing):
+                if isinstance(thing, type):
+                    for name, value in list(vars(thing).items()):
+                        if callable(value) and name.startswith(("test", "_")) and not name.startswith("__"):
+                            setattr(thing, name, traced(value))
+                    return thing
+
+                @functools.wraps(thing)
+                def wrapper(*args, **kwargs):
+                    return thing(*args, **kwargs)
+                return wrapper
+            """
+        )
+    }
+    tests = {
+        "tests/__init__.py": "",
+        "tests/base.py": textwrap.dedent(
+            """
+            from calc import add
+
+            class AddMixin:
+                def test_inherited(self):
+                    assert add(1, 1) == 2
+
+            def test_from_helper():
+                assert add(2, 2) == 4
+            """
+        ),
+        "tests/test_shapes.py": textwrap.dedent(
+            """
+            import builtins
+            import importlib.machinery
+            import unittest
+
+            import pytest
+
+            from calc import add, traced
+            from .base import AddMixin
+
+
+            @traced
+            class TestWholeClass:
+                def test_wrapped(self):
+                    assert add(1, 2) == 3
+
+
+            class TestHelper:
+                @traced
+                def _helper(self):
+                    return add(3, 4)
+
+                def test_helper(self):
+                    assert self._helper() == 7
+
+
+            class TestInherits(unittest.TestCase, AddMixin):
+                pass
+
+
+            def test_from_helper():
+                pass
+
+
+            from .base import test_from_helper  # noqa: E402,F811
+
+
+            def test_module_metadata():
+                builtins.__spec__ = importlib.machinery.ModuleSpec("builtins", None)
+                assert add(0, 0) == 0
+
+
+            class TestSubtests(unittest.TestCase):
+                def test_cases(self):
+                    for a in range(3):
+                        with self.subTest(a=a):
+                            self.assertEqual(add(a, 0), a)
+
+
+            def test_a_session_of_its_own(tmp_path):
+                (tmp_path / "test_inner.py").write_text("def test_x():\\n    assert True\\n")
+                assert pytest.main([str(tmp_path / "test_inner.py"), "-q", "-p", "no:cacheprovider"]) == 0
+            """
+        ),
+    }
+    spec = VerifierSpec(commands=("pytest tests",), result="junit", declared_test_count=7)
+    task = Task(id="shapes", instruction="x", hidden_files=tests, verifier=spec)
+    verdict = verify(task, workspace(tmp_path / "solved", implementation))
+    assert (verdict.outcome, verdict.score) == ("scored", 1.0), verdict.detail
+    wrong = {
+        "calc.py": implementation["calc.py"].replace(
+            "return a + b", "return a + b if (a, b) != (2, 0) else 0"
+        )
+    }
+    verdict = verify(task, workspace(tmp_path / "wrong", wrong))  # only the subtest a=2 fails
+    assert verdict.outcome == "scored" and verdict.score == pytest.approx(6 / 7), verdict.detail
+
+
 def test_a_pytest_that_refuses_its_command_line_is_dropped_at_once_not_retried(tmp_path: Path) -> None:
     """A usage error (an option of a plugin the environment lacks: pytest exits 4 before any session) is the same on
     every attempt: dropped after one, with pytest's own words."""
