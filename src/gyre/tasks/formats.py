@@ -19,6 +19,7 @@ import ast
 import contextlib
 import json
 import re
+import shlex
 import tomllib
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, TypeVar
@@ -27,6 +28,7 @@ import msgspec
 
 from gyre.errors import TaskError
 from gyre.sandbox.container import image_problem
+from gyre.tasks import grading
 from gyre.tasks.base import EnvironmentSpec, FileData, Task, TaskLimits, VerifierSpec
 from gyre.tasks.environments import check_spec
 
@@ -275,6 +277,15 @@ def _test_imports(hidden: dict[str, FileData]) -> set[str]:
     return out
 
 
+def _test_words(hidden: dict[str, FileData]) -> set[str]:
+    """The words of the hidden Python files (identifiers, and the words of their strings), as canonical names."""
+    out: set[str] = set()
+    for path, data in hidden.items():
+        if path.endswith(".py") and isinstance(data, str):
+            out |= {_canonical(word) for word in re.findall(r"[A-Za-z_][A-Za-z0-9_]*", data)}
+    return out
+
+
 def _spec_dependencies(text: str, hidden: dict[str, FileData]) -> tuple[str | None, list[str], list[str]]:
     """The spec's Python version, its freeze list (pins), and those of its requirement lines the hidden tests import
     (a list of tools the image had, "trio  # Asynchronous testing support": installing every tool it names would
@@ -297,6 +308,40 @@ def _spec_dependencies(text: str, hidden: dict[str, FileData]) -> tuple[str | No
     return python, pins, requirements
 
 
+# command-line options of pytest plugins that projects put in their configuration's addopts: without the plugin,
+# pytest refuses its command line before collecting anything (tqdm's --asyncio-mode, mechanicalsoup's --cov)
+ADDOPTS_PLUGINS = {
+    "--cov": "pytest-cov", "--no-cov": "pytest-cov", "--asyncio-mode": "pytest-asyncio",
+    "--flake8": "pytest-flake8", "--timeout": "pytest-timeout", "-n": "pytest-xdist",
+    "--numprocesses": "pytest-xdist", "--dist": "pytest-xdist", "--benchmark": "pytest-benchmark",
+    "--reruns": "pytest-rerunfailures", "--mypy": "pytest-mypy", "--black": "pytest-black",
+    "--isort": "pytest-isort", "--pylint": "pytest-pylint", "--html": "pytest-html", "--mpl": "pytest-mpl",
+    "--nbval": "nbval", "--snapshot-update": "syrupy", "--randomly-seed": "pytest-randomly",
+    "--randomly-dont-reorganize": "pytest-randomly", "-p no:randomly": "pytest-randomly",
+    "--doctest-plus": "pytest-doctestplus", "--env": "pytest-env", "--mock-use-standalone-module": "pytest-mock",
+}  # fmt: skip
+
+
+def _addopts_plugins(hidden: dict[str, FileData]) -> list[str]:
+    """The pytest plugins the options in the task's pytest configuration's ``addopts`` belong to."""
+    found = grading.pytest_options(hidden)
+    raw = found[2].get("addopts", "") if found else ""
+    text = " ".join(str(a) for a in raw) if isinstance(raw, list) else str(raw)
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        return []
+    out: list[str] = []
+    for word in words:
+        option = word.split("=", 1)[0]
+        plugin = ADDOPTS_PLUGINS.get(option) or next(
+            (v for k, v in ADDOPTS_PLUGINS.items() if k.startswith("--") and option.startswith(k + "-")), None
+        )
+        if plugin and plugin not in out:
+            out.append(plugin)
+    return out
+
+
 def _nl2repo_environment(root: Path, hidden: dict[str, FileData]) -> EnvironmentSpec | None:
     """What the task's commands need: the spec's freeze list (pins) and the requirements it lists that the hidden
     tests import, the grader's declared dependencies (its ``pyproject.toml``, ``setup.py``...), then
@@ -309,11 +354,16 @@ def _nl2repo_environment(root: Path, hidden: dict[str, FileData]) -> Environment
     requirements = [r for r in listed if _requirement_name(r) not in own]
     pyproject = hidden.get("pyproject.toml")
     imported = {_canonical(name) for name in _test_imports(hidden)}
-    requirements += _grader_requirements(root, pyproject if isinstance(pyproject, str) else None, imported)
+    named = imported | _test_words(hidden)
+    requirements += _grader_requirements(root, pyproject if isinstance(pyproject, str) else None, named)
     requirements += _setuptools_requirements(hidden)
     # pkg_resources is setuptools' (which a fresh environment lacks, and whose 81 drops it)
     if "pkg-resources" in imported:
         requirements.append("setuptools<81")
+    # nor through the grader's own extras ("dev = ['stamina[tests]']" names the project itself)
+    requirements = [r for r in requirements if _requirement_name(r) not in own]
+    declared = {_requirement_name(r) for r in (*requirements, *pins)}
+    requirements += [p for p in _addopts_plugins(hidden) if p not in declared]
     extra = EnvironmentSpec()
     if (root / "environment.toml").is_file():
         path = root / "environment.toml"
@@ -324,6 +374,11 @@ def _nl2repo_environment(root: Path, hidden: dict[str, FileData]) -> Environment
         extra = _convert(path, data, _EnvironmentToml).environment
     if not (pins or requirements or extra.pins or extra.requirements):
         return None
+    if "pytest" not in {
+        _requirement_name(r) for r in (*requirements, *pins, *extra.requirements, *extra.pins)
+    }:
+        # the benchmark's images (mid-2025) ran pytest 8; 9 refuses their conftests' py.path hook arguments
+        requirements.append("pytest>=8,<9")  # (boltons, docopt-ng)
     spec = EnvironmentSpec(
         pins=(*pins, *extra.pins),
         requirements=(*requirements, *extra.requirements),
@@ -334,9 +389,9 @@ def _nl2repo_environment(root: Path, hidden: dict[str, FileData]) -> Environment
     return spec
 
 
-def _grader_requirements(root: Path, pyproject: str | None, imported: set[str]) -> list[str]:
+def _grader_requirements(root: Path, pyproject: str | None, named: set[str]) -> list[str]:
     """The dependencies the grader's ``pyproject.toml`` declares, with its test extras and dependency groups, and
-    what its other extras and groups declare that the hidden tests import (``imported``: canonical names)."""
+    what its other extras and groups declare that the hidden tests name (``named``: canonical names)."""
     if pyproject is None:
         return []
     try:
@@ -354,11 +409,11 @@ def _grader_requirements(root: Path, pyproject: str | None, imported: set[str]) 
     for name in ("test", "tests", "testing"):
         out += [r for r in extras.get(name, []) if isinstance(r, str)]
         out += [r for r in groups.get(name, []) if isinstance(r, str)]
-    # another extra or group's requirement (deepdiff's tests import uuid6, which only its "dev" extra declares) when
-    # the hidden tests import it by its name
+    # another extra or group's requirement when the hidden tests name it: deepdiff's import uuid6, which only its
+    # "dev" extra declares; stamina's parametrize anyio's backends with "trio"
     for name, listed in (*extras.items(), *groups.items()):
         if name not in _TEST_EXTRAS and isinstance(listed, list):
-            out += [r for r in listed if isinstance(r, str) and _requirement_name(r) in imported]
+            out += [r for r in listed if isinstance(r, str) and _requirement_name(r) in named]
     return out
 
 

@@ -251,7 +251,7 @@ class _Grader:
     def check_test(self, item: pytest.Item) -> None:
         """Trip when a hidden test's function is not what its file's source compiles to (or its module's ``pytest``
         is not pytest)."""
-        path = os.path.realpath(str(item.path))
+        path = os.path.realpath(str(getattr(item, "path", None) or item.fspath))  # pytest < 7 has no .path
         if path not in self.sources:
             return
         module = getattr(getattr(item, "module", None), "__dict__", {})

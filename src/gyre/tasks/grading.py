@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from gyre.sandbox.base import Sandbox
-from gyre.tasks.base import Task, VerifierSpec
+from gyre.tasks.base import FileData, Task, VerifierSpec
 
 PLUGIN_SOURCE = Path(__file__).with_name("grader_plugin.py")
 PLUGIN_MODULE = "gyre_grader"
@@ -60,7 +60,19 @@ SIGNALLED = 128  # an exit status at or above this: the process was killed by a 
 def task_config(task: Task) -> tuple[str, str, list[str]]:
     """The task's pytest configuration: (file name, its text, its ``pythonpath`` entries); ``pytest.ini`` with an
     empty ``[pytest]`` section when it has none. Read from the task (hidden files first), never the workspace."""
-    sources = {**task.files, **task.hidden_files}
+    found = pytest_options({**task.files, **task.hidden_files})
+    if found is None:
+        return "pytest.ini", "[pytest]\n", []
+    name, text, options = found
+    raw = options.get("pythonpath", [])
+    if isinstance(raw, str):
+        return name, text, [raw] if name.endswith(".toml") else shlex.split(raw)
+    return name, text, [str(p) for p in raw] if isinstance(raw, list) else []
+
+
+def pytest_options(sources: dict[str, FileData]) -> tuple[str, str, dict[str, object]] | None:
+    """The pytest configuration file among ``sources`` that pytest would read (``CONFIG_FILES`` in its order), its
+    text and its options (ini values as strings, TOML values as they are); None when there is none."""
     for name in CONFIG_FILES:
         text = sources.get(name)
         if not isinstance(text, str):  # absent (or not text: pytest could not read it either)
@@ -72,21 +84,18 @@ def task_config(task: Task) -> tuple[str, str, list[str]]:
                 if table is None and name == "pyproject.toml":
                     continue
                 options = (table or {}).get("ini_options", table or {}) if name == "pyproject.toml" else table
-                raw = (options or {}).get("pythonpath", [])
-                paths = [raw] if isinstance(raw, str) else [str(p) for p in raw]
-            else:
-                parser = configparser.ConfigParser(interpolation=None)
-                parser.read_string(text)
-                section = "tool:pytest" if name == "setup.cfg" else "pytest"
-                if not parser.has_section(section):
-                    if name in ("pytest.ini", ".pytest.ini"):
-                        return name, "[pytest]\n", []  # these configure pytest whatever they hold
-                    continue
-                paths = shlex.split(parser.get(section, "pythonpath", fallback=""))
-        except (tomllib.TOMLDecodeError, configparser.Error, AttributeError):
+                return name, text, dict(options or {})
+            parser = configparser.ConfigParser(interpolation=None)
+            parser.read_string(text)
+            section = "tool:pytest" if name == "setup.cfg" else "pytest"
+            if not parser.has_section(section):
+                if name in ("pytest.ini", ".pytest.ini"):
+                    return name, "[pytest]\n", {}  # these configure pytest whatever they hold
+                continue
+            return name, text, dict(parser.items(section))
+        except (tomllib.TOMLDecodeError, configparser.Error, AttributeError, TypeError, ValueError):
             continue  # pytest would refuse it too; the grader's default configuration runs instead
-        return name, text, paths
-    return "pytest.ini", "[pytest]\n", []
+    return None
 
 
 def open_channels(grader: Path, channels: list[Channel]) -> None:
