@@ -138,6 +138,7 @@ class _Grader:
                 continue
         self.pristine: dict[str, dict[tuple[str, int], list[types.CodeType]]] = {}
         self.trees: dict[str, list[ast.stmt]] = {}
+        self.bodies: dict[str, dict[str, set[str]]] = {}
         self.config: Any = None
         self.tripped: set[str] = set()
         self.phases: dict[str, str] = {}  # nodeid -> the worst outcome of its phases so far
@@ -303,16 +304,19 @@ class _Grader:
     def _vouch(self, value: object, module: str, path: str, wrapped: set[str]) -> bool:
         """Whether a name the hidden file binds with ``def`` or ``class`` still holds what its source made: its
         function (or a fixture, a decorator's wrapper of it), or its class with the methods its body defines (but
-        those in ``wrapped``, which the implementation decorates)."""
+        those in ``wrapped``, which the implementation decorates). A method its body does not define, generated
+        from a string (a dataclass's ``__init__``, a NamedTuple's ``__new__``), is the generator's."""
         if isinstance(value, type):
-            own = [getattr(v, "__func__", v) for v in vars(value).values()]
+            body = self._class_bodies(path).get(value.__qualname__, set())
             prefix = value.__qualname__ + "."
+            own = [(name, getattr(v, "__func__", v)) for name, v in vars(value).items()]
             return value.__module__ == module and all(
                 self._as_written(f, path)
-                for f in own
+                for name, f in own
                 if isinstance(f, types.FunctionType)
                 and f.__qualname__.startswith(prefix)
                 and f.__qualname__ not in wrapped
+                and (name in body or not self._generated(f))
             )
         function = getattr(value, "_fixture_function", value)  # pytest's fixture definition
         if isinstance(function, types.FunctionType) or hasattr(function, "__wrapped__"):
@@ -357,6 +361,34 @@ class _Grader:
                     if isinstance(item, functions) and (whole or decorated(item))
                 }
         return out
+
+    def _generated(self, function: Any) -> bool:
+        """Whether a function is code generated from a string (``<string>``), or a wrapper of such code made by the
+        grader's installation (a dataclass's ``__repr__``), with no file of anyone else's in between."""
+        for _ in range(32):
+            code = getattr(function, "__code__", None)
+            if not isinstance(code, types.CodeType):
+                return False
+            if not code.co_filename.startswith("<"):
+                if not os.path.realpath(code.co_filename).startswith(self.trusted_dirs):
+                    return False
+                function = getattr(function, "__wrapped__", None)
+                if function is None:
+                    return False
+                continue
+            return True
+        return False
+
+    def _class_bodies(self, path: str) -> dict[str, set[str]]:
+        """The functions each top-level class of a hidden file's source defines in its body, by class name."""
+        if path not in self.bodies:
+            functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+            self.bodies[path] = {
+                node.name: {item.name for item in node.body if isinstance(item, functions)}
+                for node in self._tree(path)
+                if isinstance(node, ast.ClassDef)
+            }
+        return self.bodies[path]
 
     def _defined(self, path: str) -> set[str]:
         """The names a hidden file's source binds with ``def`` or ``class`` at its top level."""

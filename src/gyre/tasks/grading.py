@@ -216,6 +216,10 @@ def environment(
         "pythonpath=",
         "-p",
         "no:cacheprovider",
+        # a plugin module another one imported first cannot have its asserts rewritten: harmless, but a project
+        # whose filterwarnings is "error" (pytest-cov's) would stop at it; autoload marks them all first
+        "-W",
+        "ignore::pytest.PytestAssertRewriteWarning",
         *plugins,
         *(["--collect-only"] if collect_only else []),
     ]

@@ -349,7 +349,8 @@ class Verifier:
                 timed_out = len(results) < len(spec.commands) or any(r.timed_out for r in results)
                 tail = (results[-1].stdout + results[-1].stderr)[-2000:] if results else ""
                 if collect is not None:
-                    collect += _collected(channels, results, tail, spec.commands)
+                    report = _collection_report(results[-1].stdout + results[-1].stderr) if results else ""
+                    collect += _collected(channels, results, report, spec.commands)
                     return Verdict(outcome="unscored", detail="a collection")
                 if channels:
                     return _score_pytest(task, spec, channels, results, timed_out, tail, expected)
@@ -502,6 +503,24 @@ def _collected(
             )
         ids += run.collected
     return ids
+
+
+_SECTION = re.compile(r"^={3,} ?(.*?) ?={3,}$", re.MULTILINE)
+
+
+def _collection_report(output: str) -> str:
+    """What a failed collection's output says: pytest's ERRORS section (why each file failed to collect; a warnings
+    summary after it can be far longer) and its short summary, else the output's end."""
+    sections = [(m.group(1), m.start(), m.end()) for m in _SECTION.finditer(output)]
+    parts = []
+    for i, (title, start, _) in enumerate(sections):
+        end = sections[i + 1][1] if i + 1 < len(sections) else len(output)
+        if title == "ERRORS":
+            text = output[start:end]
+            parts.append(text if len(text) <= 2500 else f"{text[:2500]}\n[...]")
+        elif title == "short test summary info":
+            parts.append(output[start:end][-800:])
+    return "\n".join(parts) if parts else output[-2000:]
 
 
 def _last_lines(text: str, lines: int = 8, chars: int = 800) -> str:

@@ -154,3 +154,22 @@ def test_a_reference_that_cannot_be_collected_names_the_install_step_that_failed
     message = str(refused.value)
     assert message.startswith("task t (reference): the hidden tests cannot be collected"), message[:300]
     assert "`pip install -e .` exited 1" in message and "README.rst is missing" in message, message[:1500]
+
+
+def test_a_collection_error_behind_a_long_warnings_summary_is_still_named(tmp_path: Path) -> None:
+    """Issue 32: flasky's refusal quoted only its warnings summary (the last 2,000 characters of the output), never
+    why its five test files failed to collect; a missing module there was not recognised either."""
+    root = nl2repo_task(tmp_path / "t")
+    (root / "tests" / "test_lib.py").write_text(
+        "import six\nimport not_declared_anywhere\nfrom lib import f\n\ndef test_f():\n    assert f() == 1\n"
+    )
+    (root / "tests" / "test_noisy.py").write_text(
+        "import warnings\n\nfor i in range(80):\n"
+        "    warnings.warn(f'deprecated thing number {i}: ' + 'x' * 60, DeprecationWarning)\n\n"
+        "def test_quiet():\n    pass\n"
+    )
+    task = load_task(root)
+    with pytest.raises(TaskError) as refused:
+        asyncio.run(Verifier(SandboxConfig(), retries=0).preflight(task))
+    message = str(refused.value)
+    assert message.startswith("task t (hidden tests): they import not_declared_anywhere"), message[:1500]

@@ -303,7 +303,8 @@ def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path
     decorated by the implementation, which wraps every method; a helper method decorated by it; tests inherited from
     a mixin in another hidden file; a test imported from another hidden file; the builtins module's metadata rebound;
     unittest subtests (pytest's own report type); a test running a pytest session of its own in the process
-    (ipytest's: its session ended the grader's report). Each graded as written: 1.0 solved, a failing subtest fails
+    (ipytest's: its session ended the grader's report); a dataclass's and a NamedTuple's generated methods (deepdiff,
+    fastapi-users). Each graded as written: 1.0 solved, a failing subtest fails
     its test."""
     implementation = {
         "calc.py": textwrap.dedent(
@@ -344,7 +345,9 @@ def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path
         "tests/test_shapes.py": textwrap.dedent(
             """
             import builtins
+            import dataclasses
             import importlib.machinery
+            import typing
             import unittest
 
             import pytest
@@ -372,6 +375,23 @@ def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path
                 pass
 
 
+            @dataclasses.dataclass(frozen=True)
+            class Pair:
+                a: int
+                b: int
+
+                def total(self):
+                    return add(self.a, self.b)
+
+
+            class Point(typing.NamedTuple):
+                x: int = 0
+
+
+            def test_generated_methods():
+                assert Pair(1, 2).total() == 3 and Point(4).x == 4
+
+
             def test_from_helper():
                 pass
 
@@ -397,7 +417,7 @@ def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path
             """
         ),
     }
-    spec = VerifierSpec(commands=("pytest tests",), result="junit", declared_test_count=7)
+    spec = VerifierSpec(commands=("pytest tests",), result="junit", declared_test_count=8)
     task = Task(id="shapes", instruction="x", hidden_files=tests, verifier=spec)
     verdict = verify(task, workspace(tmp_path / "solved", implementation))
     assert (verdict.outcome, verdict.score) == ("scored", 1.0), verdict.detail
@@ -407,7 +427,7 @@ def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path
         )
     }
     verdict = verify(task, workspace(tmp_path / "wrong", wrong))  # only the subtest a=2 fails
-    assert verdict.outcome == "scored" and verdict.score == pytest.approx(6 / 7), verdict.detail
+    assert verdict.outcome == "scored" and verdict.score == pytest.approx(7 / 8), verdict.detail
 
 
 def test_a_pytest_that_refuses_its_command_line_is_dropped_at_once_not_retried(tmp_path: Path) -> None:
