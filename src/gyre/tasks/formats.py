@@ -322,24 +322,36 @@ ADDOPTS_PLUGINS = {
 }  # fmt: skip
 
 
+# ini options of pytest plugins: unknown to pytest without them, an error under --strict-config or a filterwarnings of
+# "error" (tqdm's timeout)
+INI_PLUGINS = {
+    "timeout": "pytest-timeout", "timeout_method": "pytest-timeout", "timeout_func_only": "pytest-timeout",
+    "asyncio_mode": "pytest-asyncio", "asyncio_default_fixture_loop_scope": "pytest-asyncio",
+    "env": "pytest-env", "mock_use_standalone_module": "pytest-mock", "DJANGO_SETTINGS_MODULE": "pytest-django",
+    "trio_mode": "pytest-trio", "flake8-ignore": "pytest-flake8", "flake8-max-line-length": "pytest-flake8",
+    "mpl-baseline-path": "pytest-mpl", "doctest_plus": "pytest-doctestplus", "rerun_except": "pytest-rerunfailures",
+}  # fmt: skip
+
+
 def _addopts_plugins(hidden: dict[str, FileData]) -> list[str]:
-    """The pytest plugins the options in the task's pytest configuration's ``addopts`` belong to."""
+    """The pytest plugins the task's pytest configuration needs: those its ``addopts`` options and its ini options
+    belong to."""
     found = grading.pytest_options(hidden)
+    out = [INI_PLUGINS[key] for key in (found[2] if found else {}) if key in INI_PLUGINS]
     raw = found[2].get("addopts", "") if found else ""
     text = " ".join(str(a) for a in raw) if isinstance(raw, list) else str(raw)
     try:
         words = shlex.split(text)
     except ValueError:
-        return []
-    out: list[str] = []
+        words = []
     for word in words:
         option = word.split("=", 1)[0]
         plugin = ADDOPTS_PLUGINS.get(option) or next(
             (v for k, v in ADDOPTS_PLUGINS.items() if k.startswith("--") and option.startswith(k + "-")), None
         )
-        if plugin and plugin not in out:
+        if plugin:
             out.append(plugin)
-    return out
+    return list(dict.fromkeys(out))
 
 
 def _nl2repo_environment(root: Path, hidden: dict[str, FileData]) -> EnvironmentSpec | None:

@@ -41,6 +41,7 @@ from typing import Any
 
 import pytest
 from _pytest.assertion.rewrite import rewrite_asserts
+from _pytest.reports import TestReport  # pytest < 7 has no pytest.TestReport
 
 _write, _open, _read, _close, _getpid = (
     os.write,
@@ -50,9 +51,8 @@ _write, _open, _read, _close, _getpid = (
     os.getpid,
 )  # bound before agent code
 _hmac_new, _sha256, _dumps = hmac.new, hashlib.sha256, json.dumps
-_CONFIG: dict[str, Any] = json.loads(
-    open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "grader.json")).read()  # noqa: SIM115
-)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "grader.json"), encoding="utf-8") as _file:
+    _CONFIG: dict[str, Any] = json.load(_file)
 KEY_BYTES = 32
 MAX_ID_CHARS = 2000  # a line stays below PIPE_BUF (4096 bytes), so concurrent writes never interleave in one
 
@@ -405,10 +405,10 @@ class _Grader:
                 self.trees[path] = []
         return self.trees[path]
 
-    def report(self, rep: pytest.TestReport) -> None:
+    def report(self, rep: TestReport) -> None:
         """Fold one phase's report into its test's outcome; a test's event goes out after its teardown."""
         kind = type(rep)
-        own = kind is pytest.TestReport or (issubclass(kind, pytest.TestReport) and self._trusted(kind))
+        own = kind is TestReport or (issubclass(kind, TestReport) and self._trusted(kind))
         if not own:  # pytest's report, or a subclass of its installation's (a unittest subtest's)
             self.trip(f"a report of type {type(rep).__name__} instead of pytest's")
         if rep.nodeid != self.current:
@@ -454,6 +454,17 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
         return  # a pytest session a test runs in this process (ipytest's): it inherits the options, not the grading
     _grader.watch(early_config.pluginmanager)
     _grader.config = early_config
+    # pytest has read the grader's variables: the tests' own subprocesses (a plugin's suite runs pytest in them) get
+    # the task's back, so their pytest autoloads its plugins and reads its own configuration, as it would ungraded
+    try:
+        restore = json.loads(os.environ.pop("GYRE_GRADER_RESTORE", "{}"))
+    except ValueError:
+        restore = {}
+    for name, value in restore.items() if isinstance(restore, dict) else ():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = str(value)
     for path in reversed(_CONFIG["pythonpath"]):
         sys.path.insert(0, path)
 

@@ -199,6 +199,10 @@ def write_grader(
             (grader / "bin" / name).chmod(0o755)
 
 
+PYTEST_VARIABLES = ("PYTEST_ADDOPTS", "PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTEST_PLUGINS")
+RESTORE_VARIABLE = "GYRE_GRADER_RESTORE"  # see the grader plugin's pytest_load_initial_conftests
+
+
 def environment(
     task: Task,
     spec: VerifierSpec,
@@ -223,8 +227,12 @@ def environment(
         *plugins,
         *(["--collect-only"] if collect_only else []),
     ]
+    # what the graded pytest's own subprocesses get back once it has read these: the task's values (a test suite of
+    # a pytest plugin runs pytest in subprocesses, which must autoload their plugins and read their own configuration)
+    restore = {name: env.get(name) for name in (*PYTEST_VARIABLES, "PYTHONPATH")}
     return {
         **env,
+        RESTORE_VARIABLE: json.dumps(restore),
         "PYTEST_ADDOPTS": shlex.join(opts)
         + (f" {env['PYTEST_ADDOPTS']}" if env.get("PYTEST_ADDOPTS") else ""),
         "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",

@@ -304,7 +304,8 @@ def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path
     a mixin in another hidden file; a test imported from another hidden file; the builtins module's metadata rebound;
     unittest subtests (pytest's own report type); a test running a pytest session of its own in the process
     (ipytest's: its session ended the grader's report); a dataclass's and a NamedTuple's generated methods (deepdiff,
-    fastapi-users). Each graded as written: 1.0 solved, a failing subtest fails
+    fastapi-users); the pytest a test starts in a subprocess gets the task's pytest variables, not the grader's
+    (pytest-cov's suite: its subprocesses could not load the plugin under test). Each graded as written: 1.0 solved, a failing subtest fails
     its test."""
     implementation = {
         "calc.py": textwrap.dedent(
@@ -347,6 +348,7 @@ def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path
             import builtins
             import dataclasses
             import importlib.machinery
+            import os
             import typing
             import unittest
 
@@ -411,13 +413,18 @@ def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path
                             self.assertEqual(add(a, 0), a)
 
 
+            def test_its_subprocesses_run_pytest_ungraded():
+                assert "gyre_grader" not in os.environ.get("PYTEST_ADDOPTS", "")
+                assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in os.environ
+
+
             def test_a_session_of_its_own(tmp_path):
                 (tmp_path / "test_inner.py").write_text("def test_x():\\n    assert True\\n")
                 assert pytest.main([str(tmp_path / "test_inner.py"), "-q", "-p", "no:cacheprovider"]) == 0
             """
         ),
     }
-    spec = VerifierSpec(commands=("pytest tests",), result="junit", declared_test_count=8)
+    spec = VerifierSpec(commands=("pytest tests",), result="junit", declared_test_count=9)
     task = Task(id="shapes", instruction="x", hidden_files=tests, verifier=spec)
     verdict = verify(task, workspace(tmp_path / "solved", implementation))
     assert (verdict.outcome, verdict.score) == ("scored", 1.0), verdict.detail
@@ -427,7 +434,7 @@ def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path
         )
     }
     verdict = verify(task, workspace(tmp_path / "wrong", wrong))  # only the subtest a=2 fails
-    assert verdict.outcome == "scored" and verdict.score == pytest.approx(7 / 8), verdict.detail
+    assert verdict.outcome == "scored" and verdict.score == pytest.approx(8 / 9), verdict.detail
 
 
 def test_a_pytest_that_refuses_its_command_line_is_dropped_at_once_not_retried(tmp_path: Path) -> None:
