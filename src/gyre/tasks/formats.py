@@ -384,6 +384,7 @@ def _nl2repo_environment(root: Path, hidden: dict[str, FileData]) -> Environment
         if isinstance(data.get("environment"), dict):
             _reject_unknown(path, data["environment"], EnvironmentSpec, "environment.")
         extra = _convert(path, data, _EnvironmentToml).environment
+        check_spec(extra, str(path))  # its own mistakes named by its own fields
     if not (pins or requirements or extra.pins or extra.requirements):
         return None
     if "pytest" not in {
