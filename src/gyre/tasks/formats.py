@@ -387,11 +387,17 @@ def _nl2repo_environment(root: Path, hidden: dict[str, FileData]) -> Environment
         check_spec(extra, str(path))  # its own mistakes named by its own fields
     if not (pins or requirements or extra.pins or extra.requirements):
         return None
-    if "pytest" not in {
-        _requirement_name(r) for r in (*requirements, *pins, *extra.requirements, *extra.pins)
-    }:
-        # the benchmark's images (mid-2025) ran pytest 8; 9 refuses their conftests' py.path hook arguments
-        requirements.append("pytest>=8,<9")  # (boltons, docopt-ng)
+    # the benchmark's images (mid-2025) ran pytest 8: 9 refuses their conftests' py.path hook arguments (boltons,
+    # docopt-ng), and a project's "pytest>=6" would resolve to it
+    named = [
+        r
+        for r in (*requirements, *pins, *extra.requirements, *extra.pins)
+        if _requirement_name(r) == "pytest"
+    ]
+    if not named:
+        requirements.append("pytest>=8,<9")
+    elif not any("==" in r for r in named):
+        requirements.append("pytest<9")
     spec = EnvironmentSpec(
         pins=(*pins, *extra.pins),
         requirements=(*requirements, *extra.requirements),
