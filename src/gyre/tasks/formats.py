@@ -389,14 +389,11 @@ def _nl2repo_environment(root: Path, hidden: dict[str, FileData]) -> Environment
         return None
     # the benchmark's images (mid-2025) ran pytest 8: 9 refuses their conftests' py.path hook arguments (boltons,
     # docopt-ng), and a project's "pytest>=6" would resolve to it
-    named = [
-        r
-        for r in (*requirements, *pins, *extra.requirements, *extra.pins)
-        if _requirement_name(r) == "pytest"
-    ]
-    if not named:
+    everything = (*requirements, *pins, *extra.requirements, *extra.pins)
+    pytests = [r for r in everything if _requirement_name(r) == "pytest"]
+    if not pytests:
         requirements.append("pytest>=8,<9")
-    elif not any("==" in r for r in named):
+    elif not any("==" in r for r in pytests):
         requirements.append("pytest<9")
     spec = EnvironmentSpec(
         pins=(*pins, *extra.pins),
