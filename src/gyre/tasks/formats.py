@@ -208,7 +208,7 @@ def _load_nl2repo(root: Path) -> Task:
         source_dir=str(root.resolve()),
         unsupported=unsupported,
         solution_files=_read_tree(root / "solution", prefix=""),
-        environment=_nl2repo_environment(root, hidden),
+        environment=_nl2repo_environment(root, hidden, [str(t) for t in test_files]),
     )
 
 
@@ -260,7 +260,7 @@ def _environment_section(text: str) -> tuple[str, list[list[str]]]:
 
 
 def _test_imports(hidden: dict[str, FileData]) -> set[str]:
-    """The top-level modules the hidden Python files import (absolute imports), read, never run."""
+    """The top-level modules the hidden Python files import (absolute imports, ``importorskip``), read, never run."""
     out: set[str] = set()
     for path, data in hidden.items():
         if not path.endswith(".py") or not isinstance(data, str):
@@ -274,6 +274,14 @@ def _test_imports(hidden: dict[str, FileData]) -> set[str]:
                 out |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 out.add(node.module.split(".")[0])
+            elif (  # pytest.importorskip("numpy"): a test the image ran, not one to skip
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) == "importorskip"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+            ):
+                out.add(node.args[0].value.split(".")[0])
     return out
 
 
@@ -354,21 +362,28 @@ def _addopts_plugins(hidden: dict[str, FileData]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-def _nl2repo_environment(root: Path, hidden: dict[str, FileData]) -> EnvironmentSpec | None:
+def _nl2repo_environment(
+    root: Path, hidden: dict[str, FileData], test_paths: list[str]
+) -> EnvironmentSpec | None:
     """What the task's commands need: the spec's freeze list (pins) and the requirements it lists that the hidden
     tests import, the grader's declared dependencies (its ``pyproject.toml``, ``setup.py``...), then
     ``environment.toml``'s ``[environment]``; None when it declares nothing."""
-    python, pins, listed = _spec_dependencies(_read_text(root / "start.md"), hidden)
+    tests = {  # what the hidden tests name, not the packaging beside them
+        path: data
+        for path, data in hidden.items()
+        if any(path == t or path.startswith(t.rstrip("/") + "/") for t in test_paths)
+    }
+    python, pins, listed = _spec_dependencies(_read_text(root / "start.md"), tests)
     # the project the agent writes is never installed from the registry (a freeze of its image may list it: an
     # empty workspace would pass)
     own = {_canonical(root.name), *(_canonical(n) for n in _project_names(hidden))}
     pins = [p for p in pins if _canonical(p.split("==")[0]) not in own]
     requirements = [r for r in listed if _requirement_name(r) not in own]
     pyproject = hidden.get("pyproject.toml")
-    imported = {_canonical(name) for name in _test_imports(hidden)}
-    named = imported | _test_words(hidden)
+    imported = {_canonical(name) for name in _test_imports(tests)}
+    named = imported | _test_words(tests)
     requirements += _grader_requirements(root, pyproject if isinstance(pyproject, str) else None, named)
-    requirements += _setuptools_requirements(hidden)
+    requirements += _setuptools_requirements(hidden, named)
     # pkg_resources is setuptools' (which a fresh environment lacks, and whose 81 drops it)
     if "pkg-resources" in imported:
         requirements.append("setuptools<81")
@@ -441,18 +456,19 @@ _TEST_EXTRAS = ("test", "tests", "testing")
 _SETUP_KEYWORDS = ("install_requires", "tests_require", "setup_requires")
 
 
-def _setuptools_requirements(hidden: dict[str, FileData]) -> list[str]:
+def _setuptools_requirements(hidden: dict[str, FileData], named: set[str]) -> list[str]:
     """What a setuptools project of the grader's declares: ``setup.py``'s ``install_requires``, ``tests_require``,
     ``setup_requires`` and test extras where they are literal (read, never run), ``setup.cfg``'s ``[options]`` and
-    test extras, and the lines of ``requirements.txt`` (a ``setup.py`` commonly reads it); setuptools itself when
-    there is a ``setup.py`` (its ``pip install -e .`` runs offline, without build isolation)."""
+    test extras, other extras' requirements the hidden tests name (``named``: pyjwt's "crypto" extra), and the lines
+    of ``requirements.txt`` (a ``setup.py`` commonly reads it); setuptools itself when there is a ``setup.py`` (its
+    ``pip install -e .`` runs offline, without build isolation)."""
     out: list[str] = []
     setup_py = hidden.get("setup.py")
     if isinstance(setup_py, str):
-        out += ["setuptools", *_setup_py_requirements(setup_py)]
+        out += ["setuptools", *_setup_py_requirements(setup_py, named)]
     setup_cfg = hidden.get("setup.cfg")
     if isinstance(setup_cfg, str):
-        out += _setup_cfg_requirements(setup_cfg)
+        out += _setup_cfg_requirements(setup_cfg, named)
     for name in ("requirements.txt",):
         text = hidden.get(name)
         if isinstance(text, str) and isinstance(setup_py, str) and name in setup_py:
@@ -479,7 +495,7 @@ def _requirement_lines(text: str) -> list[str]:
     return [line for line in lines if line and not line.startswith(("-", "."))]
 
 
-def _setup_py_requirements(source: str) -> list[str]:
+def _setup_py_requirements(source: str, named: set[str]) -> list[str]:
     import ast
 
     try:
@@ -519,10 +535,12 @@ def _setup_py_requirements(source: str) -> list[str]:
                     for key, value in zip(extras.keys, extras.values, strict=True):
                         if isinstance(key, ast.Constant) and key.value in _TEST_EXTRAS:
                             out += strings(value)
+                        elif isinstance(key, ast.Constant):
+                            out += [r for r in strings(value) if _requirement_name(r) in named]
     return out
 
 
-def _setup_cfg_requirements(text: str) -> list[str]:
+def _setup_cfg_requirements(text: str, named: set[str]) -> list[str]:
     import configparser
 
     parser = configparser.ConfigParser(interpolation=None)
@@ -533,8 +551,11 @@ def _setup_cfg_requirements(text: str) -> list[str]:
     out: list[str] = []
     for key in _SETUP_KEYWORDS:
         out += _requirement_lines(parser.get("options", key, fallback=""))
-    for extra in _TEST_EXTRAS:
-        out += _requirement_lines(parser.get("options.extras_require", extra, fallback=""))
+    for extra, value in (
+        parser.items("options.extras_require") if parser.has_section("options.extras_require") else ()
+    ):
+        lines = _requirement_lines(value)
+        out += lines if extra in _TEST_EXTRAS else [r for r in lines if _requirement_name(r) in named]
     return out
 
 

@@ -152,9 +152,13 @@ def test_the_test_dependencies_a_task_declares_anywhere_are_found(tmp_path: Path
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_a.py").write_text(
         "import pytest\nfrom path_dict import PathDict\nimport demo\nimport markupsafe\nimport uuid6\n"
-        "import pkg_resources\n\n@pytest.mark.parametrize('anyio_backend', ['asyncio', 'trio'])\ndef test_a():\n    pass\n"
+        "import pkg_resources\n\n@pytest.mark.parametrize('anyio_backend', ['asyncio', 'trio'])\ndef test_a():\n"
+        "    np = pytest.importorskip('numpy')\n"
     )
     (tmp_path / "grader").mkdir()
+    (tmp_path / "grader" / "setup.cfg").write_text(
+        "[options.extras_require]\nfast = numpy>=1.20\n    ujson\ndocs = sphinx\n"
+    )
     (tmp_path / "grader" / "pyproject.toml").write_text(
         '[project]\nname = "demo"\n[project.optional-dependencies]\ndev = ["uuid6==2025.0.1", "nox", "demo[tests]", "trio"]\n'
         '[tool.pytest.ini_options]\naddopts = "-ra --cov=demo --cov-report=term --asyncio-mode=strict"\n'
@@ -164,12 +168,13 @@ def test_the_test_dependencies_a_task_declares_anywhere_are_found(tmp_path: Path
     assert task.environment is not None
     assert task.environment.python == "3.10.11"
     assert task.environment.pins == ("anyio==4.10.0", "httpx==0.28.1")
-    # deepdiff's tests import uuid6, which only its "dev" extra declares; pkg_resources is setuptools'
+    # deepdiff's tests import uuid6, which only its "dev" extra declares, tqdm's importorskip numpy, which a
+    # setup.cfg extra declares; pkg_resources is setuptools'
     # the plugins whose options its pytest configuration uses (pytest refuses to start without those of addopts; an
     # unknown ini option is an error under --strict-config)
     assert task.environment.requirements == (
-        "MarkupSafe>=3.0", "path-dict~=3.0.4", "pytest>=6.0", "uuid6==2025.0.1", "trio", "setuptools<81",
-        "pytest-timeout", "pytest-cov", "pytest-asyncio", "pytest<9",  # "pytest>=6" would resolve to pytest 9
+        "MarkupSafe>=3.0", "path-dict~=3.0.4", "pytest>=6.0", "uuid6==2025.0.1", "trio", "numpy>=1.20",
+        "setuptools<81", "pytest-timeout", "pytest-cov", "pytest-asyncio", "pytest<9",  # "pytest>=6" resolves to 9
     )  # fmt: skip
 
 
