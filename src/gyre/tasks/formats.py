@@ -410,14 +410,25 @@ def _nl2repo_environment(
         requirements.append("pytest>=8,<9")
     elif not any("==" in r for r in pytests):
         requirements.append("pytest<9")
+    env = {"PYTHONPATH": "{workspace}"}  # the benchmark's images set PYTHONPATH=/workspace
+    if _scm_versioned(hidden) and "PKG-INFO" not in hidden:
+        # a version from git history (setuptools-scm, hatch-vcs), and a source without it (a git archive, a
+        # checkout without .git): `pip install -e .` cannot build the project's metadata otherwise
+        env["SETUPTOOLS_SCM_PRETEND_VERSION"] = "0.0.0"
     spec = EnvironmentSpec(
         pins=(*pins, *extra.pins),
         requirements=(*requirements, *extra.requirements),
         python=extra.python or python,
-        env={"PYTHONPATH": "{workspace}", **extra.env},  # the benchmark's images set PYTHONPATH=/workspace
+        env={**env, **extra.env},
     )
     check_spec(spec, str(root / "start.md"))
     return spec
+
+
+def _scm_versioned(hidden: dict[str, FileData]) -> bool:
+    """Whether the grader's packaging takes its version from version control (setuptools-scm, hatch-vcs)."""
+    text = " ".join(str(hidden.get(name, "")) for name in ("pyproject.toml", "setup.py", "setup.cfg"))
+    return bool(re.search(r"setuptools[_-]scm|hatch[_-]vcs|use_scm_version", text))
 
 
 def _grader_requirements(root: Path, pyproject: str | None, named: set[str]) -> list[str]:

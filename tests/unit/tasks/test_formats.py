@@ -161,19 +161,23 @@ def test_the_test_dependencies_a_task_declares_anywhere_are_found(tmp_path: Path
     )
     (tmp_path / "grader" / "pyproject.toml").write_text(
         '[project]\nname = "demo"\n[project.optional-dependencies]\ndev = ["uuid6==2025.0.1", "nox", "demo[tests]", "trio"]\n'
+        '[build-system]\nrequires = ["hatchling", "hatch-vcs"]\nbuild-backend = "hatchling.build"\n'
         '[tool.pytest.ini_options]\naddopts = "-ra --cov=demo --cov-report=term --asyncio-mode=strict"\n'
         "timeout = 30\ntimeout_method = 'thread'\n"
     )
     task = load_task(tmp_path)
     assert task.environment is not None
     assert task.environment.python == "3.10.11"
+    # hatch-vcs versions it from git history, which a git archive lacks (an sdist's PKG-INFO would have it)
+    assert task.environment.env["SETUPTOOLS_SCM_PRETEND_VERSION"] == "0.0.0"
     assert task.environment.pins == ("anyio==4.10.0", "httpx==0.28.1")
     # deepdiff's tests import uuid6, which only its "dev" extra declares, tqdm's importorskip numpy, which a
     # setup.cfg extra declares; pkg_resources is setuptools'
     # the plugins whose options its pytest configuration uses (pytest refuses to start without those of addopts; an
     # unknown ini option is an error under --strict-config)
     assert task.environment.requirements == (
-        "MarkupSafe>=3.0", "path-dict~=3.0.4", "pytest>=6.0", "uuid6==2025.0.1", "trio", "numpy>=1.20",
+        "MarkupSafe>=3.0", "path-dict~=3.0.4", "pytest>=6.0", "hatchling", "hatch-vcs", "editables",
+        "uuid6==2025.0.1", "trio", "numpy>=1.20",
         "setuptools<81", "pytest-timeout", "pytest-cov", "pytest-asyncio", "pytest<9",  # "pytest>=6" resolves to 9
     )  # fmt: skip
 
