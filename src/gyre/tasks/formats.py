@@ -325,7 +325,7 @@ ADDOPTS_PLUGINS = {
     "--reruns": "pytest-rerunfailures", "--mypy": "pytest-mypy", "--black": "pytest-black",
     "--isort": "pytest-isort", "--pylint": "pytest-pylint", "--html": "pytest-html", "--mpl": "pytest-mpl",
     "--nbval": "nbval", "--snapshot-update": "syrupy", "--randomly-seed": "pytest-randomly",
-    "--randomly-dont-reorganize": "pytest-randomly", "-p no:randomly": "pytest-randomly",
+    "--randomly-dont-reorganize": "pytest-randomly",
     "--doctest-plus": "pytest-doctestplus", "--env": "pytest-env", "--mock-use-standalone-module": "pytest-mock",
 }  # fmt: skip
 
@@ -335,7 +335,7 @@ ADDOPTS_PLUGINS = {
 INI_PLUGINS = {
     "timeout": "pytest-timeout", "timeout_method": "pytest-timeout", "timeout_func_only": "pytest-timeout",
     "asyncio_mode": "pytest-asyncio", "asyncio_default_fixture_loop_scope": "pytest-asyncio",
-    "env": "pytest-env", "mock_use_standalone_module": "pytest-mock", "DJANGO_SETTINGS_MODULE": "pytest-django",
+    "env": "pytest-env", "mock_use_standalone_module": "pytest-mock", "django_settings_module": "pytest-django",
     "trio_mode": "pytest-trio", "flake8-ignore": "pytest-flake8", "flake8-max-line-length": "pytest-flake8",
     "mpl-baseline-path": "pytest-mpl", "doctest_plus": "pytest-doctestplus", "rerun_except": "pytest-rerunfailures",
 }  # fmt: skip
@@ -345,7 +345,10 @@ def _addopts_plugins(hidden: dict[str, FileData]) -> list[str]:
     """The pytest plugins the task's pytest configuration needs: those its ``addopts`` options and its ini options
     belong to."""
     found = grading.pytest_options(hidden)
-    out = [INI_PLUGINS[key] for key in (found[2] if found else {}) if key in INI_PLUGINS]
+    keys = [
+        str(key).lower() for key in (found[2] if found else {})
+    ]  # an ini file's keys are case-insensitive
+    out = [INI_PLUGINS[key] for key in keys if key in INI_PLUGINS]
     raw = found[2].get("addopts", "") if found else ""
     text = " ".join(str(a) for a in raw) if isinstance(raw, list) else str(raw)
     try:
