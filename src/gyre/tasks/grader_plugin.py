@@ -51,6 +51,8 @@ _write, _open, _read, _close, _getpid = (
     os.getpid,
 )  # bound before agent code
 _hmac_new, _sha256, _dumps = hmac.new, hashlib.sha256, json.dumps
+# the interpreter's own module registry: a test may rebind ``sys.modules`` (structlog's monkeypatches it to {})
+_MODULES = sys.modules
 with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "grader.json"), encoding="utf-8") as _file:
     _CONFIG: dict[str, Any] = json.load(_file)
 KEY_BYTES = 32
@@ -95,10 +97,15 @@ HOOKS = (
 
 
 def _resolve(module: str, path: str) -> object:
-    obj: object = importlib.import_module(module)
+    """At import: may import. Later (checks run while a test's fixtures are set up): never imports, and reads the
+    interpreter's own registry, not ``sys.modules``, which a test may have replaced."""
+    obj: object = _MODULES[module] if _grader_started else importlib.import_module(module)
     for part in path.split("."):
         obj = inspect.getattr_static(obj, part)
     return obj
+
+
+_grader_started = False
 
 
 def _snapshot() -> list[tuple[str, str, object]]:
@@ -198,8 +205,8 @@ class _Grader:
 
     def _trusted(self, obj: object) -> bool:
         """A plugin or hook function defined by the grader's installation or the task's hidden conftest files."""
-        module = obj if inspect.ismodule(obj) else sys.modules.get(getattr(obj, "__module__", "") or "")
-        if obj is sys.modules.get(__name__) or (module is not None and module is sys.modules.get(__name__)):
+        module = obj if inspect.ismodule(obj) else _MODULES.get(getattr(obj, "__module__", "") or "")
+        if obj is _MODULES.get(__name__) or (module is not None and module is _MODULES.get(__name__)):
             return True
         file = os.path.realpath(getattr(module, "__file__", None) or "/")
         return file in self.allowed_conftests or file.startswith(self.trusted_dirs)
@@ -210,7 +217,7 @@ class _Grader:
         for module, path, original in self.guarded:
             try:
                 now = _resolve(module, path)
-            except (ImportError, AttributeError):
+            except (ImportError, AttributeError, KeyError):
                 now = None
             if now is not original:
                 self.trip(f"{module}.{path} was replaced")
@@ -339,7 +346,7 @@ class _Grader:
             if value is None or value is pytest:
                 return False
             module = (
-                value if inspect.ismodule(value) else sys.modules.get(getattr(value, "__module__", "") or "")
+                value if inspect.ismodule(value) else _MODULES.get(getattr(value, "__module__", "") or "")
             )
             file = os.path.realpath(getattr(module, "__file__", None) or "/")
             return not file.startswith(self.trusted_dirs) and file not in self.sources
@@ -445,6 +452,7 @@ def _same_code(a: types.CodeType, b: types.CodeType) -> bool:
 
 
 _grader = _Grader()
+_grader_started = True
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -305,7 +305,8 @@ def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path
     unittest subtests (pytest's own report type); a test running a pytest session of its own in the process
     (ipytest's: its session ended the grader's report); a dataclass's and a NamedTuple's generated methods (deepdiff,
     fastapi-users); the pytest a test starts in a subprocess gets the task's pytest variables, not the grader's
-    (pytest-cov's suite: its subprocesses could not load the plugin under test). Each graded as written: 1.0 solved, a failing subtest fails
+    (pytest-cov's suite: its subprocesses could not load the plugin under test); a test that monkeypatches
+    sys.modules to {} (structlog's: the grader's check imported through it, crashed, and ended the session). Each graded as written: 1.0 solved, a failing subtest fails
     its test."""
     implementation = {
         "calc.py": textwrap.dedent(
@@ -349,6 +350,7 @@ def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path
             import dataclasses
             import importlib.machinery
             import os
+            import sys
             import typing
             import unittest
 
@@ -413,6 +415,10 @@ def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path
                             self.assertEqual(add(a, 0), a)
 
 
+            def test_an_empty_module_registry(monkeypatch):
+                monkeypatch.setattr(sys, "modules", {})
+
+
             def test_its_subprocesses_run_pytest_ungraded():
                 assert "gyre_grader" not in os.environ.get("PYTEST_ADDOPTS", "")
                 assert "PYTEST_DISABLE_PLUGIN_AUTOLOAD" not in os.environ
@@ -424,7 +430,7 @@ def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path
             """
         ),
     }
-    spec = VerifierSpec(commands=("pytest tests",), result="junit", declared_test_count=9)
+    spec = VerifierSpec(commands=("pytest tests",), result="junit", declared_test_count=10)
     task = Task(id="shapes", instruction="x", hidden_files=tests, verifier=spec)
     verdict = verify(task, workspace(tmp_path / "solved", implementation))
     assert (verdict.outcome, verdict.score) == ("scored", 1.0), verdict.detail
@@ -434,7 +440,7 @@ def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path
         )
     }
     verdict = verify(task, workspace(tmp_path / "wrong", wrong))  # only the subtest a=2 fails
-    assert verdict.outcome == "scored" and verdict.score == pytest.approx(8 / 9), verdict.detail
+    assert verdict.outcome == "scored" and verdict.score == pytest.approx(9 / 10), verdict.detail
 
 
 def test_a_pytest_that_refuses_its_command_line_is_dropped_at_once_not_retried(tmp_path: Path) -> None:
