@@ -121,6 +121,7 @@ MarkupSafe>=3.0                    # HTML safe string processing
 # Testing frameworks
 trio                               # Asynchronous testing support
 path-dict~=3.0.4
+os>=1.0.0                          # the standard library, listed as a dependency (autojump's spec)
 pytest>=6.0                        # Unit testing framework
 sphinx                             # Documentation generator
 demo>=1.0                          # the project itself
@@ -151,7 +152,8 @@ def test_the_test_dependencies_a_task_declares_anywhere_are_found(tmp_path: Path
     (tmp_path / "start.md").write_text(SPEC_ENVIRONMENT)
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_a.py").write_text(
-        "import pytest\nfrom path_dict import PathDict\nimport demo\nimport markupsafe\nimport uuid6\n"
+        "import os\nimport pytest\nfrom path_dict import PathDict\nimport demo\nimport markupsafe\nimport uuid6\n"
+        "import latex2sympy2_extended\nREASON = 'needs pycrypto'\n"
         "import pkg_resources\n\n@pytest.mark.parametrize('anyio_backend', ['asyncio', 'trio'])\ndef test_a():\n"
         "    np = pytest.importorskip('numpy')\n"
     )
@@ -160,7 +162,9 @@ def test_the_test_dependencies_a_task_declares_anywhere_are_found(tmp_path: Path
         "[options.extras_require]\nfast = numpy>=1.20\n    ujson\ndocs = sphinx\n"
     )
     (tmp_path / "grader" / "pyproject.toml").write_text(
-        '[project]\nname = "demo"\n[project.optional-dependencies]\ndev = ["uuid6==2025.0.1", "nox", "demo[tests]", "trio"]\n'
+        '[project]\nname = "demo"\ndependencies = ["latex2sympy2_extended==1.10.2"]\n'
+        '[project.optional-dependencies]\ndev = ["uuid6==2025.0.1", "nox", "demo[tests]", "trio"]\n'
+        'antlr4_9_3 = ["latex2sympy2_extended[antlr4_9_3]"]\npycrypto = ["pycrypto>=2.6"]\n'
         '[build-system]\nrequires = ["hatchling", "hatch-vcs"]\nbuild-backend = "hatchling.build"\n'
         '[tool.pytest.ini_options]\naddopts = "-ra --cov=demo --cov-report=term --asyncio-mode=strict"\n'
         "timeout = 30\ntimeout_method = 'thread'\n"
@@ -172,11 +176,14 @@ def test_the_test_dependencies_a_task_declares_anywhere_are_found(tmp_path: Path
     assert task.environment.env["SETUPTOOLS_SCM_PRETEND_VERSION"] == "0.0.0"
     assert task.environment.pins == ("anyio==4.10.0", "httpx==0.28.1")
     # deepdiff's tests import uuid6, which only its "dev" extra declares, tqdm's importorskip numpy, which a
-    # setup.cfg extra declares; pkg_resources is setuptools'
+    # setup.cfg extra declares; not an alternative build of a dependency (math-verify's antlr4 variants could not be
+    # resolved together), nor a backend the tests only mention (python-jose's pycrypto no longer compiles), nor the
+    # standard library; pkg_resources is setuptools'
     # the plugins whose options its pytest configuration uses (pytest refuses to start without those of addopts; an
     # unknown ini option is an error under --strict-config)
     assert task.environment.requirements == (
-        "MarkupSafe>=3.0", "path-dict~=3.0.4", "pytest>=6.0", "hatchling", "hatch-vcs", "editables",
+        "MarkupSafe>=3.0", "path-dict~=3.0.4", "pytest>=6.0", "latex2sympy2_extended==1.10.2", "hatchling",
+        "hatch-vcs", "editables",
         "uuid6==2025.0.1", "trio", "numpy>=1.20",
         "setuptools<81", "pytest-timeout", "pytest-cov", "pytest-asyncio", "pytest<9",  # "pytest>=6" resolves to 9
     )  # fmt: skip
