@@ -372,8 +372,9 @@ def _nl2repo_environment(
     root: Path, hidden: dict[str, FileData], test_paths: list[str]
 ) -> EnvironmentSpec | None:
     """What the task's commands need: the spec's freeze list (pins) and the requirements it lists that the hidden
-    tests import, the grader's declared dependencies (its ``pyproject.toml``, ``setup.py``...), then
-    ``environment.toml``'s ``[environment]``; None when it declares nothing."""
+    tests import, the grader's declared dependencies (its ``pyproject.toml``, ``setup.py``...) with the test
+    dependencies its other extras hold, the pytest plugins its pytest configuration needs, then
+    ``environment.toml``'s ``[environment]``; never the project itself; None when it declares nothing."""
     tests = {  # what the hidden tests name, not the packaging beside them
         path: data
         for path, data in hidden.items()
@@ -389,7 +390,9 @@ def _nl2repo_environment(
     imported = {_canonical(name) for name in _test_imports(tests)}
     words = _test_words(tests)
     project = pyproject if isinstance(pyproject, str) else None
-    core = _grader_requirements(root, project, _NONE) + _setuptools_requirements(hidden, _NONE)
+    core = _grader_requirements(root, project, _no_other_extra) + _setuptools_requirements(
+        hidden, _no_other_extra
+    )
     have = {_requirement_name(r) for r in (*requirements, *core, *pins)}
 
     def wanted(extra: str, requirement: str) -> bool:
@@ -490,7 +493,8 @@ _DEV_EXTRAS = frozenset({"dev", "devel", "develop", "development", "all", "full"
 Wanted = Callable[[str, str], bool]  # (extra or group name, requirement) -> whether it joins the environment
 
 
-def _NONE(extra: str, requirement: str) -> bool:
+def _no_other_extra(extra: str, requirement: str) -> bool:
+    """The declared dependencies and test extras only."""
     return False
 
 
