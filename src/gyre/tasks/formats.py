@@ -296,13 +296,12 @@ def _test_words(hidden: dict[str, FileData]) -> set[str]:
     return out
 
 
-def _spec_dependencies(text: str, hidden: dict[str, FileData]) -> tuple[str | None, list[str], list[str]]:
+def _spec_dependencies(text: str, imported: set[str]) -> tuple[str | None, list[str], list[str]]:
     """The spec's Python version, its freeze list (pins), and those of its requirement lines the hidden tests import
     (a list of tools the image had, "trio  # Asynchronous testing support": installing every tool it names would
     build documentation and lint stacks for nothing, and its old pins of those often no longer install)."""
     prose, blocks = _environment_section(text)
     python = m.group(1) if (m := _PYTHON_VERSION.search(prose)) else None
-    imported = {_canonical(name) for name in _test_imports(hidden)}
     pins: list[str] = []
     requirements: list[str] = []
     for block in blocks:
@@ -380,14 +379,15 @@ def _nl2repo_environment(
         for path, data in hidden.items()
         if any(path == t or path.startswith(t.rstrip("/") + "/") for t in test_paths)
     }
-    python, pins, listed = _spec_dependencies(_read_text(root / "start.md"), tests)
+    # parsed once (a suite can be thousands of tests), for the spec's requirement lines and the extras alike
+    imported = {_canonical(name) for name in _test_imports(tests)}
+    python, pins, listed = _spec_dependencies(_read_text(root / "start.md"), imported)
     # the project the agent writes is never installed from the registry (a freeze of its image may list it: an
     # empty workspace would pass)
     own = {_canonical(root.name), *(_canonical(n) for n in _project_names(hidden))}
     pins = [p for p in pins if _canonical(p.split("==")[0]) not in own]
     requirements = [r for r in listed if _requirement_name(r) not in own]
     pyproject = hidden.get("pyproject.toml")
-    imported = {_canonical(name) for name in _test_imports(tests)}
     words = _test_words(tests)
     project = pyproject if isinstance(pyproject, str) else None
     core = _grader_requirements(root, project, _no_other_extra) + _setuptools_requirements(
@@ -541,8 +541,6 @@ def _requirement_lines(text: str) -> list[str]:
 
 
 def _setup_py_requirements(source: str, wanted: Wanted) -> list[str]:
-    import ast
-
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
