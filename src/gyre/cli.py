@@ -394,9 +394,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     from gyre import loop
 
-    summary = loop.run(
-        train(cfg, live=not args.no_live and sys.stdout.isatty(), resume=args.resume is not None)
-    )
+    if args.ray is not None:
+        from gyre.control.placement import import_ray
+
+        import_ray()  # without Ray: how to install it, before anything starts
+    summary = loop.run(train(cfg, live=not args.no_live and sys.stdout.isatty(), resume=args.resume is not None,
+                             ray=args.ray))  # fmt: skip
     evals = (
         ""
         if summary.eval_first is None
@@ -486,6 +489,16 @@ def cmd_cell(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def cmd_shard(args: argparse.Namespace) -> int:
+    """Run one runtime shard: executions and a router for their sessions, on the driver's shard hub's word."""
+    from gyre.config import load_config
+    from gyre.runtime.shard import run_shard
+
+    cfg = load_config(args.config, list(args.set or []))
+    run_shard(cfg, args.name, args.hub, os.environ.get("GYRE_RAY_NODE", ""))
+    return 0
 
 
 def cmd_sim(args: argparse.Namespace) -> int:
@@ -809,7 +822,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="dotted override, e.g. run.group_size=8"
     )
+    s.add_argument(
+        "--ray", nargs="?", const="auto", metavar="ADDRESS",
+        help="place the cells and shards.count shards (at least 1) on a Ray cluster ([ray] resources); ADDRESS "
+        "default: the cluster this machine belongs to (needs gyre[ray])",
+    )  # fmt: skip
     s.set_defaults(fn=cmd_train)
+
+    s = sub.add_parser(
+        "shard", help="one runtime shard: executions and their router, for a driver's shard hub"
+    )
+    s.add_argument("--hub", required=True, help="the driver's shard hub, tcp://HOST:PORT")
+    s.add_argument("--name", required=True, help="the shard's name (shard-0 ...)")
+    s.add_argument("--config", type=Path, help="the run's TOML config ([router], [sandbox], [shards])")
+    s.add_argument("--set", action="append", metavar="KEY=VALUE", help="dotted override")
+    s.set_defaults(fn=cmd_shard)
 
     s = sub.add_parser(
         "cell", help="one cell: an engine and a trainer that serve or train on the controller's word"

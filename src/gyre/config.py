@@ -331,6 +331,38 @@ class SftConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     window_copy_min: Positive = 3  # copied spans: pieces of at least N tokens found in the observation
 
 
+class ShardsConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Runtime shards (`gyre.runtime.shards`): each a process hosting a runtime (executions, their sandboxes and
+    verifiers) and a router for its own sessions. 0: the driver runs every execution itself, as on one machine."""
+
+    count: NonNegative = 0
+    bind: str = "tcp://127.0.0.1:0"  # the driver's shard hub; port 0: any free one; shards connect here
+    report_s: Annotated[float, msgspec.Meta(gt=0.0)] = (
+        0.5  # how often a shard sends its counts (and is heard)
+    )
+    timeout_s: Annotated[float, msgspec.Meta(gt=0.0)] = 10.0  # silence after which a shard is lost
+    startup_timeout_s: Annotated[float, msgspec.Meta(gt=0.0)] = 120.0  # every shard connected
+    reruns: NonNegative = (
+        2  # times an execution whose shard was lost runs again on another (then it is dropped)
+    )
+
+
+class RayConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Where ``--ray`` places processes (`gyre.control.placement`): one placement group for the cells, one for the
+    shards. Resources are Ray's: ``GPU``, ``CPU`` and the custom ones a cluster's nodes declare."""
+
+    cell_gpus: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0  # each cell's devices (0: a CPU cell)
+    cell_cpus: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
+    cell_resources: dict[str, float] = msgspec.field(default_factory=dict)  # e.g. {accelerator_node = 1}
+    shard_cpus: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
+    shard_resources: dict[str, float] = msgspec.field(default_factory=dict)
+    cell_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
+    shard_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "SPREAD"
+    placement_timeout_s: Annotated[float, msgspec.Meta(gt=0.0)] = (
+        300.0  # the cluster has room for both groups
+    )
+
+
 class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """One run's whole configuration: one TOML file."""
 
@@ -344,6 +376,8 @@ class GyreConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     run: RunConfig = msgspec.field(default_factory=RunConfig)
     sft: SftConfig = msgspec.field(default_factory=SftConfig)
     chaos: ChaosConfig = msgspec.field(default_factory=ChaosConfig)
+    shards: ShardsConfig = msgspec.field(default_factory=ShardsConfig)
+    ray: RayConfig = msgspec.field(default_factory=RayConfig)
 
 
 T = TypeVar("T", bound=msgspec.Struct)

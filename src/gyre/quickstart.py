@@ -37,7 +37,7 @@ from gyre.config import GyreConfig, load_config
 from gyre.evaluation import EvalOptions, Paired, paired_difference, run_eval, scores_by_execution
 from gyre.journal import read_journal
 from gyre.loop import run as run_loop
-from gyre.rundir import RunDir, default_run_dir
+from gyre.rundir import RunDir, default_run_dir, execution_journals
 from gyre.runtime.runtime import ExecutionResult
 from gyre.sft import run_sft
 from gyre.tasks.builtin import resolve_suite
@@ -185,7 +185,7 @@ def quickstart(run_dir: str | Path | None = None, model_path: str | None = None,
     tokenizer = _tokenizer(model)
     rd = RunDir(trained.run_dir)
     evals = sorted(read_journal(rd.eval, EvalPoint), key=lambda e: e.step)
-    held_out = list(read_journal(rd.eval_journal / "executions.jsonl", ExecutionResult))
+    held_out = [r for p in execution_journals(rd.eval_journal) for r in read_journal(p, ExecutionResult)]
     base_calls = list(read_journal(RunDir(root / "eval-base").executions, ExecutionResult))
     points = [Point(phase="base", mean=base.mean_score, ci_low=base.mean_ci[0], ci_high=base.mean_ci[1],
                     pass_rate=base.pass_rate, executions=base.executions,

@@ -23,7 +23,7 @@ import msgspec
 
 from gyre.journal import read_journal
 from gyre.protocol import StepMetrics, SwitchRecord
-from gyre.rundir import RunDir
+from gyre.rundir import RunDir, execution_journals
 
 ROLE_COLOURS = {"serving": "#4c78a8", "training": "#f58518", "switching": "#bab0ac"}
 
@@ -82,7 +82,7 @@ def write_report(run_dir: str | Path) -> Path:
     """Write ``run_dir/report.html`` from the run's journals; returns its path."""
     run = RunDir(run_dir)
     steps = _read(run.metrics, _Step)
-    executions = _read(run.executions, _Execution)
+    executions = [e for path in execution_journals(run.journal) for e in _read(path, _Execution)]
     switches = _read(run.switches, SwitchRecord)
     evals = _read(run.eval, _Eval)
     timeline = _read(run.timeline, _Sample)

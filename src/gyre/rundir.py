@@ -89,3 +89,12 @@ class RunDir:
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
+
+
+def execution_journals(base: str | Path) -> list[Path]:
+    """Every executions journal under a journal directory ``base`` (``journal/``, ``eval/``): the driver's own,
+    then each runtime shard's (``shards/NAME/executions.jsonl``, `gyre.runtime.shards`); existing ones only."""
+    base = Path(base)
+    return [
+        p for p in [base / "executions.jsonl", *sorted(base.glob("shards/*/executions.jsonl"))] if p.is_file()
+    ]

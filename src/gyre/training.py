@@ -19,6 +19,7 @@ import re
 import statistics
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from gyre.control.books import Books
 from gyre.control.chaos import FaultyStarts
 from gyre.control.cluster import Cluster
 from gyre.control.loop import ElasticLoop, LoopResult, group_micro_steps
+from gyre.control.placement import Launcher, LocalLauncher, RayLauncher, ray_config
 from gyre.control.policy import ToServe
 from gyre.errors import ConfigError, CoreLost
 from gyre.evaluation import agent_spec, bootstrap_ci
@@ -40,6 +42,8 @@ from gyre.protocol import StepMetrics
 from gyre.report import write_report
 from gyre.rundir import RunDir, default_run_dir
 from gyre.runtime import AgentSpec, BuiltinAgentSpec, ExecutionResult, ExecutionSpec, OracleAgentSpec, Runtime
+from gyre.runtime.shard import RuntimeSpec
+from gyre.runtime.shards import Runner, ShardedRuntime, ShardHub, read_executions
 from gyre.tasks import Task, Verifier, resolve_suite
 from gyre.train.step import Rollout
 
@@ -144,9 +148,15 @@ def execution_index(execution_id: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> TrainSummary:
+async def train(
+    cfg: GyreConfig, live: bool = False, resume: bool = False, ray: str | None = None
+) -> TrainSummary:
     """Run ``cfg.run.steps`` online-RL steps; everything lands in the run directory (``live``: the terminal view).
-    ``resume``: continue the run in ``cfg.run.run_dir`` from its last checkpoint (see `pick_up`)."""
+    ``resume``: continue the run in ``cfg.run.run_dir`` from its last checkpoint (see `pick_up`). ``ray``: the Ray
+    cluster's address (``auto``: the one this machine belongs to) to place the cells and the shards on
+    (`gyre.control.placement`); None: every process on this machine."""
+    if ray is not None:
+        cfg = ray_config(cfg)
     run = cfg.run
     rd = RunDir(run.run_dir or default_run_dir("train", run.suite))
     if cfg.trainer.resume_from and not resume:
@@ -212,14 +222,9 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
         evals.append(point)
         board.add_scalar("eval/mean", point.mean, step)
 
-    # [chaos] verifier_start_fail, on the run's executions (not held-out ones)
+    # [chaos] verifier_start_fail, on the run's executions (not held-out ones; in each shard when shards run them)
     starts = FaultyStarts(cfg.chaos)
-    verifier = Verifier(cfg.sandbox, start_fault=starts.fails if starts.active else None)
-    async with Cluster(cfg, run.model_path, rd.root) as cluster:
-        runtime = Runtime(cluster.router, cfg.sandbox, str(rd.journal), verifier=verifier)
-        eval_runtime = Runtime(
-            cluster.router, cfg.sandbox, str(rd.eval_journal), verifier=Verifier(cfg.sandbox)
-        )
+    async with _placed(cfg, rd, ray, starts) as (cluster, runtime, eval_runtime):
         try:
             books = Books(batch, run.burst_steps, run.steps - picked.start)
             loop = ElasticLoop(cluster.controller, cfg.controller, books, run.group_size, execute,
@@ -263,6 +268,32 @@ async def train(cfg: GyreConfig, live: bool = False, resume: bool = False) -> Tr
                 journal.close()
             board.close()
     return summarize(rd, cfg, result, records, evals, picked.attempt, injected)
+
+
+@contextlib.asynccontextmanager
+async def _placed(
+    cfg: GyreConfig, rd: RunDir, ray: str | None, starts: FaultyStarts
+) -> AsyncIterator[tuple[Cluster, Runner, Runner]]:
+    """The cells and what runs the executions (the run's, the held-out ones): runtimes in this process, or
+    ``shards.count`` shards; placed on this machine, or by Ray on the cluster at ``ray``."""
+    launcher: Launcher = LocalLauncher() if ray is None else await asyncio.to_thread(RayLauncher, cfg, ray)
+    try:
+        if not cfg.shards.count:
+            verifier = Verifier(cfg.sandbox, start_fault=starts.fails if starts.active else None)
+            async with Cluster(cfg, cfg.run.model_path, rd.root, launcher) as cluster:
+                assert cluster.router is not None
+                yield (cluster, Runtime(cluster.router, cfg.sandbox, str(rd.journal), verifier=verifier),
+                       Runtime(cluster.router, cfg.sandbox, str(rd.eval_journal), verifier=Verifier(cfg.sandbox)))  # fmt: skip
+            return
+        runtimes = {"run": RuntimeSpec(journal_dir=str(rd.journal), chaos_starts=True),
+                    "eval": RuntimeSpec(journal_dir=str(rd.eval_journal))}  # fmt: skip
+        async with (
+            ShardHub(cfg, rd.root, runtimes, launcher) as hub,
+            Cluster(cfg, cfg.run.model_path, rd.root, launcher, pool=hub.pool) as cluster,
+        ):
+            yield cluster, ShardedRuntime(hub, "run"), ShardedRuntime(hub, "eval")
+    finally:
+        await asyncio.to_thread(launcher.close)
 
 
 class Trainer:
@@ -316,11 +347,10 @@ def pick_up(rd: RunDir, batch: int) -> _PickUp:
     dropped = sum(r.step >= start for r in journaled)
     rd.replace(rd.metrics, b"".join(lines[s] for s in sorted(lines)))
     reused: dict[int, ExecutionResult] = {}
-    if rd.executions.exists():
-        for result in read_journal(rd.executions, ExecutionResult):
-            index = execution_index(result.execution_id)
-            if index is not None and index >= start * batch and result.status != "cancelled":
-                reused.setdefault(index, result)  # a cancelled one (the run stopped under it) runs again
+    for result in read_executions(rd.journal):
+        index = execution_index(result.execution_id)
+        if index is not None and index >= start * batch and result.status != "cancelled":
+            reused.setdefault(index, result)  # a cancelled one (the run stopped under it) runs again
     attempt = 1 + (sum(1 for _ in read_journal(rd.resumes, Resume)) if rd.resumes.exists() else 0)
     resumes = Journal(rd.journal, rd.resumes.name)
     resumes.append(Resume(at_s=time.time(), attempt=attempt, from_step=start, reused=len(reused), cut=cut,
@@ -341,7 +371,7 @@ def _from_checkpoint(rd: RunDir, step: int) -> StepRecord | None:
         log.warning("no metrics for step %d in %s: its line stays missing", step, rd.checkpoint(step + 1))
         return None
     ids = set(state.get("data_cursor", {}).get("execution_ids", []))
-    results = [r for r in read_journal(rd.executions, ExecutionResult) if r.execution_id in ids]
+    results = [r for r in read_executions(rd.journal) if r.execution_id in ids]
     rollouts = [Rollout(execution_id=r.execution_id, group="", reward=r.reward, records=r.records,
                         dropped=not r.trainable) for r in results]  # fmt: skip
     return step_record(step, rollouts, trainer, 0.0, tampered=sum(map(is_tampered, results)))
@@ -387,7 +417,7 @@ def step_record(
 
 
 async def evaluate_held_out(
-    cfg: GyreConfig, runtime: Runtime, agent: AgentSpec, tasks: list[Task], step: int
+    cfg: GyreConfig, runtime: Runner, agent: AgentSpec, tasks: list[Task], step: int
 ) -> EvalPoint:
     """The held-out ``tasks``, ``run.eval_samples`` executions each, scored as `gyre eval` scores: the mean partial
     score of scored executions with a 95% bootstrap interval over executions."""
@@ -443,10 +473,9 @@ def _unverified(rd: RunDir) -> int:
     """Executions of the run (a resumed one's repeat replacing the first attempt) whose verifier could not run on
     any attempt of its retry budget: dropped from training, never scored."""
     latest: dict[int, ExecutionResult] = {}
-    if rd.executions.exists():
-        for result in read_journal(rd.executions, ExecutionResult):
-            if (index := execution_index(result.execution_id)) is not None:
-                latest[index] = result
+    for result in sorted(read_executions(rd.journal), key=lambda r: r.finished_s):
+        if (index := execution_index(result.execution_id)) is not None:
+            latest[index] = result
     return sum(r.verdict is not None and r.verdict.outcome == "dropped" and r.verdict.attempts > 0
                and r.status != "resource_exceeded" for r in latest.values())  # fmt: skip
 

@@ -369,6 +369,13 @@ def check_local(spec: CellSpec, host: str, backend: str = "embedded") -> None:
                           f"the path its cells are given (--model)")  # fmt: skip
 
 
+def cell_command(spec: CellSpec, config_path: str | Path) -> list[str]:
+    """``gyre cell``'s command line for ``spec`` with the run's resolved config at ``config_path``."""
+    return [sys.executable, "-m", "gyre", "-v", "cell", "--controller", spec.controller, "--name", spec.name,
+            "--kind", spec.kind, "--order", str(spec.order), "--model", spec.model_path,
+            "--config", str(config_path), *(["--log-dir", spec.log_dir] if spec.log_dir else [])]  # fmt: skip
+
+
 def launch_cell(
     spec: CellSpec, config_path: str | Path, log: Path | None = None, die_with_parent: bool = True
 ) -> subprocess.Popen[bytes]:
@@ -376,11 +383,8 @@ def launch_cell(
     ``die_with_parent`` (Linux): a driver killed outright takes its local cells (and their engines) with it, so
     ``gyre train --resume`` starts from a clean machine; call it from a thread that lives as long as the driver."""
     out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
-    command = [sys.executable, "-m", "gyre", "-v", "cell", "--controller", spec.controller, "--name", spec.name,
-               "--kind", spec.kind, "--order", str(spec.order), "--model", spec.model_path,
-               "--config", str(config_path), *(["--log-dir", spec.log_dir] if spec.log_dir else [])]  # fmt: skip
     try:
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+        return subprocess.Popen(cell_command(spec, config_path), stdout=out, stderr=subprocess.STDOUT,
                                 preexec_fn=exit_with_parent if die_with_parent else None)  # fmt: skip
     finally:
         if log is not None:

@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import msgspec
 
 from gyre.config import GyreConfig, dump_config
-from gyre.control.cell import CellSpec, cell_specs, launch_cell
-from gyre.control.controller import Controller
+from gyre.control.cell import CellSpec, cell_command, cell_specs
+from gyre.control.controller import ControlledPool, Controller
+from gyre.control.placement import Launcher, LocalLauncher, Process
 from gyre.errors import CellError
 from gyre.router.core import Router
 from gyre.router.pool import EnginePool
@@ -30,16 +30,24 @@ SHUTDOWN_S = 30.0  # how long cells may take to stop once told; then they are ki
 class Cluster:
     """The cells of one run on this machine, with the controller and router that use them."""
 
-    def __init__(self, cfg: GyreConfig, model_path: str | Path, run_dir: str | Path) -> None:
+    def __init__(self, cfg: GyreConfig, model_path: str | Path, run_dir: str | Path,
+                 launcher: Launcher | None = None, pool: ControlledPool | None = None) -> None:  # fmt: skip
+        """``launcher``: where cells start (default: this machine); ``pool``: the engines the controller routes to
+        (default: the router's here; runtime shards: every shard's, `gyre.runtime.shards.ShardedPool`, and no
+        router here)."""
         self.cfg, self.model_path, self.run_dir = cfg, str(model_path), Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.launcher = launcher or LocalLauncher()
         router_cfg = cfg.router
         if not router_cfg.model_path:
             router_cfg = msgspec.structs.replace(router_cfg, model_path=self.model_path)
-        self.pool = EnginePool.from_config(router_cfg)
-        self.router = Router(router_cfg, pool=self.pool)
-        self.controller = Controller(cfg.controller, self.pool, self.run_dir, chaos=cfg.chaos)
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.router: Router | None = None
+        if pool is None:
+            self.pool = EnginePool.from_config(router_cfg)
+            self.router = Router(router_cfg, pool=self.pool)
+            pool = self.pool
+        self.controller = Controller(cfg.controller, pool, self.run_dir, chaos=cfg.chaos)
+        self.procs: dict[str, Process] = {}
         self.specs: dict[str, CellSpec] = {}
 
     async def __aenter__(self) -> Cluster:
@@ -61,7 +69,8 @@ class Cluster:
         """Start (or restart) one cell process."""
         self.specs[spec.name] = spec
         log = self.run_dir / "logs" / f"{spec.name}.log"
-        self.procs[spec.name] = launch_cell(spec, self.run_dir / "config.toml", log)
+        self.procs[spec.name] = self.launcher.start_cell(spec.order, cell_command(spec, self.run_dir / "config.toml"),
+                                                         log)  # fmt: skip
 
     async def wait_started(self, names: list[str]) -> None:
         """Return once the cells ``names`` serve; a cell process that exits first is an error naming its log."""
@@ -101,4 +110,5 @@ class Cluster:
                 proc.kill()
                 await asyncio.to_thread(proc.wait)
         await self.controller.__aexit__(None, None, None)
-        await self.router.aclose()
+        if self.router is not None:
+            await self.router.aclose()

@@ -33,9 +33,10 @@ import functools
 import itertools
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import msgspec
 import zmq
@@ -61,10 +62,36 @@ from gyre.protocol import (
     SwitchDone,
     SwitchRecord,
 )
-from gyre.router.pool import EnginePool
+from gyre.router.pool import PoolStatistics
 from gyre.silence import StallClock, credit
 
 log = logging.getLogger(__name__)
+
+
+class _EngineEntry(Protocol):
+    url: str
+    outstanding_tokens: int
+
+
+class ControlledPool(Protocol):
+    """The engines the controller routes to: a router's `EnginePool`, or every shard's (`ShardedPool`)."""
+
+    @property
+    def engines(self) -> Mapping[str, _EngineEntry]: ...
+
+    def add(self, url: str, name: str | None = None, managed: bool = False) -> object: ...
+
+    def resume(self, name: str) -> None: ...
+
+    def mark_gone(self, name: str, reason: str) -> None: ...
+
+    def forget(self, name: str) -> None: ...
+
+    async def drain(self, name: str, destination: str | None = None) -> None: ...
+
+    def statistics(self) -> PoolStatistics: ...
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(CellMessage)
 RESEND_BEATS = 4  # heartbeats between two sends of a switch's command the cell has not yet reported
@@ -121,7 +148,7 @@ class Controller:
     def __init__(
         self,
         cfg: ControllerConfig,
-        pool: EnginePool,
+        pool: ControlledPool,
         journal_dir: str | Path | None = None,
         chaos: ChaosConfig | None = None,
     ) -> None:
@@ -409,7 +436,7 @@ class Controller:
         engine = self.pool.engines.get(cell.name)
         if engine is None or engine.url != cell.engine_url.rstrip("/"):
             if engine is not None:
-                self.pool.engines.pop(cell.name)
+                self.pool.forget(cell.name)
             self.pool.add(cell.engine_url, cell.name, managed=True)
         else:
             self.pool.resume(cell.name)

@@ -250,13 +250,19 @@ class EnginePool:
             raise EngineRequestError(f"no engine named {name!r}; engines: {sorted(self.engines)}", status=404)
         return engine
 
-    async def drain(self, name: str, destination: str | None = None) -> None:
-        """Send no new calls to ``name``; move its in-flight calls elsewhere (to ``destination`` while it serves);
-        return when none is left there."""
+    def hold(self, name: str, destination: str | None = None) -> Engine:
+        """Send no new calls to ``name``; its calls in flight go on until `drain` moves them (to ``destination``).
+        Routers that share an engine (shards) are all held before any drains: a drain aborts every call there."""
         engine = self.get(name)
         engine.destination = destination
         if engine.state in (EngineState.SERVING, EngineState.HUNG):
             engine.state = EngineState.DRAINING
+        return engine
+
+    async def drain(self, name: str, destination: str | None = None) -> None:
+        """Send no new calls to ``name``; move its in-flight calls elsewhere (to ``destination`` while it serves);
+        return when none is left there."""
+        engine = self.hold(name, destination)
         while engine.inflight and engine.state is EngineState.DRAINING:
             try:  # the router is the engine's only client: abort everything, until nothing is in flight
                 await engine.client.abort(abort_all=True)
@@ -275,6 +281,10 @@ class EnginePool:
     def mark_gone(self, name: str, reason: str) -> None:
         """The controller declared the engine's cell gone: no calls; calls in flight there continue elsewhere."""
         self._mark_gone(self.get(name), reason)
+
+    def forget(self, name: str) -> None:
+        """Drop ``name`` from the pool at once (a cell that came back at a new address replaces it)."""
+        self.engines.pop(name, None)
 
     async def remove(self, name: str) -> None:
         """Drain ``name`` and forget it."""

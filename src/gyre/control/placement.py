@@ -1,0 +1,263 @@
+"""Where a run's processes start: on this machine (`LocalLauncher`, the default) or where Ray places them
+(`RayLauncher`, ``gyre train --ray``).
+
+Both start the same commands, ``gyre cell`` and ``gyre shard``, and hand back a `Process` the driver polls and kills
+like a local ``subprocess.Popen``. Ray only places and supervises: each process is the child of a small Ray actor
+(`_Supervisor`) holding its resources, the cells in one placement group (the core's bundle first) on accelerator nodes
+and the shards in another on CPU nodes; tokens, weights and control messages still go over ZeroMQ, HTTP and
+torch.distributed. A process dies with its actor (and its node); the driver sees it exit as it sees a local one die.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+import msgspec
+
+from gyre.config import GyreConfig
+from gyre.engine.launch import exit_with_parent
+from gyre.errors import ConfigError
+
+log = logging.getLogger(__name__)
+RAY_INSTALL = "pip install 'gyre[ray]' (or pip install 'ray>=2.9')"
+
+
+class Process(Protocol):
+    """What the driver needs of a started process (``subprocess.Popen`` has it)."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+class Launcher(Protocol):
+    def start_cell(self, index: int, argv: list[str], log: Path) -> Process: ...
+
+    def start_shard(self, name: str, hub: str, config: Path, log: Path) -> Process: ...
+
+    def close(self) -> None: ...
+
+
+def shard_command(name: str, hub: str, config: Path) -> list[str]:
+    """``gyre shard``'s command line."""
+    return [
+        sys.executable,
+        "-m",
+        "gyre",
+        "-v",
+        "shard",
+        "--hub",
+        hub,
+        "--name",
+        name,
+        "--config",
+        str(config),
+    ]
+
+
+def _popen(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=exit_with_parent)
+
+
+class LocalLauncher:
+    """Processes on this machine, dying with the driver's thread that started them."""
+
+    def start_cell(self, index: int, argv: list[str], log: Path) -> Process:
+        return _popen(argv, log)
+
+    def start_shard(self, name: str, hub: str, config: Path, log: Path) -> Process:
+        return _popen(shard_command(name, hub, config), log)
+
+    def close(self) -> None:
+        pass
+
+
+def import_ray() -> Any:
+    """Ray, or a `ConfigError` saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(f"--ray needs Ray, which is not installed: {RAY_INSTALL}") from None
+    return ray
+
+
+def ray_address(cfg: GyreConfig) -> str:
+    """This (the driver's) node's address as Ray's other nodes reach it."""
+    return str(import_ray().util.get_node_ip_address())
+
+
+class _Supervisor:
+    """(A Ray actor) starts one process on its node with the actor's resources, and reports its end."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, argv: list[str], log: str, host_flag: bool) -> dict[str, str]:
+        import ray
+
+        node_ip = ray.util.get_node_ip_address()
+        if host_flag:  # the cell's engine and trainer listen on this node's address
+            argv = [*argv, "--host", node_ip]
+        env = {**os.environ, "GYRE_RAY_NODE": ray.get_runtime_context().get_node_id()}
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                         preexec_fn=exit_with_parent)  # fmt: skip
+        return {"node": env["GYRE_RAY_NODE"], "ip": node_ip, "pid": str(self.proc.pid)}
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        return self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+
+
+class RayProcess:
+    """A process a `_Supervisor` actor started; its end (or the actor's, or its node's) is watched by a thread."""
+
+    def __init__(self, ray: Any, actor: Any, where: dict[str, str], name: str) -> None:
+        self.ray, self.actor, self.where, self.name = ray, actor, where, name
+        self._code: int | None = None
+        self._ended = threading.Event()
+        threading.Thread(target=self._watch, name=f"ray-watch-{name}", daemon=True).start()
+
+    def _watch(self) -> None:
+        try:
+            code = int(self.ray.get(self.actor.wait.remote()))
+        except Exception as exc:  # the actor died (its node with it): like a process killed
+            log.warning("%s: its Ray actor is gone (%s)", self.name, type(exc).__name__)
+            code = -signal.SIGKILL
+        self._code = code
+        self._ended.set()
+
+    @property
+    def returncode(self) -> int | None:
+        return self._code
+
+    def poll(self) -> int | None:
+        return self._code
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.name, timeout or 0.0)
+        assert self._code is not None
+        return self._code
+
+    def kill(self) -> None:
+        self.ray.kill(self.actor)  # the process dies with its actor (exit_with_parent)
+
+    def send_signal(self, sig: int) -> None:
+        self.kill()
+
+
+class RayLauncher:
+    """Cells and shards placed by Ray on the cluster at ``address`` (``auto``: the one this machine belongs to)."""
+
+    def __init__(self, cfg: GyreConfig, address: str = "auto") -> None:
+        self.ray = ray = import_ray()
+        from ray.util.placement_group import placement_group
+
+        if not ray.is_initialized():
+            ray.init(address=address or "auto", log_to_driver=False, logging_level=logging.WARNING)
+        self.cfg = cfg
+        rc = cfg.ray
+        cell_bundle = {
+            "CPU": rc.cell_cpus,
+            **({"GPU": rc.cell_gpus} if rc.cell_gpus else {}),
+            **rc.cell_resources,
+        }
+        shard_bundle = {"CPU": rc.shard_cpus, **rc.shard_resources}
+        cells = cfg.cells.count + cfg.cells.standalone
+        self.cell_bundle, self.shard_bundle = cell_bundle, shard_bundle
+        self.cells = placement_group([dict(cell_bundle) for _ in range(cells)], strategy=rc.cell_strategy)
+        self.shards = placement_group([dict(shard_bundle) for _ in range(cfg.shards.count)],
+                                      strategy=rc.shard_strategy) if cfg.shards.count else None  # fmt: skip
+        for what, group, bundle, n in (("cells", self.cells, cell_bundle, cells),
+                                       ("shards", self.shards, shard_bundle, cfg.shards.count)):  # fmt: skip
+            if group is None:
+                continue
+            try:
+                ray.get(group.ready(), timeout=rc.placement_timeout_s)
+            except Exception as exc:
+                self.close()
+                raise ConfigError(
+                    f"Ray could not place the {n} {what} ({bundle} each, {getattr(rc, what[:-1] + '_strategy')}) "
+                    f"within {rc.placement_timeout_s:g} s; the cluster has {ray.cluster_resources()} "
+                    f"({type(exc).__name__}). Set [ray] {what[:-1]}_cpus/_gpus/_resources to what its nodes offer"
+                ) from None
+        self.actor = ray.remote(_Supervisor)
+        self.procs: list[RayProcess] = []
+
+    def _start(self, group: Any, index: int, bundle: dict[str, float], argv: list[str], log: Path,
+               host_flag: bool, name: str) -> RayProcess:  # fmt: skip
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+        actor = self.actor.options(
+            num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), resources=custom or None, name=None,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
+        ).remote()  # fmt: skip
+        where = self.ray.get(actor.start.remote(argv, str(log), host_flag))
+        log_line = f"{name} placed by Ray on node {where['node'][:12]} ({where['ip']}), pid {where['pid']}"
+        logging.getLogger(__name__).info(log_line)
+        proc = RayProcess(self.ray, actor, where, name)
+        self.procs.append(proc)
+        return proc
+
+    def start_cell(self, index: int, argv: list[str], log: Path) -> Process:
+        return self._start(self.cells, index, self.cell_bundle, argv, log, True, f"cell {index}")
+
+    def start_shard(self, name: str, hub: str, config: Path, log: Path) -> Process:
+        assert self.shards is not None
+        index = int(name.rsplit("-", 1)[-1])
+        return self._start(
+            self.shards, index, self.shard_bundle, shard_command(name, hub, config), log, False, name
+        )
+
+    def close(self) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    proc.kill()
+                except Exception as exc:
+                    log.debug("killing %s: %s", proc.name, exc)
+        for group in (self.cells, self.shards):
+            if group is not None:
+                try:
+                    remove_placement_group(group)
+                except Exception as exc:
+                    log.debug("removing a placement group: %s", exc)
+
+
+def ray_config(cfg: GyreConfig) -> GyreConfig:
+    """``cfg`` for a run Ray places: at least one shard, and the control plane bound where other nodes reach it."""
+    host = ray_address(cfg)
+
+    def routable(bind: str) -> str:
+        return bind.replace("127.0.0.1", host).replace("localhost", host)
+
+    return msgspec.structs.replace(
+        cfg,
+        shards=msgspec.structs.replace(
+            cfg.shards, count=cfg.shards.count or 1, bind=routable(cfg.shards.bind)
+        ),
+        controller=msgspec.structs.replace(cfg.controller, bind=routable(cfg.controller.bind)),
+    )
