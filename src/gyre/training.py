@@ -276,7 +276,8 @@ async def _placed(
 ) -> AsyncIterator[tuple[Cluster, Runner, Runner]]:
     """The cells and what runs the executions (the run's, the held-out ones): runtimes in this process, or
     ``shards.count`` shards; placed on this machine, or by Ray on the cluster at ``ray``."""
-    launcher: Launcher = LocalLauncher() if ray is None else await asyncio.to_thread(RayLauncher, cfg, ray)
+    # Ray's placement waits for room on the cluster, before anything else runs in this loop
+    launcher: Launcher = LocalLauncher() if ray is None else RayLauncher(cfg, ray, rd.journal)
     try:
         if not cfg.shards.count:
             verifier = Verifier(cfg.sandbox, start_fault=starts.fails if starts.active else None)

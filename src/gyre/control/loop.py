@@ -262,6 +262,8 @@ class ElasticLoop:
         began = time.monotonic() - self._started
         try:
             rollout = await self.execute(index)
+        except CoreLost:  # nothing can run any more (every shard lost): the run stops, resumable
+            raise
         except Exception as exc:  # a failed execution is data: it leaves its group, nothing else stops
             log.warning("execution %d failed: %s", index, exc)
             self._failed += 1

@@ -16,6 +16,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -24,6 +26,7 @@ import msgspec
 from gyre.config import GyreConfig
 from gyre.engine.launch import exit_with_parent
 from gyre.errors import ConfigError
+from gyre.journal import Journal
 
 log = logging.getLogger(__name__)
 RAY_INSTALL = "pip install 'gyre[ray]' (or pip install 'ray>=2.9')"
@@ -129,16 +132,24 @@ class _Supervisor:
 
 
 class RayProcess:
-    """A process a `_Supervisor` actor started; its end (or the actor's, or its node's) is watched by a thread."""
+    """A process a `_Supervisor` actor starts (``started``: its answer, once the actor is placed). A thread waits for
+    the start, then for the end (the process's, or its actor's, or its node's): nothing here blocks the driver."""
 
-    def __init__(self, ray: Any, actor: Any, where: dict[str, str], name: str) -> None:
-        self.ray, self.actor, self.where, self.name = ray, actor, where, name
+    def __init__(
+        self, ray: Any, actor: Any, started: Any, name: str, placed: Callable[[dict[str, str]], None]
+    ) -> None:
+        self.ray, self.actor, self.name = ray, actor, name
+        self.where: dict[str, str] = {}
         self._code: int | None = None
         self._ended = threading.Event()
-        threading.Thread(target=self._watch, name=f"ray-watch-{name}", daemon=True).start()
+        threading.Thread(
+            target=self._watch, args=(started, placed), name=f"ray-watch-{name}", daemon=True
+        ).start()
 
-    def _watch(self) -> None:
+    def _watch(self, started: Any, placed: Callable[[dict[str, str]], None]) -> None:
         try:
+            self.where = self.ray.get(started)
+            placed(self.where)
             code = int(self.ray.get(self.actor.wait.remote()))
         except Exception as exc:  # the actor died (its node with it): like a process killed
             log.warning("%s: its Ray actor is gone (%s)", self.name, type(exc).__name__)
@@ -166,10 +177,23 @@ class RayProcess:
         self.kill()
 
 
-class RayLauncher:
-    """Cells and shards placed by Ray on the cluster at ``address`` (``auto``: the one this machine belongs to)."""
+class Placement(msgspec.Struct, frozen=True, kw_only=True):
+    """One line of ``journal/placement.jsonl``: where Ray started a process."""
 
-    def __init__(self, cfg: GyreConfig, address: str = "auto") -> None:
+    at_s: float
+    process: str  # cell-0, shard-1 ...
+    node: str  # Ray's node id
+    ip: str
+    pid: int
+    bundle: dict[str, float]
+
+
+class RayLauncher:
+    """Cells and shards placed by Ray on the cluster at ``address`` (``auto``: the one this machine belongs to);
+    where each process went is journaled in ``journal_dir/placement.jsonl``. Creating it waits (blocking) until the
+    cluster holds both placement groups."""
+
+    def __init__(self, cfg: GyreConfig, address: str = "auto", journal_dir: str | Path | None = None) -> None:
         self.ray = ray = import_ray()
         from ray.util.placement_group import placement_group
 
@@ -177,19 +201,21 @@ class RayLauncher:
             ray.init(address=address or "auto", log_to_driver=False, logging_level=logging.WARNING)
         self.cfg = cfg
         rc = cfg.ray
-        cell_bundle = {
-            "CPU": rc.cell_cpus,
-            **({"GPU": rc.cell_gpus} if rc.cell_gpus else {}),
-            **rc.cell_resources,
-        }
-        shard_bundle = {"CPU": rc.shard_cpus, **rc.shard_resources}
+        self.cell_bundle = {"CPU": rc.cell_cpus, **({"GPU": rc.cell_gpus} if rc.cell_gpus else {}),
+                            **rc.cell_resources}  # fmt: skip
+        self.shard_bundle = {"CPU": rc.shard_cpus, **rc.shard_resources}
+        self.procs: list[RayProcess] = []
+        self.journal = Journal(journal_dir, "placement.jsonl") if journal_dir else None
         cells = cfg.cells.count + cfg.cells.standalone
-        self.cell_bundle, self.shard_bundle = cell_bundle, shard_bundle
-        self.cells = placement_group([dict(cell_bundle) for _ in range(cells)], strategy=rc.cell_strategy)
-        self.shards = placement_group([dict(shard_bundle) for _ in range(cfg.shards.count)],
+        self.cells = placement_group(
+            [dict(self.cell_bundle) for _ in range(cells)], strategy=rc.cell_strategy
+        )
+        self.shards = placement_group([dict(self.shard_bundle) for _ in range(cfg.shards.count)],
                                       strategy=rc.shard_strategy) if cfg.shards.count else None  # fmt: skip
-        for what, group, bundle, n in (("cells", self.cells, cell_bundle, cells),
-                                       ("shards", self.shards, shard_bundle, cfg.shards.count)):  # fmt: skip
+        for what, group, bundle, n, strategy in (
+            ("cell", self.cells, self.cell_bundle, cells, rc.cell_strategy),
+            ("shard", self.shards, self.shard_bundle, cfg.shards.count, rc.shard_strategy),
+        ):
             if group is None:
                 continue
             try:
@@ -197,31 +223,41 @@ class RayLauncher:
             except Exception as exc:
                 self.close()
                 raise ConfigError(
-                    f"Ray could not place the {n} {what} ({bundle} each, {getattr(rc, what[:-1] + '_strategy')}) "
-                    f"within {rc.placement_timeout_s:g} s; the cluster has {ray.cluster_resources()} "
-                    f"({type(exc).__name__}). Set [ray] {what[:-1]}_cpus/_gpus/_resources to what its nodes offer"
+                    f"Ray could not place {n} {what}s ({bundle} each, {strategy}) within "
+                    f"{rc.placement_timeout_s:g} s; the cluster has {ray.cluster_resources()} "
+                    f"({type(exc).__name__}). Set [ray] {what}_cpus, {what}_gpus, {what}_resources to what its "
+                    "nodes offer"
                 ) from None
         self.actor = ray.remote(_Supervisor)
-        self.procs: list[RayProcess] = []
 
-    def _start(self, group: Any, index: int, bundle: dict[str, float], argv: list[str], log: Path,
+    def _start(self, group: Any, index: int, bundle: dict[str, float], argv: list[str], log_path: Path,
                host_flag: bool, name: str) -> RayProcess:  # fmt: skip
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         custom = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
         actor = self.actor.options(
-            num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), resources=custom or None, name=None,
+            num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), resources=custom or None,
             scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index),
         ).remote()  # fmt: skip
-        where = self.ray.get(actor.start.remote(argv, str(log), host_flag))
-        log_line = f"{name} placed by Ray on node {where['node'][:12]} ({where['ip']}), pid {where['pid']}"
-        logging.getLogger(__name__).info(log_line)
-        proc = RayProcess(self.ray, actor, where, name)
+
+        def placed(where: dict[str, str]) -> None:
+            log.info(
+                "%s placed by Ray on node %s (%s), pid %s",
+                name,
+                where["node"][:12],
+                where["ip"],
+                where["pid"],
+            )
+            if self.journal is not None:
+                self.journal.append(Placement(at_s=time.time(), process=name, node=where["node"], ip=where["ip"],
+                                              pid=int(where["pid"]), bundle=bundle))  # fmt: skip
+
+        proc = RayProcess(self.ray, actor, actor.start.remote(argv, str(log_path), host_flag), name, placed)
         self.procs.append(proc)
         return proc
 
     def start_cell(self, index: int, argv: list[str], log: Path) -> Process:
-        return self._start(self.cells, index, self.cell_bundle, argv, log, True, f"cell {index}")
+        return self._start(self.cells, index, self.cell_bundle, argv, log, True, Path(log).stem)
 
     def start_shard(self, name: str, hub: str, config: Path, log: Path) -> Process:
         assert self.shards is not None
@@ -239,12 +275,14 @@ class RayLauncher:
                     proc.kill()
                 except Exception as exc:
                     log.debug("killing %s: %s", proc.name, exc)
-        for group in (self.cells, self.shards):
+        for group in (self.cells, getattr(self, "shards", None)):
             if group is not None:
                 try:
                     remove_placement_group(group)
                 except Exception as exc:
                     log.debug("removing a placement group: %s", exc)
+        if self.journal is not None:
+            self.journal.close()
 
 
 def ray_config(cfg: GyreConfig) -> GyreConfig:

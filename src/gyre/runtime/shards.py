@@ -32,7 +32,7 @@ import zmq.asyncio
 
 from gyre.config import GyreConfig, dump_config
 from gyre.control.placement import Launcher, LocalLauncher, Process
-from gyre.errors import GyreError, TaskError
+from gyre.errors import CoreLost, GyreError, TaskError
 from gyre.journal import Journal, read_journal
 from gyre.router.pool import EngineState, PoolStatistics
 from gyre.rundir import execution_journals
@@ -51,6 +51,7 @@ from gyre.runtime.shard import (
     ShardWelcome,
     encoder,
 )
+from gyre.silence import StallClock, credit
 from gyre.tasks.verify import Verdict
 
 log = logging.getLogger(__name__)
@@ -58,11 +59,15 @@ STOP_S = 30.0  # how long shards may take to stop once told; then they are kille
 
 
 class ShardError(GyreError):
-    """No shard can run the execution (every one is lost), or a shard's runtime raised."""
+    """A shard's runtime raised running an execution."""
 
 
 class ShardLost(ShardError):
     """The shard running an execution went silent."""
+
+
+class NoShardLeft(CoreLost):
+    """Every shard is lost: no execution can run, so the run stops (``gyre train --resume`` continues it)."""
 
 
 class ShardEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -92,7 +97,8 @@ class ShardStatistics(msgspec.Struct, frozen=True, kw_only=True):
 class _Shard:
     name: str
     hello: ShardHello | None = None
-    live: bool = False
+    live: bool = False  # welcomed and reporting: it runs executions
+    lost: bool = False  # for the rest of the run
     last_seen: float = field(default_factory=time.monotonic)
     report: ShardReport | None = None
     jobs: dict[int, asyncio.Future[ShardResult]] = field(default_factory=dict)
@@ -187,15 +193,21 @@ class ShardHub:
         return self
 
     async def _wait_joined(self) -> None:
-        async with asyncio.timeout(self.cfg.shards.startup_timeout_s):
-            while not all(s.live for s in self.shards.values()):
-                for name, proc in self.procs.items():
-                    if proc.poll() is not None and not self.shards[name].live:
-                        raise ShardError(f"shard {name} exited with code {proc.returncode} before joining; see "
-                                         f"{self.run_dir / 'logs' / f'{name}.log'}")  # fmt: skip
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(0.5):
-                        await self._wait_changed()
+        timeout_s = self.cfg.shards.startup_timeout_s
+        try:
+            async with asyncio.timeout(timeout_s):
+                while not all(s.live for s in self.shards.values()):
+                    for name, proc in self.procs.items():
+                        if (proc.poll() is not None or self.shards[name].lost) and not self.shards[name].live:
+                            raise ShardError(f"shard {name} exited with code {proc.returncode} before joining; "
+                                             f"see {self.run_dir / 'logs' / f'{name}.log'}")  # fmt: skip
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(0.5):
+                            await self._wait_changed()
+        except TimeoutError:
+            waiting = [s.name for s in self.shards.values() if not s.live]
+            raise ShardError(f"shards {', '.join(waiting)} did not join within {timeout_s:g} s (shards."
+                             f"startup_timeout_s); see their logs in {self.run_dir / 'logs'}") from None  # fmt: skip
 
     async def __aexit__(self, *exc: object) -> None:
         deadline, self._stopping = time.monotonic() + STOP_S, True
@@ -242,7 +254,7 @@ class ShardHub:
         for rerun in range(1, self.cfg.shards.reruns + 2):
             live = self.live()
             if not live:
-                raise ShardError(f"no shard is left to run {attempt.execution_id}: "
+                raise NoShardLeft(f"no shard is left to run {attempt.execution_id}: "
                                  f"{', '.join(self.shards)} were lost (see {self._events.path})")  # fmt: skip
             shard = self.shards[owner(attempt.execution_id, live)]
             dispatched = time.time()
@@ -289,7 +301,7 @@ class ShardHub:
                                    running=total("running"), by_status={}, in_flight=total("running"),
                                    internal_errors=total("internal_errors"))  # fmt: skip
         return ShardStatistics(shards=len(self.shards), live=len(self.live()), totals=totals,
-                               lost=[s.name for s in self.shards.values() if s.hello and not s.live],
+                               lost=[s.name for s in self.shards.values() if s.lost],
                                reruns=self._reruns)  # fmt: skip
 
     # ---- engines ------------------------------------------------------------------------------------------------
@@ -329,13 +341,15 @@ class ShardHub:
             if shard is None or identity != shard.name.encode():
                 log.warning("a message from an unknown shard %r: dropped", message.shard)
                 continue
-            if not shard.live and not isinstance(message, ShardHello):
+            if shard.lost:
                 continue  # a lost shard stays lost: its executions already run elsewhere
             shard.last_seen = time.monotonic()
             match message:
                 case ShardHello():
                     await self._welcome(shard, message)
                 case ShardReport():
+                    if not shard.live and shard.hello is not None:
+                        self._joined(shard, shard.hello)  # its runtimes and router are up
                     shard.report = message
                     shard.moved_calls = max(shard.moved_calls, message.moved_calls)
                     self.pool.statistics()  # the engines' load, for the controller's choice of destination
@@ -348,28 +362,30 @@ class ShardHub:
                         waiting.set_result(message)
 
     async def _welcome(self, shard: _Shard, hello: ShardHello) -> None:
-        if shard.hello is not None and not shard.live:
-            log.warning("lost shard %s said hello again: it stays lost for this run", shard.name)
-            return
+        shard.hello = hello
         await self._sock.send_multipart([shard.name.encode(), encoder.encode(ShardWelcome(
             runtimes=self.runtimes, calls_dir=self.calls_dir, report_s=self.cfg.shards.report_s,
             engines=self.pool.replay()))])  # fmt: skip
-        if not shard.live:
-            shard.hello, shard.live = hello, True
-            self._events.append(ShardEvent(at_s=time.time(), shard=shard.name, event="joined", pid=hello.pid,
-                                           hostname=hello.hostname, node=hello.node))  # fmt: skip
-            log.info("shard %s joined from %s pid %d", shard.name, hello.hostname, hello.pid)
-            self._notify()
+
+    def _joined(self, shard: _Shard, hello: ShardHello) -> None:
+        shard.live = True
+        self._events.append(ShardEvent(at_s=time.time(), shard=shard.name, event="joined", pid=hello.pid,
+                                       hostname=hello.hostname, node=hello.node))  # fmt: skip
+        log.info("shard %s joined from %s pid %d", shard.name, hello.hostname, hello.pid)
+        self._notify()
 
     async def _watch(self) -> None:
         """Every ``report_s``: a live shard silent for ``timeout_s``, or whose process ended, is lost."""
         cfg = self.cfg.shards
+        clock = StallClock(cfg.report_s)
         while True:
             await asyncio.sleep(cfg.report_s)
+            stalled = clock.stalled()  # the driver stood still that long: nobody could be heard
             now = time.monotonic()
             for shard in self.shards.values():
                 if not shard.live or self._stopping:
                     continue
+                shard.last_seen = credit(shard.last_seen, stalled)
                 proc = self.procs.get(shard.name)
                 if proc is not None and proc.poll() is not None:
                     self._lose(shard, f"its process exited with code {proc.returncode}")
