@@ -161,7 +161,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from gyre.config import load_config
     from gyre.evaluation import EvalOptions, print_summary, run_eval
 
-    sandbox = load_config(args.config, list(args.set or [])).sandbox
+    loaded = load_config(args.config, list(args.set or []))
+    sandbox = loaded.sandbox
+    if args.ray is not None:
+        from gyre.control.placement import import_ray
+
+        import_ray()  # without Ray: how to install it, before anything starts
     name = args.suite.rstrip("/").rsplit("/", 1)[-1].replace(":", "-")
     run_dir = args.run_dir or str(default_run_dir("eval", name))
     try:
@@ -172,6 +177,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             group_size=args.group_size, limit=args.limit, max_steps=args.max_steps, temperature=args.temperature,
             seed=args.seed, sandbox=sandbox, progress=not args.no_progress, agent_profile=args.agent_profile,
             max_tokens_per_call=args.max_tokens_per_call, verifier_retries=args.verifier_retries,
+            shards=args.shards, ray=args.ray, placement=loaded.ray,
         )  # fmt: skip
         options = msgspec.convert(msgspec.to_builtins(options), EvalOptions)  # checks the bounds
     except msgspec.ValidationError as exc:
@@ -738,11 +744,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="the built-in agent's prompt (and the oracle's): lean = bash and submit, a one-line system prompt",
     )  # fmt: skip
     s.add_argument("--run-dir", help="default: runs/eval-SUITE-TIME")
-    s.add_argument("--config", type=Path, help="TOML config file ([sandbox] section)")
+    s.add_argument("--config", type=Path, help="TOML config file ([sandbox]; with --ray, [ray])")
     s.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="dotted override, e.g. sandbox.memory_mib=512"
     )
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    s.add_argument("--shards", type=int, default=0,
+                   help="runtime shards (processes) running the executions; 0: this process")  # fmt: skip
+    s.add_argument(
+        "--ray", nargs="?", const="auto", metavar="ADDRESS",
+        help="place the shards (at least 1) on a Ray cluster; ADDRESS default: the cluster this machine belongs to",
+    )  # fmt: skip
     s.set_defaults(fn=cmd_eval)
 
     s = sub.add_parser("trainer", help="trainer processes: the core, and satellites that join its steps")

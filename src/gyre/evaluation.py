@@ -24,12 +24,12 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 
 from gyre.agents.builtin import BuiltinAgentConfig
-from gyre.config import RouterConfig, SandboxConfig
+from gyre.config import RayConfig, RouterConfig, SandboxConfig
 from gyre.errors import ConfigError, TaskError
 from gyre.router.core import Router
 from gyre.rundir import RunDir
@@ -44,6 +44,9 @@ from gyre.runtime import (
 )
 from gyre.tasks import Task, Verifier, resolve_suite
 from gyre.tasks.verify import TRAINABLE_OUTCOMES
+
+if TYPE_CHECKING:
+    from gyre.runtime.shards import ShardedRuntime
 
 SCORE_BINS = (0.0, 0.25, 0.5, 0.75, 1.0)
 BIN_LABELS = (
@@ -86,6 +89,11 @@ class EvalOptions(msgspec.Struct, kw_only=True):
     verifier_retries: Annotated[int, msgspec.Meta(ge=0)] = 2
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
     progress: bool = True  # a rich progress bar on the terminal
+    shards: Annotated[int, msgspec.Meta(ge=0)] = 0  # runtime shards running the executions; 0: this process
+    ray: str | None = (
+        None  # a Ray cluster's address (auto: this machine's) to place the shards on; None: here
+    )
+    placement: RayConfig = msgspec.field(default_factory=RayConfig)  # --config's [ray]: what each shard needs
 
 
 class ExecutionRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -162,24 +170,59 @@ async def evaluate(options: EvalOptions) -> EvalSummary:
     refused = await _preflight(verifier, runnable, options.progress)  # environments, faithful grading
     unsupported |= refused
     runnable = [t for t in runnable if t.id not in refused]
+    specs = [
+        ExecutionSpec(task=t, group_index=g, agent=_for_task(agent, t, options))
+        for t in runnable
+        for g in range(options.group_size)
+    ]
     async with _serving(options, runnable) as engine_url:
-        router = _router(options, engine_url, journal)
-        runtime = Runtime(
-            router, options.sandbox, str(journal), max_concurrency=options.concurrency, verifier=verifier
-        )
-        specs = [
-            ExecutionSpec(task=t, group_index=g, agent=_for_task(agent, t, options))
-            for t in runnable
-            for g in range(options.group_size)
-        ]
-        try:
-            results = await _run_with_progress(runtime, specs, options.progress)
-        finally:
-            await runtime.aclose()
-            await router.aclose()
-    summary = summarize(options, tasks, results, unsupported, time.monotonic() - start, router.model_name)
+        if options.shards or options.ray is not None:
+            results = await _run_sharded(options, engine_url, specs)
+            model_name = options.model_name or Path(options.model_path).name or "gyre"
+        else:
+            router = _router(options, engine_url, journal)
+            model_name = router.model_name
+            runtime = Runtime(
+                router, options.sandbox, str(journal), max_concurrency=options.concurrency, verifier=verifier
+            )
+            try:
+                results = await _run_with_progress(runtime, specs, options.progress)
+            finally:
+                await runtime.aclose()
+                await router.aclose()
+    summary = summarize(options, tasks, results, unsupported, time.monotonic() - start, model_name)
     write_results(run_dir, summary)
     return summary
+
+
+async def _run_sharded(
+    options: EvalOptions, engine_url: str | None, specs: list[ExecutionSpec]
+) -> list[ExecutionResult]:
+    """The executions on ``options.shards`` runtime shards (at least one), on this machine or placed by Ray; each
+    journals its own under ``journal/shards/NAME/`` and calls the one engine."""
+    from gyre.config import GyreConfig, ShardsConfig
+    from gyre.control.placement import Launcher, LocalLauncher, RayLauncher, ray_config
+    from gyre.runtime.shard import RuntimeSpec
+    from gyre.runtime.shards import ShardedRuntime, ShardHub
+
+    rd = RunDir(options.run_dir)
+    count = max(options.shards, 1)
+    cfg = GyreConfig(router=RouterConfig(model_path=options.model_path, model_name=options.model_name),
+                     sandbox=options.sandbox, shards=ShardsConfig(count=count), ray=options.placement)  # fmt: skip
+    launcher: Launcher = LocalLauncher()
+    if options.ray is not None:
+        cfg = ray_config(cfg)
+        launcher = RayLauncher(cfg, options.ray, rd.journal, cells=0)
+    per_shard = -(-options.concurrency // count)
+    runtimes = {"eval": RuntimeSpec(journal_dir=str(rd.journal), verifier_retries=options.verifier_retries,
+                                    max_concurrency=per_shard)}  # fmt: skip
+    try:
+        async with ShardHub(cfg, rd.root, runtimes, launcher) as hub:
+            if engine_url:
+                hub.pool.add(engine_url, "engine-0", managed=False)
+            return await _run_with_progress(ShardedRuntime(hub, "eval"), specs, options.progress)
+    finally:
+        launcher.close()
 
 
 async def _preflight(verifier: Verifier, tasks: list[Task], progress: bool) -> dict[str, str]:
@@ -298,7 +341,12 @@ async def _serving(options: EvalOptions, tasks: list[Task]) -> AsyncIterator[str
     _ensure_model(options.model_path)
     log = Path(options.run_dir) / "engine.log"
     threads = [f"engine.num_threads={options.engine_threads}"] if options.engine_threads else None
-    server = await asyncio.to_thread(launch_embedded, options.model_path, None, threads, log)
+    host = "127.0.0.1"
+    if options.ray is not None:  # the shards Ray places call it from their nodes
+        from gyre.control.placement import ray_address
+
+        host = ray_address()
+    server = await asyncio.to_thread(launch_embedded, options.model_path, None, threads, log, host=host)
     try:
         yield server.url
     finally:
@@ -323,7 +371,7 @@ def _ensure_model(path: str) -> None:
 
 
 async def _run_with_progress(
-    runtime: Runtime, specs: list[ExecutionSpec], show: bool
+    runtime: Runtime | ShardedRuntime, specs: list[ExecutionSpec], show: bool
 ) -> list[ExecutionResult]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -345,11 +393,10 @@ async def _run_with_progress(
             results[i] = result
             if result.verdict is not None and result.verdict.trainable:
                 scores.append(result.reward)
-            stats = runtime.verifier.statistics() if runtime.verifier else None
-            dropped = stats.by_outcome.get("dropped", 0) if stats else 0
-            tampered = stats.by_outcome.get("tampered", 0) if stats else 0
+            outcomes = Counter(r.verdict.outcome for r in results if r is not None and r.verdict is not None)
+            dropped, tampered = outcomes["dropped"], outcomes["tampered"]
             mean = sum(scores) / len(scores) if scores else 0.0
-            running = runtime.statistics().running
+            running = runtime.statistics().running  # a shard's: as last reported
             progress.update(
                 bar,
                 advance=1,

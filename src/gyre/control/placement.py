@@ -99,7 +99,7 @@ def import_ray() -> Any:
     return ray
 
 
-def ray_address(cfg: GyreConfig) -> str:
+def ray_address() -> str:
     """This (the driver's) node's address as Ray's other nodes reach it."""
     return str(import_ray().util.get_node_ip_address())
 
@@ -193,7 +193,10 @@ class RayLauncher:
     where each process went is journaled in ``journal_dir/placement.jsonl``. Creating it waits (blocking) until the
     cluster holds both placement groups."""
 
-    def __init__(self, cfg: GyreConfig, address: str = "auto", journal_dir: str | Path | None = None) -> None:
+    def __init__(self, cfg: GyreConfig, address: str = "auto", journal_dir: str | Path | None = None,
+                 cells: int | None = None) -> None:  # fmt: skip
+        """``cells``: how many cells to place (default: ``[cells]``'s count and standalone servers; 0: shards only,
+        as ``gyre eval --ray`` runs)."""
         self.ray = ray = import_ray()
         from ray.util.placement_group import placement_group
 
@@ -206,10 +209,9 @@ class RayLauncher:
         self.shard_bundle = {"CPU": rc.shard_cpus, **rc.shard_resources}
         self.procs: list[RayProcess] = []
         self.journal = Journal(journal_dir, "placement.jsonl") if journal_dir else None
-        cells = cfg.cells.count + cfg.cells.standalone
-        self.cells = placement_group(
-            [dict(self.cell_bundle) for _ in range(cells)], strategy=rc.cell_strategy
-        )
+        cells = cfg.cells.count + cfg.cells.standalone if cells is None else cells
+        self.cells = placement_group([dict(self.cell_bundle) for _ in range(cells)],
+                                     strategy=rc.cell_strategy) if cells else None  # fmt: skip
         self.shards = placement_group([dict(self.shard_bundle) for _ in range(cfg.shards.count)],
                                       strategy=rc.shard_strategy) if cfg.shards.count else None  # fmt: skip
         for what, group, bundle, n, strategy in (
@@ -257,6 +259,7 @@ class RayLauncher:
         return proc
 
     def start_cell(self, index: int, argv: list[str], log: Path) -> Process:
+        assert self.cells is not None
         return self._start(self.cells, index, self.cell_bundle, argv, log, True, Path(log).stem)
 
     def start_shard(self, name: str, hub: str, config: Path, log: Path) -> Process:
@@ -275,7 +278,7 @@ class RayLauncher:
                     proc.kill()
                 except Exception as exc:
                     log.debug("killing %s: %s", proc.name, exc)
-        for group in (self.cells, getattr(self, "shards", None)):
+        for group in (getattr(self, "cells", None), getattr(self, "shards", None)):
             if group is not None:
                 try:
                     remove_placement_group(group)
@@ -287,7 +290,7 @@ class RayLauncher:
 
 def ray_config(cfg: GyreConfig) -> GyreConfig:
     """``cfg`` for a run Ray places: at least one shard, and the control plane bound where other nodes reach it."""
-    host = ray_address(cfg)
+    host = ray_address()
 
     def routable(bind: str) -> str:
         return bind.replace("127.0.0.1", host).replace("localhost", host)

@@ -98,6 +98,9 @@ class EngineOp(msgspec.Struct, tag="engine_op", kw_only=True):
     url: str = ""
     destination: str | None = None
     reason: str = ""
+    managed: bool = (
+        True  # add: a cell's engine, its state the controller's word (else probed like any engine)
+    )
 
 
 class ShardWelcome(msgspec.Struct, tag="shard_welcome", kw_only=True):
@@ -257,8 +260,8 @@ class Shard:
                     if engine is not None and engine.url == op.url.rstrip("/"):
                         pool.resume(op.engine)
                     else:
-                        pool.engines.pop(op.engine, None)
-                        pool.add(op.url, op.engine, managed=True)
+                        pool.forget(op.engine)
+                        pool.add(op.url, op.engine, managed=op.managed)
                 case "hold":
                     pool.hold(op.engine, op.destination)
                 case "resume":

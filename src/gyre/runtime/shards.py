@@ -141,6 +141,10 @@ class ShardedRuntime:
     async def run_one(self, spec: ExecutionSpec) -> ExecutionResult:
         return await self.hub.run_one(spec, self.key)
 
+    def statistics(self) -> RuntimeStatistics:
+        """Every shard's counters as last reported (all of a shard's runtimes together)."""
+        return self.hub.statistics().totals
+
     async def aclose(self) -> None:
         pass  # each shard closes its journals when the hub stops it
 
@@ -426,6 +430,7 @@ class _EngineView:
     state: EngineState = EngineState.SERVING
     destination: str | None = None
     reason: str = ""
+    managed: bool = True  # the controller decides its state (a cell's engine); else the routers probe it
     outstanding_tokens: int = 0  # over every shard, as last reported
 
 
@@ -439,8 +444,8 @@ class ShardedPool:
 
     def add(self, url: str, name: str | None = None, managed: bool = False) -> _EngineView:
         name = name or f"engine-{len(self.engines)}"
-        self.engines[name] = view = _EngineView(name, url.rstrip("/"))
-        self.hub.tell("add", name, url=view.url)
+        self.engines[name] = view = _EngineView(name, url.rstrip("/"), managed=managed)
+        self.hub.tell("add", name, url=view.url, managed=managed)
         return view
 
     def resume(self, name: str) -> None:
@@ -468,7 +473,7 @@ class ShardedPool:
         """The ops that bring a new shard's pool to the controller's state (op 0: not acknowledged)."""
         ops = []
         for view in self.engines.values():
-            ops.append(EngineOp(op=0, action="add", engine=view.name, url=view.url))
+            ops.append(EngineOp(op=0, action="add", engine=view.name, url=view.url, managed=view.managed))
             if view.state is EngineState.DRAINING:
                 ops.append(EngineOp(op=0, action="hold", engine=view.name, destination=view.destination))
             elif view.state is EngineState.GONE:

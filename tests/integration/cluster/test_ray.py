@@ -241,3 +241,22 @@ def test_a_cell_node_killed_is_a_dead_cell_as_on_one_machine(
     assert [s.step for s in steps(run_dir)] == [0, 1] and all(
         len(s.execution_ids) == 4 for s in steps(run_dir)
     )
+
+
+def test_gyre_eval_places_its_shards_with_ray(cluster: Any, tiny_model: Path, tmp_path: Path) -> None:
+    config = tmp_path / "eval.toml"
+    config.write_text('[ray]\nshard_resources = { shard_node = 1 }\nshard_strategy = "STRICT_SPREAD"\n')
+    run_dir = tmp_path / "eval"
+    argv = [sys.executable, "-m", "gyre", "eval", "--suite", "toy:4", "--model-path", str(tiny_model), "--run-dir",
+            str(run_dir), "--config", str(config), "--shards", "2", "--ray", cluster.address, "--max-steps", "2",
+            "--max-tokens-per-call", "8", "--no-progress"]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+
+    placed = {p["process"]: p for p in jsonl(run_dir / "journal" / "placement.jsonl")}
+    assert sorted(placed) == ["shard-0", "shard-1"] and placed["shard-0"]["node"] != placed["shard-1"]["node"]
+    assert all(p["bundle"] == {"CPU": 1.0, "shard_node": 1.0} for p in placed.values())
+    ran = executions(run_dir)
+    assert len(ran) == 4 and all(e.verdict is not None and e.verdict.outcome == "scored" for e in ran)
+    assert all(e.records for e in ran)  # every execution called the engine the driver serves, from its node
+    assert all(list((run_dir / "journal" / "shards" / s).glob("executions.jsonl")) for s in placed)

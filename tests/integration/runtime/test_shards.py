@@ -1,0 +1,80 @@
+"""`gyre train` with two runtime shards on this machine: each execution runs, and is journaled once, by the shard
+that owns its session; its records are that shard's router's calls, token for token; the run's readers (metrics,
+report) see every shard's executions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+
+from gyre.cli import main
+from gyre.journal import read_journal
+from gyre.rundir import execution_journals
+from gyre.runtime.runtime import ExecutionResult
+from gyre.runtime.shards import owner
+from gyre.training import StepRecord, TrainSummary
+
+CONFIG = """
+[trajectory]
+skip_zero_advantage = false
+
+[run]
+suite = "toy:8"
+steps = 2
+tasks_per_step = 2
+group_size = 2
+agent_max_calls = 2
+agent_max_tokens = 16
+
+[cells]
+count = 2
+capacity_executions = 2
+engine_overrides = ["engine.kv_cache_mem_gib=0.2"]
+num_threads = 1
+
+[trainer]
+heartbeat_s = 0.25
+
+[controller]
+heartbeat_s = 0.25
+
+[shards]
+count = 2
+report_s = 0.25
+"""
+
+
+def test_two_shards_run_a_training_run_each_execution_by_its_owner(tiny_model: Path, tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG)
+    run_dir = tmp_path / "run"
+    assert (
+        main(["train", str(config), "--model", str(tiny_model), "--run-dir", str(run_dir), "--no-live"]) == 0
+    )
+
+    summary = msgspec.json.decode((run_dir / "train.json").read_bytes(), type=TrainSummary)
+    assert summary.steps == 2 and summary.failed_executions == 0
+    journals = execution_journals(run_dir / "journal")
+    assert [p.relative_to(run_dir / "journal").as_posix() for p in journals] == [
+        "executions.jsonl", "shards/shard-0/executions.jsonl", "shards/shard-1/executions.jsonl"]  # fmt: skip
+    assert journals[0].read_bytes() == b""  # the driver journals only what a lost shard could not
+    ran: dict[str, ExecutionResult] = {}
+    for journal in journals[1:]:
+        shard = journal.parent.name
+        calls = {}
+        for line in (journal.parent / "calls.jsonl").read_text().splitlines():
+            calls[json.loads(line)["call_id"]] = json.loads(line)
+        for e in read_journal(journal, ExecutionResult):
+            assert e.execution_id not in ran  # journaled once
+            ran[e.execution_id] = e
+            assert owner(e.execution_id, ["shard-0", "shard-1"]) == shard
+            assert e.records and all(msgspec.to_builtins(r) == calls[r.call_id] for r in e.records)
+            assert e.verdict is not None and e.verdict.outcome == "scored"
+    steps = list(read_journal(run_dir / "metrics.jsonl", StepRecord))
+    assert len(ran) == 8 and sorted(x for s in steps for x in s.execution_ids) == sorted(ran)
+    assert all(s.trainer.version == s.step + 1 for s in steps)
+    joined = [json.loads(line) for line in (run_dir / "journal" / "shards.jsonl").read_text().splitlines()]
+    assert sorted((e["shard"], e["event"]) for e in joined) == [("shard-0", "joined"), ("shard-1", "joined")]
+    assert "Partial-score distribution per step" in (run_dir / "report.html").read_text()
