@@ -114,6 +114,11 @@ class _Supervisor:
         import ray
 
         node_ip = ray.util.get_node_ip_address()
+        model = [Path(argv[i + 1]) for i, a in enumerate(argv[:-1]) if a == "--model"]
+        for path in (Path(log).parent, *(Path(a) for a in argv if a.endswith(".toml")), *model):
+            if not path.exists():
+                raise FileNotFoundError(f"{path} is not on node {node_ip}: with --ray the run directory and the model "
+                                        "must be on storage every node shares, at the same path")  # fmt: skip
         if host_flag:  # the cell's engine and trainer listen on this node's address
             argv = [*argv, "--host", node_ip]
         env = {**os.environ, "GYRE_RAY_NODE": ray.get_runtime_context().get_node_id()}
@@ -149,7 +154,13 @@ class RayProcess:
     def _watch(self, started: Any, placed: Callable[[dict[str, str]], None]) -> None:
         try:
             self.where = self.ray.get(started)
-            placed(self.where)
+        except Exception as exc:  # it could not start there
+            log.error("%s could not start on its node: %s", self.name, str(exc).strip().splitlines()[-1])
+            self._code = -signal.SIGKILL
+            self._ended.set()
+            return
+        placed(self.where)
+        try:
             code = int(self.ray.get(self.actor.wait.remote()))
         except Exception as exc:  # the actor died (its node with it): like a process killed
             log.warning("%s: its Ray actor is gone (%s)", self.name, type(exc).__name__)
