@@ -259,7 +259,7 @@ async def train(
             injected = cluster.controller.link.counts() if cluster.controller.link.active else {}
             if loop.trainer.faults.active:
                 injected |= {f"submits_{k}": v for k, v in loop.trainer.faults.counts().items()}
-            if starts.active:
+            if starts.active and not cfg.shards.count:  # with shards they are tried there, not counted here
                 injected |= starts.counts()
         finally:
             await runtime.aclose()

@@ -345,8 +345,10 @@ class ShardHub:
             if shard is None or identity != shard.name.encode():
                 log.warning("a message from an unknown shard %r: dropped", message.shard)
                 continue
-            if shard.lost:
-                continue  # a lost shard stays lost: its executions already run elsewhere
+            if shard.lost:  # it stays lost (its executions run elsewhere): heard again, it is told to stop
+                with contextlib.suppress(zmq.ZMQError):
+                    await self._sock.send_multipart([identity, encoder.encode(ShardStop())])
+                continue
             shard.last_seen = time.monotonic()
             match message:
                 case ShardHello():
