@@ -2,10 +2,11 @@
 `ShardedPool` carries the controller's word on engines to every shard's router.
 
 A shard (`gyre.runtime.shard`) is a process with a runtime and a router of its own, on this machine or, placed by
-Ray (`gyre.control.placement`), on another. Shards share no state: an execution belongs to one shard, chosen by a
-rendezvous hash of its id among the live shards (a lost shard moves only its own executions), and journals there,
-under ``journal/shards/NAME/`` (readers merge every shard's journal: `gyre.rundir.execution_journals`). Each shard sends its
-counters in one report every ``shards.report_s``; the controller sees cells and shard totals, never sessions.
+Ray (`gyre.control.placement`), on another. Shards share no state: an execution (its router session) belongs to one
+shard, chosen by a rendezvous hash of its id among the live shards (a lost shard moves only its own executions), and
+journals there, under ``journal/shards/NAME/`` (readers merge every shard's journal:
+`gyre.rundir.execution_journals`). Each shard sends its counters in one report every ``shards.report_s``; the
+controller sees cells and shard totals, never sessions.
 
 A shard silent for ``shards.timeout_s`` (its process or machine died) is lost: each execution running there ends
 ``cancelled`` with a ``dropped`` verdict naming the loss, journaled by the driver (the shard could not), and runs
@@ -355,7 +356,7 @@ class ShardHub:
                     await self._welcome(shard, message)
                 case ShardReport():
                     if not shard.live and shard.hello is not None:
-                        self._joined(shard, shard.hello)  # its runtimes and router are up
+                        await self._joined(shard, shard.hello)  # its runtimes and router are up
                     shard.report = message
                     shard.moved_calls = max(shard.moved_calls, message.moved_calls)
                     self.pool.statistics()  # the engines' load, for the controller's choice of destination
@@ -373,7 +374,9 @@ class ShardHub:
             runtimes=self.runtimes, calls_dir=self.calls_dir, report_s=self.cfg.shards.report_s,
             engines=self.pool.replay()))])  # fmt: skip
 
-    def _joined(self, shard: _Shard, hello: ShardHello) -> None:
+    async def _joined(self, shard: _Shard, hello: ShardHello) -> None:
+        for op in self.pool.replay():  # what changed while it started (an op goes to live shards only)
+            await self._sock.send_multipart([shard.name.encode(), encoder.encode(op)])
         shard.live = True
         self._events.append(ShardEvent(at_s=time.time(), shard=shard.name, event="joined", pid=hello.pid,
                                        hostname=hello.hostname, node=hello.node))  # fmt: skip

@@ -47,12 +47,12 @@ heartbeat_s = 0.25
 
 [controller]
 heartbeat_s = 0.25
-cell_timeout_s = 3
+cell_timeout_s = 5
 
 [shards]
 count = 2
 report_s = 0.25
-timeout_s = 3
+timeout_s = 8
 
 [ray]
 cell_gpus = 0
