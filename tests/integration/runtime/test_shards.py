@@ -5,9 +5,13 @@ report) see every shard's executions."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from gyre.cli import main
 from gyre.journal import read_journal
@@ -78,3 +82,44 @@ def test_two_shards_run_a_training_run_each_execution_by_its_owner(tiny_model: P
     joined = [json.loads(line) for line in (run_dir / "journal" / "shards.jsonl").read_text().splitlines()]
     assert sorted((e["shard"], e["event"]) for e in joined) == [("shard-0", "joined"), ("shard-1", "joined")]
     assert "Partial-score distribution per step" in (run_dir / "report.html").read_text()
+
+
+@pytest.mark.slow(reason="a sharded gyre train killed outright and resumed")
+def test_a_killed_sharded_driver_takes_its_shards_along_and_resumes_from_their_journals(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG.replace("steps = 2", "steps = 3"))
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "gyre", "train", str(config), "--model", str(tiny_model), "--run-dir", str(run_dir),
+            "--no-live"]  # fmt: skip
+    driver = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text():
+        assert driver.poll() is None and time.monotonic() < deadline, "the run ended or stalled before a step"
+        time.sleep(0.1)
+    shards = [
+        json.loads(line)["pid"] for line in (run_dir / "journal" / "shards.jsonl").read_text().splitlines()
+    ]
+    driver.kill()
+    driver.wait()
+    for pid in shards:  # they die with the driver (and their sandboxes with them)
+        for _ in range(100):
+            if not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError(f"shard process {pid} outlived its driver")
+    finished = {
+        e.execution_id
+        for p in execution_journals(run_dir / "journal")
+        for e in read_journal(p, ExecutionResult)
+    }
+
+    assert main(["train", "--resume", str(run_dir), "--no-live"]) == 0
+    steps = list(read_journal(run_dir / "metrics.jsonl", StepRecord))
+    assert [s.step for s in steps] == [0, 1, 2]
+    ran = [e for p in execution_journals(run_dir / "journal") for e in read_journal(p, ExecutionResult)]
+    trained = [x for s in steps for x in s.execution_ids]
+    assert len(trained) == len(set(trained)) == 12  # each execution trained once, over both attempts
+    assert finished <= {e.execution_id for e in ran}  # nothing journaled before the kill was lost
