@@ -234,8 +234,9 @@ async def train(
                 async with asyncio.TaskGroup() as group:
                     watchers = [group.create_task(_record_timeline(loop, timeline))]
                     if live:
+                        shards = runtime.hub.statistics if isinstance(runtime, ShardedRuntime) else None
                         watchers.append(
-                            group.create_task(view.show(cluster.controller, books, records, started))
+                            group.create_task(view.show(cluster.controller, books, records, started, shards))
                         )
                     result = await loop.run()
                     for watcher in watchers:

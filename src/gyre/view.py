@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.live import Live
@@ -13,6 +14,11 @@ from rich.table import Table
 
 from gyre.control.books import Books
 from gyre.control.controller import Controller
+
+if TYPE_CHECKING:
+    from gyre.runtime.shards import ShardStatistics
+
+Shards = Callable[[], "ShardStatistics"]
 
 ROLE_STYLE = {
     "serving": "blue",
@@ -23,8 +29,11 @@ ROLE_STYLE = {
 }
 
 
-def render(controller: Controller, books: Books, records: list[Any], started: float) -> Group:
-    """One frame: the cells table and the run's figures."""
+def render(
+    controller: Controller, books: Books, records: list[Any], started: float, shards: Shards | None = None
+) -> Group:
+    """One frame: the cells table and the run's figures (``shards``: the runtime shards' statistics, when they run
+    the executions)."""
     cells = Table(title="cells", expand=False)
     for col in ("cell", "kind", "role", "version", "switches", "last switch s"):
         cells.add_column(col, justify="right")
@@ -47,14 +56,23 @@ def render(controller: Controller, books: Books, records: list[Any], started: fl
         ("tokens/s trained", f"{step.trainer.computed_tokens / max(step.trainer.seconds, 1e-9):,.0f}" if step else "-"),
         ("staleness", f"{step.trainer.staleness_mean:.2f} (max {step.trainer.staleness_max})" if step else "-"),
     ]  # fmt: skip
+    if shards is not None:
+        s = shards()
+        lost = f", lost: {', '.join(s.lost)}" if s.lost else ""
+        rows.append(("shards", f"{s.live} of {s.shards} live, {s.totals.running} running (as last reported), "
+                               f"{s.reruns} reruns{lost}"))  # fmt: skip
     for key, value in rows:
         run.add_row(key, value)
     return Group(cells, run)
 
 
-async def show(controller: Controller, books: Books, records: list[Any], started: float) -> None:
+async def show(
+    controller: Controller, books: Books, records: list[Any], started: float, shards: Shards | None = None
+) -> None:
     """Redraw every second until cancelled."""
-    with Live(render(controller, books, records, started), refresh_per_second=2, transient=False) as live:
+    with Live(
+        render(controller, books, records, started, shards), refresh_per_second=2, transient=False
+    ) as live:
         while True:
             await asyncio.sleep(1.0)
-            live.update(render(controller, books, records, started))
+            live.update(render(controller, books, records, started, shards))

@@ -28,3 +28,16 @@ def test_a_frame_shows_cells_water_level_and_step() -> None:
     assert "cell-0" in text and "training" in text and "serving" in text
     assert "5 executions in flight" in text and "6 dispatched, 1 finished of 12" in text
     assert "0 of 3 (weights v0)" in text
+
+
+def test_a_frame_shows_the_shards_when_they_run_the_executions() -> None:
+    from gyre.runtime.runtime import RuntimeStatistics
+    from gyre.runtime.shards import ShardStatistics
+
+    totals = RuntimeStatistics(dispatched=9, started=8, finished=3, water_level=6, running=5, by_status={})
+    stats = ShardStatistics(shards=3, live=2, totals=totals, lost=["shard-1"], reruns=2)
+    console = Console(record=True, width=160)
+    console.print(render(Controller(ControllerConfig(), EnginePool()), Books(4, 1, 3), [], time.monotonic(),
+                         lambda: stats))  # fmt: skip
+    text = console.export_text()
+    assert "2 of 3 live, 5 running (as last reported), 2 reruns, lost: shard-1" in text
