@@ -123,3 +123,46 @@ def test_a_killed_sharded_driver_takes_its_shards_along_and_resumes_from_their_j
     trained = [x for s in steps for x in s.execution_ids]
     assert len(trained) == len(set(trained)) == 12  # each execution trained once, over both attempts
     assert finished <= {e.execution_id for e in ran}  # nothing journaled before the kill was lost
+
+
+def test_a_lost_shards_execution_is_dropped_or_run_again_and_with_none_left_the_run_stops(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    import asyncio
+    import os
+    import signal
+
+    from gyre.config import GyreConfig, RouterConfig, ShardsConfig
+    from gyre.runtime.runtime import CommandAgentSpec, ExecutionSpec
+    from gyre.runtime.shard import RuntimeSpec
+    from gyre.runtime.shards import NoShardLeft, ShardHub
+    from gyre.tasks import resolve_suite
+
+    task = resolve_suite("toy:1")[0]
+    sleeper = ExecutionSpec(
+        task=task, agent=CommandAgentSpec(argv=["sleep", "60"]), execution_id="e000000.0/t/0"
+    )
+
+    async def lose(shards: int, reruns: int, run_dir: Path) -> object:
+        cfg = GyreConfig(router=RouterConfig(model_path=str(tiny_model)),
+                         shards=ShardsConfig(count=shards, report_s=0.2, timeout_s=5, reruns=reruns))  # fmt: skip
+        async with ShardHub(cfg, run_dir, {"run": RuntimeSpec(journal_dir=str(run_dir / "journal"))}) as hub:
+            running = asyncio.create_task(hub.run_one(sleeper))
+            await asyncio.sleep(1.5)  # sent, and in its sandbox by now
+            victim = next(s.name for s in hub.shards.values() if s.jobs)
+            os.kill(hub.procs[victim].pid, signal.SIGKILL)  # type: ignore[attr-defined]
+            try:
+                async with asyncio.timeout(30):
+                    return await running
+            except NoShardLeft as stopped:
+                return stopped
+
+    dropped = asyncio.run(lose(1, 0, tmp_path / "drop"))
+    assert isinstance(dropped, ExecutionResult) and dropped.status == "cancelled"
+    assert dropped.verdict is not None and dropped.verdict.outcome == "dropped" and not dropped.trainable
+    assert "shard shard-0 was lost (its process exited with code -9)" in dropped.verdict.detail
+    journaled = list(read_journal(tmp_path / "drop" / "journal" / "executions.jsonl", ExecutionResult))
+    assert [e.execution_id for e in journaled] == [sleeper.execution_id]  # by the driver: the shard could not
+
+    stopped = asyncio.run(lose(1, 1, tmp_path / "none-left"))
+    assert isinstance(stopped, NoShardLeft) and "no shard is left to run e000000.0/t/0~rerun1" in str(stopped)
