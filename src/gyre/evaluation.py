@@ -153,6 +153,9 @@ def run_eval(options: EvalOptions) -> EvalSummary:
 
 async def evaluate(options: EvalOptions) -> EvalSummary:
     """Run the evaluation in the current event loop and write the results."""
+    if (options.shards or options.ray is not None) and options.base_url:
+        raise ConfigError("--base-url (an outside model, no token-exact records) runs in this process: it cannot "
+                          "run on shards; give --shards/--ray an engine (--engine-url, or the embedded one)")  # fmt: skip
     tasks = resolve_suite(options.suite)
     if options.limit:
         tasks = tasks[: options.limit]

@@ -64,3 +64,15 @@ def test_ray_without_ray_installed_says_how_to_install_it(
     err = capsys.readouterr().err
     assert "--ray needs Ray, which is not installed" in err and "pip install 'gyre[ray]'" in err
     assert not (tmp_path / "run").exists()  # nothing started
+
+
+def test_an_outside_model_cannot_be_evaluated_on_shards(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["eval", "--suite", "toy:2", "--base-url", "http://model.invalid/v1", "--shards", "2", "--run-dir",
+            str(tmp_path / "eval")]  # fmt: skip
+    assert main(argv) == 2
+    assert (
+        "--base-url (an outside model, no token-exact records) runs in this process"
+        in capsys.readouterr().err
+    )
