@@ -225,7 +225,7 @@ async def _run_sharded(
                 hub.pool.add(engine_url, "engine-0", managed=False)
             return await _run_with_progress(ShardedRuntime(hub, "eval"), specs, options.progress)
     finally:
-        launcher.close()
+        await asyncio.to_thread(launcher.close)
 
 
 async def _preflight(verifier: Verifier, tasks: list[Task], progress: bool) -> dict[str, str]:

@@ -171,6 +171,7 @@ class Shard:
         self.router: Router | None = None
         self._decoder = msgspec.msgpack.Decoder(HubMessage)
         self._stopped = asyncio.Event()
+        self._jobs: set[asyncio.Task[None]] = set()  # executions running now
 
     async def serve(self) -> None:
         ctx = zmq.asyncio.Context()
@@ -189,9 +190,8 @@ class Shard:
                 await self._stopped.wait()
                 reporter.cancel()
                 receiver.cancel()
-                for task in asyncio.all_tasks():  # executions still running: cancelled, journaled as such
-                    if task.get_name().startswith("shard-job-"):
-                        task.cancel()
+                for job in self._jobs:  # executions still running: cancelled, journaled as such
+                    job.cancel()
         finally:
             for runtime in self.runtimes.values():
                 await runtime.aclose()
@@ -239,7 +239,9 @@ class Shard:
                 continue
             match message:
                 case ShardRun():
-                    self._tasks.create_task(self._run(message), name=f"shard-job-{message.job}")
+                    job = self._tasks.create_task(self._run(message))
+                    self._jobs.add(job)
+                    job.add_done_callback(self._jobs.discard)
                 case EngineOp(action="drain"):
                     self._tasks.create_task(self._drain(message))
                 case EngineOp():

@@ -497,6 +497,3 @@ class ShardedPool:
                               outstanding_tokens=outstanding, inflight_calls=0,
                               moved_calls=sum(s.moved_calls for s in self.hub.shards.values()), kv_handovers=0,
                               engine_failures=0)  # fmt: skip
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.engines)

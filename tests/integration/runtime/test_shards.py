@@ -148,7 +148,11 @@ def test_a_lost_shards_execution_is_dropped_or_run_again_and_with_none_left_the_
                          shards=ShardsConfig(count=shards, report_s=0.2, timeout_s=5, reruns=reruns))  # fmt: skip
         async with ShardHub(cfg, run_dir, {"run": RuntimeSpec(journal_dir=str(run_dir / "journal"))}) as hub:
             running = asyncio.create_task(hub.run_one(sleeper))
-            await asyncio.sleep(1.5)  # sent, and in its sandbox by now
+            for _ in range(600):  # until its shard reports it running (in its sandbox)
+                if hub.statistics().totals.running:
+                    break
+                await asyncio.sleep(0.05)
+            assert hub.statistics().totals.running == 1
             victim = next(s.name for s in hub.shards.values() if s.jobs)
             os.kill(hub.procs[victim].pid, signal.SIGKILL)  # type: ignore[attr-defined]
             try:
