@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
@@ -116,11 +117,14 @@ def _normalize_tool_call(where: str, call: Any) -> dict[str, Any]:
 
 
 class ParsedReply(msgspec.Struct):
-    """An assistant reply decoded from sampled ids: text, OpenAI tool calls, and the blocks that failed to parse."""
+    """An assistant reply decoded from sampled ids: text, OpenAI tool calls, and the blocks left in the text."""
 
-    content: str  # text outside well-formed tool-call blocks, stripped; malformed blocks stay in it
-    tool_calls: list[dict[str, Any]]  # OpenAI form; function.arguments is a JSON string
+    content: str  # text outside the blocks returned as tool calls, stripped; every other block stays in it
+    tool_calls: list[dict[str, Any]]  # OpenAI form; function.arguments is a JSON object's text
     malformed: list[str]  # raw text of each tool-call block that did not parse
+    unknown: list[str] = msgspec.field(
+        default_factory=list
+    )  # raw text of each call to a function not offered
 
     def message(self) -> dict[str, Any]:
         """The assistant message a client sends back when it continues the conversation."""
@@ -130,18 +134,33 @@ class ParsedReply(msgspec.Struct):
         return out
 
 
-_ARGUMENTS_MISSING = object()
+_MISSING = object()
 
 
-def parse_tool_calls(text: str) -> ParsedReply:
-    """Split decoded reply text into content and ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` calls.
+def offered_functions(tools: list[Any] | None) -> frozenset[str]:
+    """The function names a request's ``tools`` offer (``tools[i].function.name``); anything else is ignored."""
+    names: set[str] = set()
+    for tool in tools or []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if isinstance(name, str) and name:
+            names.add(name)
+    return frozenset(names)
 
-    A block that is unterminated (no closing tag before the next opening one or the end) or whose JSON does not
-    parse into a name and object or string arguments is listed in ``malformed`` and kept in ``content``.
+
+def parse_tool_calls(text: str, offered: Collection[str] | None = None) -> ParsedReply:
+    """Split decoded reply text into content and ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` calls.
+
+    The rules are SGLang's, except that nothing the model wrote is dropped: ``parameters`` is read as a synonym of
+    ``arguments`` (both given and different: malformed); arguments must be a JSON object, or a string holding one's
+    text (kept as written); a missing or null one is ``{}``. A block that is unterminated (no closing tag before the
+    next opening one or the end) or breaks these rules is listed in ``malformed``; a call to a function not in
+    ``offered`` (None: any name is accepted) in ``unknown``. Both stay in ``content`` exactly as written.
     """
     content: list[str] = []
     calls: list[dict[str, Any]] = []
     malformed: list[str] = []
+    unknown: list[str] = []
     pos = 0
     while (start := text.find(TOOL_CALL_OPEN, pos)) >= 0:
         content.append(text[pos:start])
@@ -159,27 +178,45 @@ def parse_tool_calls(text: str) -> ParsedReply:
         if call is None:
             malformed.append(text[start:end])
             content.append(text[start:end])
+        elif offered is not None and call["function"]["name"] not in offered:
+            unknown.append(text[start:end])
+            content.append(text[start:end])
         else:
             calls.append(call)
         pos = end
     content.append(text[pos:])
-    return ParsedReply(content="".join(content).strip(), tool_calls=calls, malformed=malformed)
+    return ParsedReply("".join(content).strip(), calls, malformed, unknown)
 
 
 def _parse_call(body: str) -> dict[str, Any] | None:
     """One tool call in OpenAI form from a block's JSON, or None if it is not a valid call."""
     try:
         obj = json.loads(body)
-    except ValueError:  # json.JSONDecodeError, and UnicodeError subclasses for lone surrogates
+    except (
+        ValueError,
+        RecursionError,
+    ):  # JSONDecodeError, UnicodeError for lone surrogates; nesting past ~1000
         return None
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
-    arguments = obj.get("arguments", _ARGUMENTS_MISSING)
-    if arguments is _ARGUMENTS_MISSING or arguments is None:
+    arguments, parameters = obj.get("arguments", _MISSING), obj.get("parameters", _MISSING)
+    if arguments is _MISSING:
+        arguments = parameters
+    elif parameters is not _MISSING and parameters != arguments:
+        return None  # two different argument sets: which one the model meant is not ours to guess
+    if arguments is _MISSING or arguments is None:
         arguments = "{}"
     elif isinstance(arguments, dict):
         arguments = json.dumps(arguments, ensure_ascii=False)
-    elif not isinstance(arguments, str):
+    elif not isinstance(arguments, str) or not _holds_object(arguments):
         return None
     call_id = "call_" + uuid.uuid4().hex[:24]
     return {"id": call_id, "type": "function", "function": {"name": obj["name"], "arguments": arguments}}
+
+
+def _holds_object(text: str) -> bool:
+    """Whether ``text`` is the JSON text of an object."""
+    try:
+        return isinstance(json.loads(text), dict)
+    except (ValueError, RecursionError):
+        return False
