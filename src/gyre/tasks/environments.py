@@ -249,8 +249,9 @@ def _run(argv: list[str], deadline: float, what: str) -> str:
     if done.returncode != 0:
         whole = done.stderr.strip() or done.stdout.strip()
         missing = missing_packages(whole)
-        named = f"the package registry has no {', '.join(missing)} as asked; " if missing else ""
-        raise EnvironmentFailed(f"{what} failed (exit {done.returncode}): {named}{whole[-_TAIL:]}")
+        named = f": the package registry has no {', '.join(missing)} as asked" if missing else ""
+        # the reason on the first line, the installer's own words below it
+        raise EnvironmentFailed(f"{what} failed (exit {done.returncode}){named}\n{whole[-_TAIL:]}")
     return done.stdout
 
 

@@ -52,8 +52,9 @@ MAX_EVENT_BYTES = 16 << 20  # more than this from one command is not a pytest ru
 CONFIG_FILES = ("pytest.ini", ".pytest.ini", "pytest.toml", "pyproject.toml", "tox.ini", "setup.cfg")
 # hidden files that configure the run rather than hold tests
 NOT_TESTS = frozenset({*CONFIG_FILES, "conftest.py", "setup.py", "MANIFEST.in", "requirements.txt"})
-EXIT_OK, EXIT_TESTS_FAILED, EXIT_INTERNAL_ERROR, EXIT_USAGE_ERROR = 0, 1, 3, 4
-REPEAT = "\n#"  # joins a node id reported again to its repeat number (never in a node id: ids are one line)  # pytest's exit statuses
+# pytest's exit statuses
+EXIT_OK, EXIT_TESTS_FAILED, EXIT_INTERNAL_ERROR, EXIT_USAGE_ERROR, EXIT_NO_TESTS = 0, 1, 3, 4, 5
+REPEAT = "\n#"  # joins a node id reported again to its repeat number (never in a node id: ids are one line)
 SIGNALLED = 128  # an exit status at or above this: the process was killed by a signal
 
 

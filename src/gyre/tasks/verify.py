@@ -108,6 +108,11 @@ class VerifierFailure(Exception):
     """The verifier could not produce a score (infrastructure, not the agent's work): retried, then dropped."""
 
 
+class UnfoundTests(VerifierFailure):
+    """A command's pytest cannot find the tests it names (a path its hidden test files do not include): every
+    workspace, a perfect one included, would score 0. Preflight refuses the task."""
+
+
 class DeterministicFailure(VerifierFailure):
     """The grader itself is broken for this task (pytest refused its command line): the same every time, so it is
     dropped at once, never retried."""
@@ -141,6 +146,7 @@ class Verifier:
         self._retries = 0
         self._expected: dict[str, list[str] | None] = {}  # task id -> the test ids of its clean collection
         self._collection_failed: dict[str, str] = {}  # task id -> why that collection failed
+        self._unfound: dict[str, str] = {}  # task id -> which test path its commands name that is not there
         self._collecting: dict[str, asyncio.Lock] = {}
 
     def statistics(self) -> VerifierStatistics:
@@ -174,9 +180,12 @@ class Verifier:
 
     async def preflight(self, task: Task) -> None:
         """Refuse (`TaskError`, with the reason) a task whose grading cannot be faithful, before anything runs: its
-        environment cannot be built, or its hidden tests import a module that neither its reference solution nor its
-        environment provides (a missing test dependency). Builds the environment and, with a reference solution,
-        runs the grader's clean collection over it (both once per task; verifications reuse them)."""
+        environment cannot be built, its test commands name a test path its hidden files do not include (pytest
+        would find no tests in any workspace), or its hidden tests import a module that neither its reference
+        solution nor its environment provides (a missing test dependency). Builds the environment and runs the
+        grader's collection (both once per task; verifications reuse them): a clean one over the reference
+        solution, or without one over the starting files (`_expected_ids`). The first line of a refusal is its
+        reason; what follows is the tools' own output."""
         self.check(task)
         python_env = await environments.ensure(task, self.sandbox_cfg)
         await self._expected_ids(task, python_env)
@@ -186,6 +195,8 @@ class Verifier:
 
     def _refusal(self, task: Task) -> str | None:
         """Why ``task``'s grading cannot be faithful, once its clean collection has run (None: it can)."""
+        if task.id in self._unfound:
+            return f"task {task.id} (test command): {self._unfound[task.id]}"
         failure = self._collection_failed.get(task.id)
         if failure is None:
             return None
@@ -258,26 +269,35 @@ class Verifier:
 
     async def _expected_ids(self, task: Task, python_env: PreparedEnvironment | None) -> list[str] | None:
         """The test ids pytest collects of the hidden tests over the task's reference solution, in a clean run under
-        the grader's control (once per task); None without a solution, or when that run fails."""
+        the grader's control (once per task); None without a solution, or when that run fails. Without a solution
+        the collection runs once over the starting files, only to find a command whose pytest cannot find the
+        tests it names (`_unfound_tests`)."""
         spec = task.verifier
-        if spec is None or not _pytest_graded(spec) or not task.solution_files:
+        if spec is None or not _pytest_graded(spec):
             return None
         async with self._collecting.setdefault(task.id, asyncio.Lock()):
             if task.id not in self._expected:
+                self._expected[task.id] = None
                 scratch = await asyncio.to_thread(
                     make_scratch, self.sandbox_cfg.workspace_root, "gyre-collect-"
                 )
+                solved = {**task.files, **task.solution_files}
                 try:
-                    solved = {**task.files, **task.solution_files}
                     await asyncio.to_thread(_write_tree, scratch / "solved", solved)
                     collected: list[str] = []
-                    await self._attempt(task, spec, scratch / "solved", python_env, collect=collected)
-                    self._expected[task.id] = collected or None
+                    await self._attempt(task, spec, scratch / "solved", python_env, collect=collected,
+                                        reference=bool(task.solution_files))  # fmt: skip
+                    self._expected[task.id] = (collected or None) if task.solution_files else None
+                except UnfoundTests as exc:
+                    self._unfound[task.id] = str(exc)
                 except Exception as exc:
-                    # without it, reported ids are checked against the hidden files and the plugin only
-                    log.warning("cannot collect the hidden tests of %s over its solution: %r", task.id, exc)
-                    self._expected[task.id] = None
-                    self._collection_failed[task.id] = str(exc)
+                    over = "its solution" if task.solution_files else "its starting files"
+                    log.log(logging.WARNING if task.solution_files else logging.INFO,
+                            "cannot collect the hidden tests of %s over %s: %r", task.id, over, exc)  # fmt: skip
+                    # without it, reported ids are checked against the hidden files and the plugin only; over the
+                    # starting files nothing else can be refused (the agent's work is missing)
+                    if task.solution_files:
+                        self._collection_failed[task.id] = str(exc)
                 finally:
                     await remove_tree(scratch)
         return self._expected[task.id]
@@ -291,11 +311,14 @@ class Verifier:
         *,
         expected: list[str] | None = None,
         collect: list[str] | None = None,
+        reference: bool = True,
         start_fails: bool = False,
     ) -> Verdict:
         """One run of the verifier. Under the pytest grader, reported test ids must be among ``expected`` (when
-        known); a ``collect`` list makes it a ``--collect-only`` run whose test ids go there (its verdict is moot);
-        ``start_fails``: its sandbox fails to start (an injected fault)."""
+        known); a ``collect`` list makes it a ``--collect-only`` run whose test ids go there (its verdict is moot),
+        `UnfoundTests` when a command's pytest cannot find its tests (``reference``: over the reference solution;
+        else over the starting files, where only the test paths the grader supplies count); ``start_fails``: its
+        sandbox fails to start (an injected fault)."""
         scratch = await asyncio.to_thread(_make_scratch, self.sandbox_cfg.workspace_root)
         channels: list[grading.Channel] = []
         try:
@@ -349,8 +372,12 @@ class Verifier:
                 timed_out = len(results) < len(spec.commands) or any(r.timed_out for r in results)
                 tail = (results[-1].stdout + results[-1].stderr)[-2000:] if results else ""
                 if collect is not None:
-                    report = _collection_report(results[-1].stdout + results[-1].stderr) if results else ""
-                    collect += _collected(channels, results, report, spec.commands)
+                    unfound = _unfound_tests(task, spec.commands, channels, results, reference)
+                    if unfound is not None:
+                        raise UnfoundTests(unfound)
+                    if reference:
+                        output = results[-1].stdout + results[-1].stderr if results else ""
+                        collect += _collected(channels, results, _collection_report(output), spec.commands)
                     return Verdict(outcome="unscored", detail="a collection")
                 if channels:
                     return _score_pytest(task, spec, channels, results, timed_out, tail, expected)
@@ -489,20 +516,66 @@ def _collected(
         raise VerifierFailure("the clean collection ran out of the verifier's time")
     graded = {c.index for c in channels}
     steps = [
-        f"`{command}` exited {r.exit_code}: {_last_lines(r.stdout + r.stderr)}"
+        (f"`{command}` exited {r.exit_code}", _last_lines(r.stdout + r.stderr))
         for i, (command, r) in enumerate(zip(commands, results, strict=False))
         if r.exit_code != 0 and i not in graded
     ]
-    before = f" (before it, {'; '.join(steps)})" if steps else ""
+    # what failed on the first line; the commands' own output below it
+    before = f" (before it, {'; '.join(s for s, _ in steps)})" if steps else ""
+    outputs = "".join(f"{step}: {last}\n" for step, last in steps)
     ids: list[str] = []
     for channel in channels:
         run = grading.read_events(bytes(channel.data), channel.key)
         if run.tampering or run.collect_errors or (run.started and run.exitstatus != grading.EXIT_OK):
             raise VerifierFailure(
-                f"the clean collection failed: {run.tampering or run.collect_errors}{before}; {tail}"
+                f"the clean collection failed: {run.tampering or run.collect_errors}{before}\n{outputs}{tail}"
             )
         ids += run.collected
     return ids
+
+
+_NOT_FOUND = re.compile(r"^ERROR: file or directory not found: (.+?)\s*$", re.MULTILINE)  # pytest's exit 4
+_TEST_MODULE = re.compile(r"^(test_.*|.*_test)\.py$")  # pytest's default python_files
+
+
+def _unfound_tests(
+    task: Task,
+    commands: Sequence[str],
+    channels: list[grading.Channel],
+    results: list[ExecResult],
+    reference: bool,
+) -> str | None:
+    """Why a command's pytest cannot find the tests it names, in one line (None: each finds them), from a
+    ``--collect-only`` run: pytest said a path it was given is not there (exit 4), or it collected nothing and
+    skipped nothing (exit 5). Over the reference solution any such path is the task's fault. Over the starting
+    files only a path the grader's own files must provide is: one under a directory the grader replaces with the
+    hidden tests, or a test module (`test_*.py`, `*_test.py`); one the agent's work may provide (its package, named
+    for doctests) is not."""
+    hidden_dirs = {PurePosixPath(p).parts[0] for p in task.hidden_files if len(PurePosixPath(p).parts) > 1}
+    for channel in channels:
+        if channel.index >= len(results):
+            continue
+        result, command = results[channel.index], commands[channel.index]
+        output = result.stdout + result.stderr
+        for path in _NOT_FOUND.findall(output):
+            where = PurePosixPath(path.split("::", 1)[0].removeprefix("./"))
+            # under a directory the grader wipes and fills with the hidden tests, only they can provide it
+            replaced = bool(where.parts) and where.parts[0] in hidden_dirs
+            if reference:
+                return (
+                    f"`{command}` names {path}, which neither its hidden test files nor its reference solution "
+                    f"include (pytest: file or directory not found, exit {result.exit_code}): the reference scores 0"
+                )
+            if replaced or _TEST_MODULE.match(where.name):
+                return (
+                    f"`{command}` names {path}, which its hidden test files do not include (pytest: file or "
+                    f"directory not found, exit {result.exit_code}): every workspace would score 0"
+                )
+        run = grading.read_events(bytes(channel.data), channel.key)
+        nothing = not run.collected and not run.collect_errors and not re.search(r"\bskipped\b", output)
+        if run.exitstatus == grading.EXIT_NO_TESTS and nothing:
+            return f"`{command}` collects no tests (pytest exit 5): every workspace would score 0"
+    return None
 
 
 _SECTION = re.compile(r"^={3,} ?(.*?) ?={3,}$", re.MULTILINE)
