@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import re
 import statistics
 import sys
 import time
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Annotated, Literal
 import msgspec
 
 from gyre.agents.builtin import BuiltinAgentConfig
-from gyre.config import RayConfig, RouterConfig, SandboxConfig
+from gyre.config import RayConfig, RouterConfig, SandboxConfig, ShardsConfig
 from gyre.errors import ConfigError, TaskError
 from gyre.router.core import Router
 from gyre.rundir import RunDir
@@ -94,6 +95,7 @@ class EvalOptions(msgspec.Struct, kw_only=True):
         None  # a Ray cluster's address (auto: this machine's) to place the shards on; None: here
     )
     placement: RayConfig = msgspec.field(default_factory=RayConfig)  # --config's [ray]: what each shard needs
+    shard_settings: ShardsConfig = msgspec.field(default_factory=ShardsConfig)  # --config's [shards]
 
 
 class ExecutionRow(msgspec.Struct, frozen=True, kw_only=True):
@@ -114,6 +116,13 @@ class ExecutionRow(msgspec.Struct, frozen=True, kw_only=True):
     detail: str = ""  # the verdict's detail (its last 1000 characters): why it was dropped, tampered or < 1
 
 
+class Refusal(msgspec.Struct, frozen=True, kw_only=True):
+    """A task preflight refused (`Verifier.preflight`): never run, and why."""
+
+    reason: str  # the refusal's first line (what is wrong), whitespace collapsed and cut short
+    log: str  # the refusal whole, the tools' own output included: a file, relative to the run directory
+
+
 class EvalSummary(msgspec.Struct, frozen=True, kw_only=True):
     """The whole evaluation."""
 
@@ -131,12 +140,13 @@ class EvalSummary(msgspec.Struct, frozen=True, kw_only=True):
     mean_calls: float
     mean_tokens: float  # prompt (new input) + completion tokens per execution
     wall_s: float
-    unsupported: dict[str, str]  # task id -> why it was not run
+    unsupported: dict[str, str]  # task id -> why this host cannot run or score it (never run)
     rows: list[ExecutionRow]
     tampered: int = 0  # executions the verifier caught tampering with the grader (scored 0; also in outcomes)
     counted: int = 0  # executions the mean and pass rate are over (scored, placeholder, tampered)
     dropped: int = 0  # executions left out of them: the verifier failed, or the host failed them
     problems: list[str] = msgspec.field(default_factory=list)  # why the figures are not clean; one line each
+    refused: dict[str, Refusal] = msgspec.field(default_factory=dict)  # task id -> why preflight refused it
 
     @property
     def ok(self) -> bool:
@@ -171,7 +181,7 @@ async def evaluate(options: EvalOptions) -> EvalSummary:
     results: list[ExecutionResult] = []
     verifier = Verifier(options.sandbox, retries=options.verifier_retries)
     refused = await _preflight(verifier, runnable, options.progress)  # environments, faithful grading
-    unsupported |= refused
+    refusals = _log_refusals(rd, refused)
     runnable = [t for t in runnable if t.id not in refused]
     specs = [
         ExecutionSpec(task=t, group_index=g, agent=_for_task(agent, t, options))
@@ -193,7 +203,7 @@ async def evaluate(options: EvalOptions) -> EvalSummary:
             finally:
                 await runtime.aclose()
                 await router.aclose()
-    summary = summarize(options, tasks, results, unsupported, time.monotonic() - start, model_name)
+    summary = summarize(options, tasks, results, unsupported, time.monotonic() - start, model_name, refusals)
     write_results(run_dir, summary)
     return summary
 
@@ -203,7 +213,7 @@ async def _run_sharded(
 ) -> list[ExecutionResult]:
     """The executions on ``options.shards`` runtime shards (at least one), on this machine or placed by Ray; each
     journals its own under ``journal/shards/NAME/`` and calls the one engine."""
-    from gyre.config import GyreConfig, ShardsConfig
+    from gyre.config import GyreConfig
     from gyre.control.placement import Launcher, LocalLauncher, RayLauncher, ray_config
     from gyre.runtime.shard import RuntimeSpec
     from gyre.runtime.shards import ShardedRuntime, ShardHub
@@ -211,7 +221,8 @@ async def _run_sharded(
     rd = RunDir(options.run_dir)
     count = max(options.shards, 1)
     cfg = GyreConfig(router=RouterConfig(model_path=options.model_path, model_name=options.model_name),
-                     sandbox=options.sandbox, shards=ShardsConfig(count=count), ray=options.placement)  # fmt: skip
+                     sandbox=options.sandbox, shards=msgspec.structs.replace(options.shard_settings, count=count),
+                     ray=options.placement)  # fmt: skip
     launcher: Launcher = LocalLauncher()
     if options.ray is not None:
         cfg = ray_config(cfg)
@@ -244,6 +255,26 @@ async def _preflight(verifier: Verifier, tasks: list[Task], progress: bool) -> d
                 refused[task.id] = str(exc)
             bar.advance(job)
     return refused
+
+
+REFUSAL_CHARS = 300  # of a refusal's reason in the results; the whole refusal is in its log
+
+
+def _log_refusals(rd: RunDir, refused: dict[str, str]) -> dict[str, Refusal]:
+    """Write each refusal whole to ``logs/refused/<task>.log`` (the tools' output lives there, never in the
+    results); task id -> its one-line reason and that log."""
+    found: dict[str, Refusal] = {}
+    for task_id, why in refused.items():
+        name = re.sub(r"[^\w.-]", "_", task_id) or "_"
+        log = rd.logs / "refused" / f"{name}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(why if why.endswith("\n") else why + "\n")
+        lines = why.strip().splitlines()
+        reason = " ".join(lines[0].split()) if lines else "no reason given"
+        if len(reason) > REFUSAL_CHARS:
+            reason = reason[: REFUSAL_CHARS - 3] + "..."
+        found[task_id] = Refusal(reason=reason, log=str(log.relative_to(rd.root)))
+    return found
 
 
 def _why_not(task: Task, options: EvalOptions) -> str:
@@ -419,8 +450,9 @@ def summarize(
     unsupported: dict[str, str],
     wall_s: float,
     model: str,
+    refused: dict[str, Refusal] | None = None,
 ) -> EvalSummary:
-    """The summary of finished executions."""
+    """The summary of finished executions; ``unsupported`` and ``refused`` name the tasks that never ran."""
     rows = [_row(r) for r in results]
     counted = [r for r in rows if r.outcome in TRAINABLE_OUTCOMES]
     distribution = Counter(_bin(r.score) for r in counted)
@@ -441,6 +473,7 @@ def summarize(
         wall_s=wall_s,
         tampered=sum(r.outcome == "tampered" for r in rows),
         unsupported=unsupported,
+        refused=refused or {},
         rows=rows,
         counted=len(counted),
         dropped=sum(r.outcome == "dropped" for r in rows),
@@ -450,12 +483,17 @@ def summarize(
             oracle=options.agent == "oracle" and not options.expert,
             group_size=options.group_size,
             not_run=unsupported,
+            refused=refused,
         ),
     )
 
 
 def _problems(
-    rows: list[ExecutionRow], oracle: bool, group_size: int = 1, not_run: dict[str, str] | None = None
+    rows: list[ExecutionRow],
+    oracle: bool,
+    group_size: int = 1,
+    not_run: dict[str, str] | None = None,
+    refused: dict[str, Refusal] | None = None,
 ) -> list[str]:
     """What makes these figures untrustworthy as they stand, one line each: every task that did not run (refused or
     unsupported here: the figures are not over the suite), every dropped execution and, when the agent is the
@@ -465,6 +503,8 @@ def _problems(
         found.append("nothing ran: no task of the suite could run on this host")
     for task_id, why in sorted((not_run or {}).items()):
         found.append(f"{task_id}: not run: {_brief(why)}")
+    for task_id, refusal in sorted((refused or {}).items()):
+        found.append(f"{task_id}: refused: {refusal.reason} (log: {refusal.log})")
     for r in rows:
         name = r.task_id if group_size == 1 else f"{r.task_id} (execution {r.group_index})"
         if r.outcome == "dropped":
@@ -614,12 +654,12 @@ def markdown(s: EvalSummary) -> str:
             f"| {r.task_id} | {r.group_index} | {r.status} | {r.outcome} | {r.score:.3f} | {tests} | {r.calls} | "
             f"{r.prompt_tokens + r.completion_tokens:,} | {r.wall_s:.1f} |"
         )
+    if s.refused:  # one line each: the tools' output is in the log it names
+        lines += ["", "## Refused at preflight", ""]
+        lines += [f"- {k}: {r.reason} (log: [{r.log}]({r.log}))" for k, r in sorted(s.refused.items())]
     if s.unsupported:
-        lines += [
-            "",
-            "Not run (unsupported on this host):",
-            *[f"- {k}: {v}" for k, v in s.unsupported.items()],
-        ]
+        lines += ["", "## Not run (unsupported on this host)", ""]
+        lines += [f"- {k}: {_brief(v)}" for k, v in sorted(s.unsupported.items())]
     return "\n".join(lines) + "\n"
 
 
@@ -677,8 +717,10 @@ def print_summary(s: EvalSummary, run_dir: str) -> None:
     console = Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH)
     console.print(table)
     console.print(Text(headline(s), style="bold"))
-    if s.unsupported:
-        console.print(f"{len(s.unsupported)} task(s) not run (refused, or unsupported here): see results.md")
+    if s.unsupported or s.refused:
+        logs = f"; each refusal whole in {run_dir}/logs/refused/" if s.refused else ""
+        console.print(f"{len(s.unsupported) + len(s.refused)} task(s) not run (refused, or unsupported here): "
+                      f"see results.md{logs}")  # fmt: skip
     if s.tampered and s.agent != "oracle":  # the oracle's are among the problems
         console.print(Text(f"{s.tampered} execution(s) tampered with the grader (scored 0): see results.md",
                            style="bold yellow"))  # fmt: skip

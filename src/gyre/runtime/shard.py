@@ -3,10 +3,19 @@ router for its own sessions, driven by the driver's shard hub (`gyre.runtime.sha
 
 The shard says `ShardHello` until the hub answers `ShardWelcome` (its runtimes, its journal directories and the
 engines the controller routes to now); then it runs each `ShardRun` it is sent and answers its `ShardResult` (the
-result as its own runtime journaled it: one journal per shard), applies each `EngineOp` to its router's pool and
+result, which it journals once the hub takes it: one journal per shard), applies each `EngineOp` to its router's pool and
 acknowledges it, and every ``report_s`` sends a `ShardReport`: its counters and its pool's load, in one message
 (what the controller sees of it; its silence is its loss). Tokens never leave the shard but in the records of a
 finished execution; the engines it calls are the cells' own, reached over HTTP like the driver's router reaches them.
+
+The hub decides how each execution ends, the shard writes it down: a result is journaled only once the hub answers
+it `ShardJournal` (it took the result: the shard was live when it arrived), held until then. A hub that lost the
+shard (silent for ``shards.timeout_s``) has journaled its running executions ``dropped`` itself; it answers anything
+the shard says later with ``ShardStop(lost=True)``, which the shard obeys by dropping what it holds and what its
+cancelled executions would journal, so a cut-off execution never ends twice, and never scored. The answers travel in
+order on the one connection: a result the hub took is journaled before the stop that follows it is read. A shard
+stopped at the end of the run (``lost=False``) journals everything, its cancelled executions included. The one gap:
+a shard killed between the hub taking a result and writing it down (one local write) leaves it in no journal.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import zmq.asyncio
 from gyre.config import GyreConfig
 from gyre.control.chaos import FaultyStarts
 from gyre.errors import TaskError
+from gyre.journal import Journal
 from gyre.router.core import Router
 from gyre.router.pool import EnginePool
 from gyre.runtime.runtime import AgentSpec, ExecutionResult, ExecutionSpec, Runtime
@@ -149,17 +159,57 @@ class ShardRun(msgspec.Struct, tag="shard_run", kw_only=True):
 _FILE_FIELDS = ("files", "hidden_files", "solution_files")
 
 
+class ShardJournal(msgspec.Struct, tag="shard_journal", kw_only=True):
+    """The hub took job ``job``'s result: the shard journals it (until then it holds it)."""
+
+    job: int
+
+
 class ShardStop(msgspec.Struct, tag="shard_stop", kw_only=True):
-    pass
+    """Stop: the run ends (journal every result), or the hub lost the shard (``lost``: journal nothing more, the
+    hub journaled its executions dropped)."""
+
+    lost: bool = False
 
 
-HubMessage = ShardWelcome | ShardRun | EngineOp | ShardStop
+HubMessage = ShardWelcome | ShardRun | EngineOp | ShardJournal | ShardStop
 encoder = msgspec.msgpack.Encoder()
 
 
 def shard_dir(base: str | Path, name: str) -> Path:
     """Where shard ``name`` journals what belongs under ``base``."""
     return Path(base) / "shards" / name
+
+
+class HeldJournal(Journal):
+    """A shard runtime's journal: it holds each result until the hub takes it (`release`), or until the shard stops
+    (`settle`): a normal stop writes what it holds and everything after, a lost shard's writes nothing more."""
+
+    def __init__(self, directory: str | Path) -> None:
+        super().__init__(directory, "executions.jsonl")
+        self.held: dict[str, ExecutionResult] = {}  # execution id -> result: sent, not yet taken
+        self.mode: Literal["hold", "write", "drop"] = "hold"
+
+    def append(self, item: object) -> None:
+        """Hold a result (``hold``), write it (``write``) or forget it (``drop``: the hub cut it off)."""
+        if self.mode == "write":
+            super().append(item)
+        elif self.mode == "hold":
+            assert isinstance(item, ExecutionResult)
+            self.held[item.execution_id] = item
+
+    def release(self, execution_id: str) -> None:
+        """The hub took this result: journal it."""
+        if (result := self.held.pop(execution_id, None)) is not None:
+            super().append(result)
+
+    def settle(self, lost: bool) -> None:
+        """The shard stops: write what it holds and all that follows, or (``lost``) none of it."""
+        self.mode = "drop" if lost else "write"
+        for result in self.held.values():
+            if not lost:
+                super().append(result)
+        self.held.clear()
 
 
 class Shard:
@@ -171,7 +221,10 @@ class Shard:
         self.router: Router | None = None
         self._decoder = msgspec.msgpack.Decoder(HubMessage)
         self._stopped = asyncio.Event()
+        self._lost = False  # the hub lost it: its executions were cut off, none is journaled here any more
         self._jobs: set[asyncio.Task[None]] = set()  # executions running now
+        self._journals: dict[str, HeldJournal] = {}  # runtime -> its journal
+        self._sent: dict[int, tuple[str, str]] = {}  # job -> (runtime, execution id): awaits the hub
 
     async def serve(self) -> None:
         ctx = zmq.asyncio.Context()
@@ -190,7 +243,9 @@ class Shard:
                 await self._stopped.wait()
                 reporter.cancel()
                 receiver.cancel()
-                for job in self._jobs:  # executions still running: cancelled, journaled as such
+                for journal in self._journals.values():
+                    journal.settle(self._lost)
+                for job in self._jobs:  # executions still running: cancelled, journaled as such (unless lost)
                     job.cancel()
         finally:
             for runtime in self.runtimes.values():
@@ -218,8 +273,11 @@ class Shard:
         for key, spec in welcome.runtimes.items():
             fault = starts.fails if spec.chaos_starts and starts.active else None
             verifier = Verifier(self.cfg.sandbox, retries=spec.verifier_retries, start_fault=fault)
-            self.runtimes[key] = Runtime(self.router, self.cfg.sandbox, str(shard_dir(spec.journal_dir, self.name)),
-                                         max_concurrency=spec.max_concurrency, verifier=verifier)  # fmt: skip
+            runtime = Runtime(
+                self.router, self.cfg.sandbox, max_concurrency=spec.max_concurrency, verifier=verifier
+            )
+            runtime.journal = self._journals[key] = HeldJournal(shard_dir(spec.journal_dir, self.name))
+            self.runtimes[key] = runtime
         for op in welcome.engines:
             self._apply_now(op)
         log.info(
@@ -246,7 +304,15 @@ class Shard:
                     self._tasks.create_task(self._drain(message))
                 case EngineOp():
                     await self._ack(message.op, self._apply_now(message))
-                case ShardStop():
+                case ShardJournal(job=job):
+                    if (sent := self._sent.pop(job, None)) is not None:
+                        self._journals[sent[0]].release(sent[1])
+                case ShardStop(lost=lost):
+                    if lost and not self._lost:
+                        log.warning(
+                            "shard %s: the hub lost it and ran its executions elsewhere: stopping", self.name
+                        )
+                    self._lost = self._lost or lost
                     self._stopped.set()
                 case ShardWelcome():
                     pass  # a repeated welcome (the hub answered a repeated hello)
@@ -302,6 +368,8 @@ class Shard:
         except Exception as exc:  # the runtime's own bug: the driver sees it as a failed execution
             log.exception("execution %s raised", message.execution_id)
             answer = ShardResult(shard=self.name, job=message.job, error=f"{type(exc).__name__}: {exc}")
+        if answer.result is not None:  # held in its journal until the hub takes it
+            self._sent[message.job] = (message.runtime, answer.result.execution_id)
         await self._sock.send(encoder.encode(answer))
 
     async def _report(self, every_s: float) -> None:

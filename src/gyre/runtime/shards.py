@@ -8,10 +8,18 @@ journals there, under ``journal/shards/NAME/`` (readers merge every shard's jour
 `gyre.rundir.execution_journals`). Each shard sends its counters in one report every ``shards.report_s``; the
 controller sees cells and shard totals, never sessions.
 
-A shard silent for ``shards.timeout_s`` (its process or machine died) is lost: each execution running there ends
-``cancelled`` with a ``dropped`` verdict naming the loss, journaled by the driver (the shard could not), and runs
-again from the start on a live shard under a new id (``ID~rerun1``) up to ``shards.reruns`` times, in the same
-step: nothing that finished is lost, nothing that was cut off is scored.
+A shard silent for ``shards.timeout_s`` (its process or machine died, or froze) is lost for the rest of the run: each
+execution running there ends ``cancelled`` with a ``dropped`` verdict naming the loss, journaled by the driver (the
+shard could not), and runs again from the start on a live shard under a new id (``ID~rerun1``) up to
+``shards.reruns`` times, in the same step: nothing that finished is lost, nothing that was cut off is scored.
+
+Every execution id ends exactly once across the driver's journal and the shards': the hub is the one that decides.
+A shard journals a result only when the hub answers it `ShardJournal`, which the hub does for a result that arrives
+while the shard is live, taking it at that moment (it is then no longer the shard's to cut off). Once lost, a shard is
+told `ShardStop(lost=True)` at once and again whenever it is heard (a frozen process or machine that comes back):
+nothing it says is taken, scored or journaled here, and it journals none of what it held or ran (`Shard`). It is
+not welcomed back; if it has not ended ``STOP_S`` after it was lost, its process (or Ray actor) is killed.
+`statistics` leaves a lost shard's last report out and names it under ``lost``.
 """
 
 from __future__ import annotations
@@ -44,6 +52,7 @@ from gyre.runtime.shard import (
     RuntimeSpec,
     ShardAck,
     ShardHello,
+    ShardJournal,
     ShardMessage,
     ShardReport,
     ShardResult,
@@ -99,7 +108,8 @@ class _Shard:
     name: str
     hello: ShardHello | None = None
     live: bool = False  # welcomed and reporting: it runs executions
-    lost: bool = False  # for the rest of the run
+    lost: bool = False  # for the rest of the run: never live again, every word it says answered with a stop
+    lost_at: float = 0.0  # monotonic; its process is killed if it has not ended STOP_S later
     last_seen: float = field(default_factory=time.monotonic)
     report: ShardReport | None = None
     jobs: dict[int, asyncio.Future[ShardResult]] = field(default_factory=dict)
@@ -295,8 +305,9 @@ class ShardHub:
         return answer.result
 
     def statistics(self) -> ShardStatistics:
-        """Every shard's last report, summed."""
-        reports = [s.report for s in self.shards.values() if s.report is not None]
+        """Every shard's last report, summed; a lost shard's left out (what it ran, the driver journaled or ran
+        again)."""
+        reports = [s.report for s in self.shards.values() if s.report is not None and not s.lost]
 
         def total(name: str) -> int:
             return sum(getattr(r, name) for r in reports)
@@ -346,9 +357,11 @@ class ShardHub:
             if shard is None or identity != shard.name.encode():
                 log.warning("a message from an unknown shard %r: dropped", message.shard)
                 continue
-            if shard.lost:  # it stays lost (its executions run elsewhere): heard again, it is told to stop
+            if (
+                shard.lost
+            ):  # it stays lost (its executions ended here): heard again, told to stop, nothing taken
                 with contextlib.suppress(zmq.ZMQError):
-                    await self._sock.send_multipart([identity, encoder.encode(ShardStop())])
+                    await self._sock.send_multipart([identity, encoder.encode(ShardStop(lost=True))])
                 continue
             shard.last_seen = time.monotonic()
             match message:
@@ -361,8 +374,11 @@ class ShardHub:
                     shard.moved_calls = max(shard.moved_calls, message.moved_calls)
                     self.pool.statistics()  # the engines' load, for the controller's choice of destination
                 case ShardResult(job=job):
-                    if (future := shard.jobs.get(job)) is not None and not future.done():
+                    # taken (no await since the shard was found live): no longer the loss's to cut off
+                    if (future := shard.jobs.pop(job, None)) is not None and not future.done():
                         future.set_result(message)
+                    if message.result is not None:  # the shard journals it now
+                        await self._sock.send_multipart([identity, encoder.encode(ShardJournal(job=job))])
                 case ShardAck(op=op):
                     shard.moved_calls = max(shard.moved_calls, message.moved_calls)
                     if (waiting := shard.acks.pop(op, None)) is not None and not waiting.done():
@@ -392,20 +408,28 @@ class ShardHub:
             stalled = clock.stalled()  # the driver stood still that long: nobody could be heard
             now = time.monotonic()
             for shard in self.shards.values():
-                if not shard.live or self._stopping:
+                if self._stopping:
+                    continue
+                proc = self.procs.get(shard.name)
+                if shard.lost:
+                    if proc is not None and now - shard.lost_at > STOP_S and proc.poll() is None:
+                        log.warning("lost shard %s did not stop within %g s: killed", shard.name, STOP_S)
+                        proc.kill()
+                        shard.lost_at = float("inf")  # killed once
+                    continue
+                if not shard.live:
                     continue
                 shard.last_seen = credit(shard.last_seen, stalled)
-                proc = self.procs.get(shard.name)
                 if proc is not None and proc.poll() is not None:
-                    self._lose(shard, f"its process exited with code {proc.returncode}")
+                    await self._lose(shard, f"its process exited with code {proc.returncode}")
                 elif now - shard.last_seen > cfg.timeout_s:
-                    self._lose(shard, f"silent for {now - shard.last_seen:.1f} s")
+                    await self._lose(shard, f"silent for {now - shard.last_seen:.1f} s")
 
-    def _lose(self, shard: _Shard, reason: str) -> None:
+    async def _lose(self, shard: _Shard, reason: str) -> None:
         log.warning(
             "shard %s is lost (%s): %d executions run again elsewhere", shard.name, reason, len(shard.jobs)
         )
-        shard.live = False
+        shard.live, shard.lost, shard.lost_at = False, True, time.monotonic()
         self._events.append(ShardEvent(at_s=time.time(), shard=shard.name, event="lost", reason=reason,
                                        running=len(shard.jobs), node=shard.hello.node if shard.hello else ""))  # fmt: skip
         for future in shard.jobs.values():
@@ -415,6 +439,8 @@ class ShardHub:
             if not waiting.done():
                 waiting.set_result(ShardAck(shard=shard.name, op=0, error="lost"))
         self._notify()
+        with contextlib.suppress(zmq.ZMQError):  # queued for a frozen one: it reads it when it comes back
+            await self._sock.send_multipart([shard.name.encode(), encoder.encode(ShardStop(lost=True))])
 
 
 def _lost(spec: ExecutionSpec, reason: str, dispatched: float, again: str) -> ExecutionResult:
@@ -489,6 +515,8 @@ class ShardedPool:
         """The shards' pools in sum (moved calls as last reported or acknowledged)."""
         outstanding: dict[str, int] = {}
         for shard in self.hub.shards.values():
+            if shard.lost:  # its calls are no one's now
+                continue
             for engine, tokens in (shard.report.outstanding_tokens if shard.report else {}).items():
                 outstanding[engine] = outstanding.get(engine, 0) + tokens
         for name, view in self.engines.items():

@@ -1,10 +1,11 @@
 """`gyre train --ray` on a local multi-node Ray cluster (Ray's own cluster utilities: a head and four nodes on this
 machine, two for shards, two for cells, told apart by custom resources): two shards and two cells placed by Ray train
 like the same run on one machine; killing a shard's node drops (never scores) what ran there and runs it again; killing
-a cell's node is today's cell death."""
+a cell's node is today's cell death; a shard frozen and thawed stays lost."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
 import subprocess
@@ -17,6 +18,8 @@ from typing import Any
 import msgspec
 import pytest
 
+from frozen_shards import assert_each_execution_ended_once, freeze_and_thaw
+from gyre.config import GyreConfig, RayConfig, RouterConfig, ShardsConfig
 from gyre.journal import read_journal
 from gyre.rundir import execution_journals
 from gyre.runtime.runtime import ExecutionResult
@@ -260,3 +263,24 @@ def test_gyre_eval_places_its_shards_with_ray(cluster: Any, tiny_model: Path, tm
     assert len(ran) == 4 and all(e.verdict is not None and e.verdict.outcome == "scored" for e in ran)
     assert all(e.records for e in ran)  # every execution called the engine the driver serves, from its node
     assert all(list((run_dir / "journal" / "shards" / s).glob("executions.jsonl")) for s in placed)
+
+
+@pytest.mark.parametrize("reruns", [1, 0])
+def test_a_shard_frozen_under_ray_and_thawed_stays_lost(
+    cluster: Any, tiny_model: Path, tmp_path: Path, reruns: int
+) -> None:
+    from gyre.control.placement import RayLauncher, ray_config
+
+    placement = RayConfig(shard_resources={"shard_node": 1}, shard_strategy="STRICT_SPREAD")
+    cfg = ray_config(GyreConfig(router=RouterConfig(model_path=str(tiny_model)), ray=placement,
+                                shards=ShardsConfig(count=2, report_s=0.2, timeout_s=2, reruns=reruns)))  # fmt: skip
+    run_dir = tmp_path / "run"
+    launcher = RayLauncher(cfg, cluster.address, run_dir / "journal", cells=0)
+    try:
+        thawed = asyncio.run(freeze_and_thaw(cfg, run_dir, launcher))
+    finally:
+        launcher.close()
+        launcher.ray.shutdown()  # this process joined the cluster: leave it before the cluster goes
+    placed = {p["process"]: p["node"] for p in jsonl(run_dir / "journal" / "placement.jsonl")}
+    assert len(set(placed.values())) == 2  # each shard on a node of its own
+    assert_each_execution_ended_once(run_dir, thawed, reruns)

@@ -1,9 +1,11 @@
 """`gyre train` with two runtime shards on this machine: each execution runs, and is journaled once, by the shard
 that owns its session; its records are that shard's router's calls, token for token; the run's readers (metrics,
-report) see every shard's executions."""
+report) see every shard's executions. A shard lost (killed, or frozen and thawed) stays lost: what ran there ends
+once, dropped by the driver or run again, never scored by the shard; `gyre eval` takes the whole [shards] table."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -13,7 +15,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from frozen_shards import assert_each_execution_ended_once, freeze_and_thaw
 from gyre.cli import main
+from gyre.config import GyreConfig, RouterConfig, ShardsConfig, load_config
 from gyre.journal import read_journal
 from gyre.rundir import execution_journals
 from gyre.runtime.runtime import ExecutionResult
@@ -170,3 +174,29 @@ def test_a_lost_shards_execution_is_dropped_or_run_again_and_with_none_left_the_
 
     stopped = asyncio.run(lose(1, 1, tmp_path / "none-left"))
     assert isinstance(stopped, NoShardLeft) and "no shard is left to run e000000.0/t/0~rerun1" in str(stopped)
+
+
+@pytest.mark.slow(reason="two shard processes, one frozen past shards.timeout_s and thawed")
+@pytest.mark.parametrize("reruns", [1, 0])
+def test_a_frozen_shard_that_comes_back_stays_lost(tiny_model: Path, tmp_path: Path, reruns: int) -> None:
+    cfg = GyreConfig(router=RouterConfig(model_path=str(tiny_model)),
+                     shards=ShardsConfig(count=2, report_s=0.2, timeout_s=2, reruns=reruns))  # fmt: skip
+    thawed = asyncio.run(freeze_and_thaw(cfg, tmp_path / "run"))
+    assert_each_execution_ended_once(tmp_path / "run", thawed, reruns)
+
+
+@pytest.mark.slow(reason="gyre eval on two shard processes")
+def test_gyre_eval_takes_the_whole_shards_table(tiny_model: Path, tmp_path: Path) -> None:
+    config = tmp_path / "eval.toml"
+    config.write_text("[shards]\ncount = 2\nreport_s = 0.3\ntimeout_s = 7\nreruns = 0\n")
+    run_dir = tmp_path / "eval"
+    argv = ["eval", "--suite", "toy:2", "--agent", "oracle", "--model-path", str(tiny_model), "--run-dir",
+            str(run_dir), "--config", str(config), "--no-progress"]  # fmt: skip
+    assert main(argv) == 0
+
+    shards = load_config(run_dir / "shards.toml").shards  # what the shards were given
+    assert shards == ShardsConfig(count=2, report_s=0.3, timeout_s=7, reruns=0)
+    ran = [e for p in execution_journals(run_dir / "journal") for e in read_journal(p, ExecutionResult)]
+    by_shard = [p.parent.name for p in execution_journals(run_dir / "journal")[1:]]
+    assert by_shard == ["shard-0", "shard-1"]
+    assert len(ran) == 2 and all(e.verdict is not None and e.verdict.outcome == "scored" for e in ran)
