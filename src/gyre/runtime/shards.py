@@ -357,9 +357,8 @@ class ShardHub:
             if shard is None or identity != shard.name.encode():
                 log.warning("a message from an unknown shard %r: dropped", message.shard)
                 continue
-            if (
-                shard.lost
-            ):  # it stays lost (its executions ended here): heard again, told to stop, nothing taken
+            # it stays lost (its executions ended here): heard again, it is told to stop and nothing is taken
+            if shard.lost:
                 with contextlib.suppress(zmq.ZMQError):
                     await self._sock.send_multipart([identity, encoder.encode(ShardStop(lost=True))])
                 continue
