@@ -16,6 +16,14 @@ core never waits for a collective of the whole membership. Engines get a two-ran
 thread per member (a weight send after ``Refresh``, a gradient receive after ``GradientReady``), in the order the
 member announced them on the ZeroMQ channel, so both ends always issue the same collective next.
 
+Transfers never hold the coordinator: a weight send to a member reads the weights without a lock, and the update
+waits, in the loop and still answering everyone, until no active member has one under way (``_Member.sending``) and
+the engines' pushes of the last update have ended (each within ``transfer_timeout_s``).
+A member that stalls mid-transfer (a stopped process keeps its sockets open, so nothing fails) is gone once silent
+for ``member_timeout_s``: its claims go back to the queue and its transfer is abandoned (gloo cannot abort a send
+under way; its thread ends at ``transfer_timeout_s`` and runs nothing after). Whatever it received is never used:
+a gone member's gradients are not taken, and it must say ``Hello`` again, which sends it the weights again.
+
 Threads: the coordinator (this module's loop: the ROUTER socket, every decision, updates), the core's compute worker,
 one transfer thread per member, one asyncio thread for engine pushes. Only the coordinator touches sockets it did not
 create; the others report back through an inproc PUSH/PULL pair.
@@ -102,6 +110,7 @@ class _Member:
     leaving: bool = False
     idle: bool = False
     transferring: set[int] = field(default_factory=set)  # micro-steps whose gradient is on its way
+    sending: int = 0  # weight sends to it not done yet (while it is active, the update waits for them)
 
 
 class CoreTrainer:
@@ -146,7 +155,9 @@ class CoreTrainer:
         self.repeats: dict[int, int] = {}  # step -> repeated submits acknowledged while it was open
         self.waiters: dict[int, list[bytes]] = {}
         self.metrics: dict[int, StepMetrics] = {}
-        self.weights_lock = threading.Lock()  # held while weights are read for a transfer; updates wait
+        # held while weights are read for an engine push, a checkpoint or the compute worker; updates wait. Members'
+        # weight sends do not take it: the coordinator holds the update back while one is under way (``sending``)
+        self.weights_lock = threading.Lock()
         self.engines: dict[str, tuple[Any, weight_sync.WeightGroup, str]] = {}  # url -> client, group, name
         self.inactive: set[str] = set()  # attached engines that get no pushes now (their cell trains)
         self.detached: dict[str, str] = {}  # url -> why it gets no pushes (its last push missed or failed)
@@ -204,10 +215,17 @@ class CoreTrainer:
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.cfg.heartbeat_s
                     self._beat()
-                if self.queue.complete:  # an empty sealed step too: it applies no update
+                if self.queue.complete and not self._sending_weights():  # an empty sealed step too: no update
                     self._finish_step()
         finally:
             self.close()
+
+    def _sending_weights(self) -> bool:
+        """An active member receives the step's weights, or an engine the last update's: the update waits (the
+        loop answers meanwhile; a push ends by its own deadline, a silent member is gone)."""
+        return any(m.sending for m in self.members.values() if m.state == "active") or not all(
+            push.done() for _, push in self._pushes
+        )
 
     def close(self) -> None:
         """Stop the worker and threads; close sockets."""
@@ -304,7 +322,7 @@ class CoreTrainer:
                 self._gone(member, "it said Hello again without its pair group (restarted)")
             group_name = f"gyre-pair-{name}-{next(self._group_names)}"
             pair = Pair(group_name, self.group_host, self.cfg.collective, self.cfg.transfer_timeout_s,
-                         functools.partial(self._notify, "pair_failed", name))  # fmt: skip
+                         functools.partial(self._notify, "pair_failed", name, group_name))  # fmt: skip
             member = self.members[name] = _Member(name, identity, pair)
             if self.state.reference_flat is not None:
                 reference = self.state.reference_flat
@@ -337,7 +355,8 @@ class CoreTrainer:
                 return
             member.version = self.state.version
             self._reply(identity, Refresh(step=self.queue.step, version=self.state.version))
-            member.pair.submit(self._weights_op())
+            member.sending += 1
+            member.pair.submit(self._weights_op(member.name, member.pair.name))
             return
         claimed = self.queue.claim(name)
         if claimed is None:
@@ -350,10 +369,12 @@ class CoreTrainer:
             identity, Assign(step=self.queue.step, version=self.state.version, index=index, micro=micro)
         )
 
-    def _weights_op(self) -> Callable[[weight_sync.WeightGroup], None]:
+    def _weights_op(self, name: str, pair: str) -> Callable[[weight_sync.WeightGroup], None]:
+        """The send of the step's weights to a member: no lock, the update waits for it (see the module)."""
+
         def op(group: weight_sync.WeightGroup) -> None:
-            with self.weights_lock:
-                group.broadcast(self.state.flat, src=0)
+            group.broadcast(self.state.flat, src=0)
+            self._notify("weights_sent", name, pair)
 
         return op
 
@@ -363,9 +384,8 @@ class CoreTrainer:
             return  # nothing can be received from it; its claim was (or will be) given back
         member.transferring.add(message.index)
         if message.numel != self.state.numel:
-            self._notify(
-                "pair_failed", member.name, f"sent {message.numel} gradient values for {self.state.numel}"
-            )
+            self._notify("pair_failed", member.name, member.pair.name,
+                         f"sent {message.numel} gradient values for {self.state.numel}")  # fmt: skip
             return
 
         def op(group: weight_sync.WeightGroup) -> None:
@@ -442,9 +462,13 @@ class CoreTrainer:
                 member = self.members.get(name)
                 if member is not None:
                     member.transferring.discard(index)
-            case ["pair_failed", name, reason]:
+            case ["weights_sent", name, pair]:
                 member = self.members.get(name)
-                if member is not None and member.state != "gone":
+                if member is not None and member.pair.name == pair:  # not a send to a pair given up since
+                    member.sending = max(member.sending - 1, 0)
+            case ["pair_failed", name, pair, reason]:
+                member = self.members.get(name)
+                if member is not None and member.state != "gone" and member.pair.name == pair:
                     self._gone(member, f"its transfer failed: {reason}")
             case ["requeued"]:
                 self._wake_idle()
@@ -468,6 +492,7 @@ class CoreTrainer:
         log.warning("member %s is gone (%s); %d micro-steps claimed again", member.name, reason, len(back))
         member.state, member.idle = "gone", False
         member.transferring.clear()
+        member.sending = 0  # abandoned: the update no longer waits for it
         member.pair.dead = True
         member.pair.close()
         if back:
@@ -530,7 +555,7 @@ class CoreTrainer:
     def _finish_step(self) -> None:
         q = self.queue
         step = q.step
-        for url, push in self._pushes:  # the previous version reached every engine before the weights change
+        for url, push in self._pushes:  # done (see run): the previous version reached every engine
             try:
                 push.result()
             except Exception as exc:  # the engine keeps its older version; the controller decides what to do

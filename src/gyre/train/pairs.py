@@ -29,13 +29,13 @@ class Pair:
         self._ops.put(op)
 
     def close(self) -> None:
-        """Stop after the ops already submitted."""
+        """Stop after the ops already submitted (none more once ``dead``: the peer is gone)."""
         self._ops.put(None)
 
     def _run(self, backend: str, timeout_s: float, on_fail: Callable[[str], None]) -> None:
         try:
             group = weight_sync.create_group(self.host, self.port, 0, 2, self.name, backend, timeout_s)
-            while (op := self._ops.get()) is not None:
+            while (op := self._ops.get()) is not None and not self.dead:
                 op(group)
         except Exception as exc:  # a dead or silent peer: the coordinator declares it gone
             self.dead = True
