@@ -1,6 +1,6 @@
 """Elastic against the baselines a user would run, on every shipped workload, over several seeds (``gyre sim``).
 
-    python benchmarks/sim.py [--workloads paper,growing,bursty,moving,learning,short,agentic] [--seeds 5]
+    python benchmarks/sim.py [--workloads paper,growing,bursty,moving,learning,short,agentic,longtail] [--seeds 5]
         [--max-staleness 1]
     python benchmarks/sim.py --solve-rates 0.0-0.6,0.05-0.8,0.2-0.8,0.4-0.9 --out benchmarks/results/solve.json
 
@@ -8,7 +8,8 @@ For each workload and seed: every mode on the same executions, without and with 
 whole groups to finish; the others run on across the update into later steps). Prints, per workload, elastic's
 hours and its speed-up over async with the split a user picks (fastest on the first 10% of steps), over the
 hindsight oracle split, over one-step off-policy and colocate, its share of the lower bound and its idle time (mean
-and range over seeds), against issue 30's targets; writes ``benchmarks/results/sim.json`` and ``sim.md``.
+and range over seeds), against issue 30's targets, and every mode's switches per training stint (issue 48); writes
+``benchmarks/results/sim.json`` and ``sim.md``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ def measure(name: str, seeds: int, staleness: int, base: Workload | None = None)
                 "of_bound": bound.total_s / elastic.total_s, "idle": elastic.idle_fraction,
                 "token_lag": elastic.token_lag_mean, "staleness_max": elastic.staleness_max,
                 "hours": {mode: r.total_s / 3600 for mode, r in results.items()},
+                "per_stint": {mode: r.switches_per_stint for mode, r in results.items()},
                 "user_split": results[USER_ASYNC].async_train_cells,
                 "oracle_split": results[ORACLE].async_train_cells,
             })  # fmt: skip
@@ -87,6 +89,19 @@ def summary(rows: list[dict[str, Any]]) -> list[list[str]]:
                         cell("over_onestep"), cell("over_colocate"), cell("of_bound", True), cell("idle", True),
                         cell("token_lag")])  # fmt: skip
     return out
+
+
+def per_stint(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Switches per training stint of every mode, one line per workload and carry-over: the worst seed (issue 48:
+    a cell that bounces between roles without training shows here, a target of at most 2)."""
+    modes = list(rows[0]["per_stint"])
+    out = []
+    for name in dict.fromkeys(r["workload"] for r in rows):
+        for carry in (False, True):
+            group = [r for r in rows if r["workload"] == name and r["carry_over"] == carry]
+            out.append([name, "yes" if carry else "no",
+                        *(f"{max(r['per_stint'][mode] for r in group):.2f}" for mode in modes)])  # fmt: skip
+    return ["workload", "carry-over", *modes], out
 
 
 def verdicts(rows: list[dict[str, Any]]) -> list[str]:
@@ -143,6 +158,13 @@ def main() -> None:
     for line in lines:
         table.add_row(*line)
     console.print(table)
+    header, stints = per_stint(rows)
+    switching = Table(title="switches per training stint, every mode: the worst seed (target <= 2)")
+    for column in header:
+        switching.add_column(column, justify="right")
+    for line in stints:
+        switching.add_row(*line)
+    console.print(switching)
     checks = verdicts(rows)
     for check in checks:
         console.print(check, highlight=False)
@@ -151,6 +173,8 @@ def main() -> None:
                                    indent=1, default=msgspec.to_builtins))  # fmt: skip
     markdown = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     markdown += ["| " + " | ".join(line) + " |" for line in lines]
+    markdown += ["", "Switches per training stint (the worst seed):", "", "| " + " | ".join(header) + " |",
+                 "|" + "---|" * len(header), *("| " + " | ".join(line) + " |" for line in stints)]  # fmt: skip
     args.out.with_suffix(".md").write_text("\n".join([*markdown, "", *checks, ""]))
     console.print(f"wrote {args.out} and {args.out.with_suffix('.md')}")
 

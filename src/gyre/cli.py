@@ -177,7 +177,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             group_size=args.group_size, limit=args.limit, max_steps=args.max_steps, temperature=args.temperature,
             seed=args.seed, sandbox=sandbox, progress=not args.no_progress, agent_profile=args.agent_profile,
             max_tokens_per_call=args.max_tokens_per_call, verifier_retries=args.verifier_retries,
-            shards=args.shards, ray=args.ray, placement=loaded.ray,
+            shards=loaded.shards.count if args.shards is None else args.shards, ray=args.ray, placement=loaded.ray,
+            shard_settings=loaded.shards,
         )  # fmt: skip
         options = msgspec.convert(msgspec.to_builtins(options), EvalOptions)  # checks the bounds
     except msgspec.ValidationError as exc:
@@ -522,15 +523,16 @@ def cmd_sim(args: argparse.Namespace) -> int:
     bound = report.lower_bound(workload, args.max_staleness)
     table = Table(title=f"gyre sim {args.workload}: {workload.tasks.steps} steps, {workload.cluster.cells} cells"
                         + ("" if workload.drift.stationary else ", moving"))  # fmt: skip
-    for col in ("mode", "hours", "over elastic (overlap)", "idle", "switches", "staleness mean/max", "split"):
+    for col in ("mode", "hours", "over elastic (overlap)", "idle", "switches", "per training stint",
+                "staleness mean/max", "split"):  # fmt: skip
         table.add_column(col, justify="right")
     best = results[report.ELASTIC].total_s
     for name, r in results.items():
         table.add_row(name, f"{r.total_s / 3600:.2f}", f"{r.total_s / best:.2f}x", f"{r.idle_fraction:.0%}",
-                      str(r.switches), f"{r.staleness_mean:.2f} / {r.staleness_max}",
+                      str(r.switches), f"{r.switches_per_stint:.2f}", f"{r.staleness_mean:.2f} / {r.staleness_max}",
                       str(r.async_train_cells or "-"))  # fmt: skip
     table.add_row("lower bound (any policy)", f"{bound.total_s / 3600:.2f}", f"{bound.total_s / best:.2f}x",
-                  "", "", "", "", style="dim")  # fmt: skip
+                  "", "", "", "", "", style="dim")  # fmt: skip
     console.print(table)
     console.print(_speedup_line(report.speedups(results, bound)))
     console.print(
@@ -744,13 +746,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="the built-in agent's prompt (and the oracle's): lean = bash and submit, a one-line system prompt",
     )  # fmt: skip
     s.add_argument("--run-dir", help="default: runs/eval-SUITE-TIME")
-    s.add_argument("--config", type=Path, help="TOML config file ([sandbox]; with --ray, [ray])")
+    s.add_argument("--config", type=Path, help="TOML config file ([sandbox], [shards]; with --ray, [ray])")
     s.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="dotted override, e.g. sandbox.memory_mib=512"
     )
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
-    s.add_argument("--shards", type=int, default=0,
-                   help="runtime shards (processes) running the executions; 0: this process")  # fmt: skip
+    s.add_argument("--shards", type=int, default=None,
+                   help="runtime shards (processes) running the executions; 0: this process; default: the config's "
+                        "shards.count")  # fmt: skip
     s.add_argument(
         "--ray", nargs="?", const="auto", metavar="ADDRESS",
         help="place the shards (at least 1) on a Ray cluster; ADDRESS default: the cluster this machine belongs to",

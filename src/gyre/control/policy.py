@@ -6,12 +6,14 @@ so a decision can be replayed from a trace.
 
 Four modes, everything else equal:
 - ``elastic``: cells leave serving in order (the core first, then satellites), one at a time, when the outstanding
-  executions fit in the serving capacity without the leaving cell (water level ``w <= C_R - C_e``) and there is
-  training data no trainer has claimed; training cells stay for the whole step (its data streams in) and go back
-  to serving after it when the next step's data is not ready, satellites first (the last in order first), the core
-  last; mid-step only satellites, and only when the serving cells cannot hold the outstanding executions. Executions are dispatched into free serving capacity; with ``overlap`` the next burst's executions too, as
-  long as the weights they would be sampled with are at most ``max_staleness`` versions older than the step they
-  train in.
+  executions and those waiting for capacity fit in the serving capacity without the leaving cell (``w + waiting <=
+  C_R - C_e``: the same demand that calls a trainer back, so a move is not undone by what it was decided on) and
+  there is training data no trainer has claimed; training cells stay for the whole step (its data streams in) and go
+  back to serving after it when the next step's data is not ready, satellites first (the last in order first), the
+  core last; mid-step only satellites, and only when the serving cells cannot hold the outstanding and waiting
+  executions (``w + waiting > C_R``). Executions are dispatched into free serving capacity; with ``overlap`` the next
+  burst's executions too, as long as the weights they would be sampled with are at most ``max_staleness`` versions
+  older than the step they train in.
 - ``colocate``: every cell samples a burst, then every cell trains on it (a barrier per step).
 - ``async``: a fixed split, the first ``async_train_cells`` cells always train, the others always serve; sampling
   runs ahead of training by at most ``max_staleness`` versions.
@@ -105,10 +107,11 @@ def _elastic(cfg: PolicyConfig, obs: Observation) -> list[Action]:
     cells = _trainable(obs)
     serving_capacity = sum(c.capacity for c in obs.cells if c.role == "serving")
     training = [c for c in cells if c.role == "training"]
-    # executions that wait for serving capacity: only those the staleness bound lets start (the others wait for an
-    # update, and a trainer called back for them would leave training short and serve nobody)
-    waiting = _admissible(cfg, obs) + (obs.next_burst if cfg.overlap and _fresh(cfg, obs) else 0)
-    short = obs.in_flight + waiting > serving_capacity
+    # both rules read one demand: a cell leaves only if the demand fits without it, and returns only if it does not
+    # fit with the cells serving now, so between the two lies a band of one cell's capacity (the hysteresis) and
+    # the move it makes is not undone until the demand itself moves (a finished execution, an update)
+    demand = obs.in_flight + _waiting(cfg, obs)
+    short = demand > serving_capacity
     between_steps = not obs.step_running
     if training and (short or (between_steps and not obs.data_ready)):
         satellites = [c for c in training if c is not cells[0]]
@@ -122,9 +125,15 @@ def _elastic(cfg: PolicyConfig, obs: Observation) -> list[Action]:
     candidate = next((c for c in cells if c.role == "serving"), None)
     if candidate is None or any(c.role == "serving" for c in cells[: cells.index(candidate)]):
         return []
-    if obs.in_flight <= serving_capacity - candidate.capacity:  # the water level leaves room without it
+    if demand <= serving_capacity - candidate.capacity:  # the demand leaves room without it
         return [ToTrain(candidate.name)]
     return []
+
+
+def _waiting(cfg: PolicyConfig, obs: Observation) -> int:
+    """Executions that wait for serving capacity: only those the staleness bound lets start (the others wait for an
+    update, and a trainer called back for them would leave training short and serve nobody)."""
+    return _admissible(cfg, obs) + (obs.next_burst if cfg.overlap and _fresh(cfg, obs) else 0)
 
 
 def _colocate(cfg: PolicyConfig, obs: Observation) -> list[Action]:

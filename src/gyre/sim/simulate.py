@@ -160,6 +160,13 @@ class SimResult(msgspec.Struct, frozen=True, kw_only=True):
     token_lag_mean: float = 0.0
     carried: int = 0  # executions that trained in a later step than the one they were dispatched for
     requeued: int = 0  # micro-steps computed again because the cell computing them was lost
+    stints: int = 0  # spans of a cell in training of positive length (a cell moved back at once trains none)
+
+    @property
+    def switches_per_stint(self) -> float:
+        """Role moves per training stint: 1 for a fixed split, 2 when each stint is one drain and one resume, more
+        when cells bounce between roles without training."""
+        return self.switches / max(self.stints, 1)
 
 
 def durations(tasks: Tasks, drift: Drift | None = None) -> list[float]:
@@ -247,6 +254,9 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
     ``onestep`` (one-step off-policy) trains a step only once all its executions finished; every other mode
     streams each execution's data to the trainers as it finishes. With ``carry_over`` a step trains the first
     ``batch_executions / group_size`` groups to finish; the rest run on into later steps.
+
+    Every event of one instant lands before the policy decides on it. A policy that moves the cells more than four
+    times each in one instant (with free switches, a bounce that never ends) stops the run with ``RuntimeError``.
     """
     cl, tk, dr = workload.cluster, workload.tasks, workload.drift
     times = executions(workload)
@@ -265,6 +275,7 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
     applying = False
     done: dict[int, int] = {}  # step -> executions trained (a micro-step computed, or nothing to compute)
     switches = 0
+    instant = (0.0, 0)  # (when, moves then): with free switches a policy that bounces cells would never stop
     step_end: list[float] = []
     idle = available = 0.0
     idle_parts = {"serving": 0.0, "training": 0.0, "switching": 0.0}
@@ -340,8 +351,15 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
             else:  # nothing to compute (zero advantage): no trainer is called for it
                 done[step] = done.get(step, 0) + 1
 
+    def moved() -> None:
+        nonlocal switches, instant
+        switches += 1
+        instant = (now, instant[1] + 1 if instant[0] == now else 1)
+        if instant[1] > 4 * len(cells):  # each cell moves at most a few times in one instant
+            raise RuntimeError(f"the policy moved cells {instant[1]} times at {now:.0f} s without time passing: it "
+                               f"thrashes (roles {[c.role for c in cells]})")  # fmt: skip
+
     def act() -> None:
-        nonlocal switches
         for _ in range(4 * len(cells) + 4):
             actions = decide(policy, observation())
             if not actions:
@@ -351,11 +369,11 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
                     case ToTrain(cell=name):
                         set_role(by_name[name], "draining")
                         push(now + cl.serve_to_train_s, "switched", (name, "training", by_name[name].epoch))
-                        switches += 1
+                        moved()
                     case ToServe(cell=name):
                         set_role(by_name[name], "resuming")
                         push(now + cl.train_to_serve_s, "switched", (name, "serving", by_name[name].epoch))
-                        switches += 1
+                        moved()
                     case Dispatch(current=c, next=n):
                         for i in books.dispatch(c + n):
                             began[i] = now
@@ -432,18 +450,21 @@ def simulate(workload: Workload, policy: PolicyConfig, until_step: int | None = 
                 lose(cast(int, what))
             case "back":
                 set_role(by_name[cast(str, what)], "serving")
+        if events and events[0][0] == now:
+            continue  # everything that happens at one instant lands before the policy decides on it
         start_training()
         act()
         start_training()
     for cell in cells:
         set_role(cell, cell.role)
+    segments = [s for s in timeline if s.end_s > s.start_s]
     token_lags = [trains_in[i] - _mean_version(step_end, began[i], ended[i]) for i in trains_in]
     return SimResult(
         mode=policy.mode, overlap=policy.overlap, total_s=now, step_end_s=step_end,
         idle_fraction=idle / max(available, 1e-9), switches=switches,
         idle_by_role={k: v / max(available, 1e-9) for k, v in idle_parts.items()},
         staleness_mean=sum(lags) / len(lags), staleness_max=max(lags),
-        timeline=[s for s in timeline if s.end_s > s.start_s],
+        timeline=segments, stints=sum(1 for s in segments if s.role == "training"),
         async_train_cells=policy.async_train_cells if policy.mode in ("async", "onestep") else 0,
         token_lag_mean=sum(token_lags) / len(token_lags),
         carried=sum(1 for i, step in trains_in.items() if step > i // batch), requeued=requeued,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from gyre.control import CellView, Dispatch, Observation, PolicyConfig, ToServe, ToTrain, decide
 
 ELASTIC = PolicyConfig(mode="elastic", overlap=False)
@@ -104,3 +106,48 @@ def test_async_keeps_a_fixed_split_and_samples_ahead_by_at_most_max_staleness() 
         Dispatch(0, 4)
     ]
     assert decide(cfg, obs(split, in_flight=4, next_burst=8, version=3, next_burst_step=5)) == []
+
+
+def test_executions_waiting_for_capacity_count_at_the_move_to_training_boundary() -> None:
+    four = cells("serving", "serving", "serving", "serving")  # C_R = 32, C_e = 8
+    # 20 in flight and 4 waiting fill the 24 slots left without the core: it leaves, and the 4 start
+    assert decide(ELASTIC, obs(four, in_flight=20, undispatched=4, data_ready=True)) == [
+        ToTrain("c0"),
+        Dispatch(4),
+    ]
+    # one more waiting and the 24 slots would not hold them: the core stays and serves all 5
+    assert decide(ELASTIC, obs(four, in_flight=20, undispatched=5, data_ready=True)) == [Dispatch(5)]
+    # the next burst's executions wait too when overlap may start them
+    overlap = PolicyConfig(mode="elastic", overlap=True, max_staleness=1)
+    assert decide(overlap, obs(four, in_flight=20, next_burst=5, data_ready=True)) == [Dispatch(0, 5)]
+    # executions the staleness bound holds back do not wait for capacity: the core leaves
+    held = obs(four, in_flight=20, undispatched=5, undispatched_step=2, version=0, data_ready=True)
+    assert decide(ELASTIC, held) == [ToTrain("c0")]
+
+
+def test_a_move_to_training_stands_until_the_demand_grows_past_the_serving_capacity() -> None:
+    # every demand around the boundary, mid-step: a satellite that leaves is not sent back by the same demand once it
+    # trains (the executions dispatched with the move included); one execution more than C_R sends it back
+    overlap = PolicyConfig(mode="elastic", overlap=True, max_staleness=1)
+    moved = 0
+    for cfg in (ELASTIC, overlap):
+        for in_flight, undispatched, next_burst in itertools.product(range(0, 25, 2), range(9), range(9)):
+            seen = dict(in_flight=in_flight, undispatched=undispatched, next_burst=next_burst, data_ready=True,
+                        step_running=True)  # fmt: skip
+            actions = decide(cfg, obs(cells("training", "serving", "serving", "serving"), **seen))
+            if ToTrain("c1") not in actions:
+                continue
+            moved += 1
+            started = next((a for a in actions if isinstance(a, Dispatch)), Dispatch(0))
+            after = dict(
+                seen,
+                in_flight=in_flight + started.current + started.next,
+                undispatched=undispatched - started.current,
+                next_burst=next_burst - started.next,
+            )
+            trains = cells("training", "training", "serving", "serving")
+            returned = [a for a in decide(cfg, obs(trains, **after)) if isinstance(a, ToServe)]
+            assert returned == [], (cfg.overlap, seen)
+            grown = dict(after, undispatched=17 - after["in_flight"], next_burst=0)  # type: ignore[operator]
+            assert decide(cfg, obs(trains, **grown))[0] == ToServe("c1")
+    assert moved > 20

@@ -55,11 +55,12 @@ def test_elastic_with_overlap_beats_colocate_and_single_step_bursts_on_long_tail
 
 def test_shipped_workloads_load_and_bad_ones_are_refused(tmp_path: Path) -> None:
     assert load_workload("paper").tasks.steps == 48
+    assert load_workload("longtail").cluster.capacity == 64
     bad = tmp_path / "bad.toml"
     bad.write_text("[cluster]\ncells = 0\n")
     with pytest.raises(ConfigError, match="cells"):
         load_workload(bad)
-    with pytest.raises(ConfigError, match="shipped: agentic, bursty, growing, learning, moving, paper, short"):  # fmt: skip
+    with pytest.raises(ConfigError, match="shipped: agentic, bursty, growing, learning, longtail, moving, paper, short"):  # fmt: skip
         load_workload(tmp_path / "missing.toml")
 
 
@@ -85,6 +86,25 @@ def test_gyre_sim_prints_the_comparison_and_plots(tmp_path: Path, capsys: pytest
     assert main(["sim", str(workload), "--plot", str(tmp_path / "roles.png"), "--cells", "2,4"]) == 0
     out = capsys.readouterr().out
     assert "over async with the user's split" in out and "over the hindsight oracle" in out
-    assert "one-step off-policy" in out and "lower bound" in out
+    assert "one-step off-policy" in out and "lower bound" in out and "per training stint" in out
     assert "Cell count" in out and "│     4 │" in out
     assert (tmp_path / "roles.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("switch_s", [0.0, 8.52])
+def test_cells_switch_a_bounded_number_of_times_per_training_stint_even_when_switches_are_free(
+    switch_s: float,
+) -> None:
+    # a burst's long tail on 16 slots per cell: the water level crosses C_R - C_e again and again while executions
+    # wait for capacity (issue 48: before, 29 switches per stint at the published costs; free, it never finished)
+    cluster = Cluster(cells=8, capacity=16, micro_step_s=120.0, apply_s=60.0, serve_to_train_s=switch_s,
+                      train_to_serve_s=switch_s / 2.5)  # fmt: skip
+    tasks = Tasks(steps=8, batch_executions=64, group_size=8, duration_median_s=1800.0, budget_s=14400.0)
+    workload = Workload(cluster=cluster, tasks=tasks)
+    for overlap in (False, True):
+        result = simulate(workload, PolicyConfig(mode="elastic", overlap=overlap))
+        assert len(result.step_end_s) == 8
+        assert result.stints >= 8 and result.switches_per_stint <= 2.0
+    for mode in ("colocate", "async", "onestep"):
+        fixed = simulate(workload, PolicyConfig(mode=mode, async_train_cells=3))  # type: ignore[arg-type]
+        assert fixed.switches_per_stint <= 2.0
