@@ -72,6 +72,14 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     body_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = (
         30.0  # a request head, then its body, must arrive within
     )
+    # JSON values (numbers, strings, keys, arrays, objects) one request body may hold, counted before it is decoded
+    # (decoded, a small value takes 30-200 bytes); a prompt of token ids as long as the context always fits
+    max_json_values: Positive = 200_000
+    # one session's calls running at once; more wait behind its own, so a flood cannot crowd other sessions out
+    max_calls_per_session: Positive = 2
+    # all sessions' calls running at once; past it a freed slot goes to the waiting session with the fewest
+    # calls running (0: no cap)
+    max_calls: NonNegative = 0
     # agent connections held at once: past a cap the one that has waited longest without a whole request is closed
     # (a new one is refused only when all are serving); 0: half the process's descriptor limit
     max_connections: NonNegative = 0
@@ -80,6 +88,9 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         0  # tokens; a request that cannot fit gets 413 unrendered; 0: the model's own
     )
     default_max_tokens: Positive = 4096  # when a chat request gives no max_tokens
+    # a call to a function the request did not offer is returned as a tool call (SGLang's
+    # SGLANG_FORWARD_UNKNOWN_TOOLS); false: its block stays in the content, as the model wrote it
+    forward_unknown_tools: bool = False
 
 
 class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -191,6 +202,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     heartbeat_s: Annotated[float, msgspec.Meta(gt=0.0)] = 0.5  # how often members and the core say "alive"
     member_timeout_s: Annotated[float, msgspec.Meta(gt=0.0)] = 5.0  # silence after which a member is gone
     transfer_timeout_s: Annotated[float, msgspec.Meta(gt=0.0)] = 60.0  # one weight/gradient transfer, at most
+    # weight pushes to engines go in buckets of this size (a larger tensor alone): a push costs a bucket, not a model
+    bucket_mib: Annotated[float, msgspec.Meta(gt=0.0)] = 512.0
     checkpoint_every_steps: NonNegative = 0  # write checkpoint_dir/step-N after every N steps; 0: never
     checkpoint_dir: str = ""
     seed: int = 0  # torch's seed in every trainer process (dropout, if a model has any)

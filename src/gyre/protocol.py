@@ -152,7 +152,9 @@ class InitWeightsUpdateGroupRequest(msgspec.Struct, kw_only=True):
 
 class UpdateWeightsFromDistributedRequest(msgspec.Struct, kw_only=True):
     """``POST /update_weights_from_distributed``: rank 0 broadcasts each named tensor, in order; with
-    ``load_format="flattened_bucket"`` (SGLang's) it broadcasts them as one uint8 buffer, their bytes concatenated."""
+    ``load_format="flattened_bucket"`` (SGLang's) it broadcasts them as one uint8 buffer, their bytes concatenated.
+    A push in buckets is several calls; ``buckets_left`` (Gyre's) counts the calls after this one, and the version
+    changes only with the last."""
 
     names: list[str]
     dtypes: list[str]
@@ -162,6 +164,7 @@ class UpdateWeightsFromDistributedRequest(msgspec.Struct, kw_only=True):
     abort_all_requests: bool = False
     weight_version: str | None = None
     load_format: Literal["flattened_bucket"] | None = None
+    buckets_left: NonNegInt = 0  # calls of this push still to come; the engine holds requests until the last
 
 
 class ResultResponse(msgspec.Struct, kw_only=True):

@@ -7,8 +7,9 @@ serve now (``EngineUnavailable``) and the router may retry elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, TypeVar
 
 import httpx
@@ -218,9 +219,12 @@ class EngineClient:
         weight_version: int | None = None,
         flush_cache: bool = True,
         load_format: str | None = None,
+        buckets_left: int = 0,
     ) -> str:
-        """Tell the engine to receive these tensors from rank 0 (see ``weight_sync.push_weights``)."""
-        body = {
+        """Tell the engine to receive these tensors from rank 0 (see ``weight_sync.push_weights``, which also opens
+        the `weight_update` session newer SGLang servers require around the calls of one push). ``buckets_left``:
+        how many more calls this push makes after this one (Gyre's engine holds its version until the last)."""
+        body: dict[str, Any] = {
             "names": names,
             "dtypes": dtypes,
             "shapes": shapes,
@@ -230,9 +234,17 @@ class EngineClient:
         }
         if load_format is not None:  # older SGLang servers do not know the field
             body["load_format"] = load_format
+        if buckets_left:  # nor this one (Gyre's own); sent only where a push has several calls
+            body["buckets_left"] = buckets_left
+        return await self._result("/update_weights_from_distributed", body)
+
+    @contextlib.asynccontextmanager
+    async def weight_update(self) -> AsyncIterator[None]:
+        """SGLang's weight-update session (``/begin_weight_update`` .. ``/end_weight_update``, required by SGLang
+        >= 0.5.22 and absent before) around all the calls of one push: the server finishes loading at its end."""
         await self._optional("/begin_weight_update", {"selector": "all"})
         try:
-            return await self._result("/update_weights_from_distributed", body)
+            yield
         finally:
             await self._optional("/end_weight_update", {})
 

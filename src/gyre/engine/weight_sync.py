@@ -12,10 +12,11 @@ import math
 import os
 import socket
 import threading
-from collections.abc import Iterable
+from collections.abc import Coroutine, Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import torch
 import torch.distributed as dist
 
@@ -73,7 +74,7 @@ def create_group(
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
-    return WeightGroup(pg, store, rank, world_size)
+    return WeightGroup(pg, store, rank, world_size, timeout_s)
 
 
 def _gloo_device(master_address: str) -> Any:
@@ -91,14 +92,41 @@ def _gloo_device(master_address: str) -> Any:
 class WeightGroup:
     """A joined weight-transfer group; keeps its rendezvous store alive as long as the group."""
 
-    def __init__(self, pg: Any, store: Any, rank: int, world_size: int) -> None:
+    def __init__(self, pg: Any, store: Any, rank: int, world_size: int, timeout_s: float = 120.0) -> None:
         self.pg, self.store, self.rank, self.world_size = pg, store, rank, world_size
+        self.timeout_s = timeout_s  # one collective's deadline (the group's own)
 
     def broadcast(self, tensor: torch.Tensor, src: int = 0) -> None:
         """Broadcast ``tensor`` from rank ``src`` into every rank's tensor of the same shape (blocking)."""
         opts = dist.BroadcastOptions()
         opts.rootRank = src
         self.pg.broadcast([tensor], opts).wait()
+
+
+class PushStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What one `push_weights` moved, and the memory it cost the sender beyond the weights themselves."""
+
+    buckets: int  # update calls (and collective rounds) the push took
+    sent_bytes: int  # the weights' bytes sent
+    largest_bucket_bytes: int  # the largest bucket's bytes (at most max(bucket_bytes, largest tensor))
+    copied_bytes_max: int  # the largest send buffer built by copying (0: all were views of the weights)
+
+
+def plan_buckets(sizes: Sequence[int], bucket_bytes: int | None) -> list[range]:
+    """Consecutive index ranges of ``sizes`` (bytes per tensor), each at most ``bucket_bytes`` in total, except a
+    tensor larger than a bucket, which goes alone; None: one bucket of everything. Order is kept."""
+    if bucket_bytes is not None and bucket_bytes <= 0:
+        raise ConfigError(f"bucket_bytes = {bucket_bytes}: a bucket holds at least one byte")
+    out: list[range] = []
+    start, filled = 0, 0
+    for i, size in enumerate(sizes):
+        if bucket_bytes is not None and i > start and filled + size > bucket_bytes:
+            out.append(range(start, i))
+            start, filled = i, 0
+        filled += size
+    if sizes:
+        out.append(range(start, len(sizes)))
+    return out
 
 
 async def push_weights(
@@ -108,36 +136,72 @@ async def push_weights(
     weight_version: int,
     group_name: str = "weight_update_group",
     flattened: bool = False,
-) -> None:
-    """Trainer side: send weights to one engine through an initialised group (rank 0 here).
+    bucket_bytes: int | None = None,
+) -> PushStatistics:
+    """Trainer side: send weights to one engine through an initialised group (rank 0 here), in buckets.
 
-    The engine is told what to expect over HTTP (``weight_version`` as SGLang's string) while the tensors are
-    broadcast from a worker thread: one broadcast per tensor, or with ``flattened`` one broadcast of their bytes
-    (SGLang's ``flattened_bucket``; no copy when the tensors already lie back to back in one buffer).
+    Each bucket of at most ``bucket_bytes`` (a tensor larger than that goes alone; None: one bucket) is one
+    ``/update_weights_from_distributed`` call, told its names, dtypes and shapes over HTTP while the tensors are
+    broadcast from a worker thread: one broadcast per tensor, or with ``flattened`` one of their bytes (SGLang's
+    ``flattened_bucket``; no copy when they already lie back to back in one buffer). Only the last call carries
+    ``weight_version``, and the others say how many follow (``buckets_left``): an engine serves the new version once
+    all of it is in, and one left with part of a push (the sender died) never claims it. A flattened bucket is
+    built only when it is sent, so the sender's extra memory is one bucket, never the model.
     """
     format_weight_version(weight_version)  # refused before any tensor moves
-    tensors = [(name, t.detach().contiguous()) for name, t in named_tensors]
-    request = client.update_weights_from_distributed(
-        names=[n for n, _ in tensors],
-        dtypes=[dtype_name(t.dtype) for _, t in tensors],
-        shapes=[list(t.shape) for _, t in tensors],
-        group_name=group_name,
-        weight_version=weight_version,
-        load_format="flattened_bucket" if flattened else None,
+    tensors = [(name, t.detach()) for name, t in named_tensors]
+    sizes = [t.numel() * t.element_size() for _, t in tensors]
+    plan = plan_buckets(sizes, bucket_bytes) or [range(0)]  # nothing to send: one call still sets the version
+    copied = 0
+    async with client.weight_update():  # SGLang's session spans the buckets: it post-processes at the end
+        for n, bucket in enumerate(plan):
+            chunk = [tensors[i] for i in bucket]
+            last = n == len(plan) - 1
+            request = client.update_weights_from_distributed(
+                names=[name for name, _ in chunk],
+                dtypes=[dtype_name(t.dtype) for _, t in chunk],
+                shapes=[list(t.shape) for _, t in chunk],
+                group_name=group_name,
+                weight_version=weight_version if last else None,
+                load_format="flattened_bucket" if flattened else None,
+                buckets_left=len(plan) - 1 - n,
+            )
+            copied = max(copied, await _send_bucket(request, group, [t for _, t in chunk], flattened))
+    return PushStatistics(
+        buckets=len(plan),
+        sent_bytes=sum(sizes),
+        largest_bucket_bytes=max((sum(sizes[i] for i in b) for b in plan), default=0),
+        copied_bytes_max=copied,
     )
-    buffers = [flat_bytes([t for _, t in tensors])] if flattened else [t for _, t in tensors]
 
+
+async def _send_bucket(
+    request: Coroutine[Any, Any, str], group: WeightGroup, tensors: list[torch.Tensor], flattened: bool
+) -> int:
+    """One bucket: the engine receives (``request``) while a worker thread broadcasts; returns the bytes the send
+    buffer copied (0: views of the weights only)."""
     loop = asyncio.get_running_loop()
-    sent: asyncio.Future[None] = loop.create_future()
+    sent: asyncio.Future[int] = loop.create_future()
 
     def send() -> None:
         error: BaseException | None = None
-        try:
-            for t in buffers:
-                group.broadcast(t)
+        copied = 0
+        try:  # the buffers live in this frame only: freed before the next bucket is built
+            if flattened and tensors:
+                flat = flat_bytes(tensors)
+                copied = 0 if _is_view(flat, tensors) else flat.numel()
+                group.broadcast(flat)
+                del flat
+            else:
+                for t in tensors:
+                    dense = t.contiguous()
+                    if dense.data_ptr() != t.data_ptr():
+                        copied = max(copied, dense.numel() * dense.element_size())
+                    group.broadcast(dense)
+                    del dense
         except BaseException as exc:  # handed to the awaiting side
             error = exc if isinstance(exc, Exception) else RuntimeError(f"the weight sender stopped: {exc!r}")
-        loop.call_soon_threadsafe(_settle, sent, error)
+        loop.call_soon_threadsafe(_settle, sent, copied, error)
 
     async def sending() -> None:
         await asyncio.shield(sent)  # a cancelled push does not cancel the send: it waits for it below
@@ -152,13 +216,18 @@ async def push_weights(
         if not sent.done():  # cut short (a deadline, the request failed): the tensors are ours until sent
             with contextlib.suppress(Exception):  # the group's own timeout ends the send
                 await asyncio.shield(sent)
+    return sent.result()
 
 
-def _settle(future: asyncio.Future[None], exc: BaseException | None) -> None:
+def _is_view(flat: torch.Tensor, tensors: list[torch.Tensor]) -> bool:
+    return flat.untyped_storage().data_ptr() == tensors[0].untyped_storage().data_ptr()
+
+
+def _settle(future: asyncio.Future[int], result: int, exc: BaseException | None) -> None:
     if future.done():
         return
     if exc is None:
-        future.set_result(None)
+        future.set_result(result)
     else:
         future.set_exception(exc)
 

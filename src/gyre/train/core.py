@@ -688,7 +688,10 @@ class CoreTrainer:
                 async with asyncio.timeout(self.cfg.transfer_timeout_s):
                     if self.cfg.modelled_push_s:  # the weights arrive at the end of the modelled transfer
                         await asyncio.sleep(self.cfg.modelled_push_s)
-                    await weight_sync.push_weights(client, group, named, version, name, flattened=True)
+                    await weight_sync.push_weights(
+                        client, group, named, version, name, flattened=True,
+                        bucket_bytes=int(self.cfg.bucket_mib * 2**20),
+                    )  # fmt: skip
             except (GyreError, OSError, RuntimeError, TimeoutError) as exc:
                 why = (
                     f"the push of version {version} timed out after {self.cfg.transfer_timeout_s:g} s"

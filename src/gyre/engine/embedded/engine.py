@@ -61,6 +61,9 @@ class EngineStatistics(msgspec.Struct, frozen=True):
     paused: bool
     released: list[str]
     weight_version: int
+    receive_buffer_bytes_max: int = (
+        0  # a weight group's kept buffer for flattened buckets: its largest bucket
+    )
 
 
 class _Sink:
@@ -72,6 +75,20 @@ class _Sink:
         self.req = req
         self.event = asyncio.Event()
         self.seen = 0
+
+
+class _Push:
+    """A push in buckets between two of its calls: the hold on requests it keeps, and the deadline for its next."""
+
+    __slots__ = ("done", "group_name", "timer")
+
+    def __init__(self, group_name: str, done: asyncio.Event) -> None:
+        self.group_name, self.done = group_name, done
+        self.timer: asyncio.TimerHandle | None = None
+
+    def cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
 
 
 class EmbeddedEngine:
@@ -118,6 +135,7 @@ class EmbeddedEngine:
         self._groups: dict[str, weight_sync.WeightGroup] = {}
         self._torn = ""  # why the weights are part one version, part another (an update broke off)
         self._bucket: dict[str, torch.Tensor] = {}  # group -> receive buffer of flattened weight updates
+        self._push: _Push | None = None  # a push in buckets between two of its calls: it holds requests
         self._incoming: deque[Request] = deque()
         self._commands: deque[tuple[Callable[[], Any], concurrent.futures.Future[Any]]] = deque()
         self._inflight: dict[str, Request] = {}
@@ -428,6 +446,15 @@ class EmbeddedEngine:
         (``abort_all_requests`` ends them first) while new requests wait for it, so no request's tokens span two
         weight versions and every response's ``weight_version`` is that of all its tokens. Requests the caller
         paused (``in_place``, ``retract``) are not waited for: they continue under the new weights."""
+        done = await self._hold(abort_all)
+        try:
+            yield
+        finally:
+            self._unhold(done)
+
+    async def _hold(self, abort_all: bool) -> asyncio.Event:
+        """Begin a weight update (see `_weights_exclusive`); the event it returns is set by `_unhold`. A push in
+        buckets holds from its first call to its last."""
         while self._update_done is not None:
             await self._update_done.wait()
         done = self._update_done = asyncio.Event()
@@ -437,10 +464,24 @@ class EmbeddedEngine:
             while self._inflight and not self.scheduler.paused:
                 idle = self._idle = asyncio.Event()
                 await idle.wait()
-            yield
-        finally:
+        except BaseException:
+            self._unhold(done)
+            raise
+        return done
+
+    def _unhold(self, done: asyncio.Event) -> None:
+        if self._update_done is done:
             self._update_done = self._idle = None
-            done.set()
+        done.set()
+
+    def _abandon(self, push: _Push, why: str) -> None:
+        """A push in buckets that will not finish: the weights stay torn (requests are refused) until a whole
+        update arrives, and requests stop waiting for it."""
+        if self._push is push:
+            self._push = None
+            push.cancel_timer()
+            self._torn = why
+            self._unhold(push.done)
 
     async def init_weights_update_group(self, body: InitWeightsUpdateGroupRequest) -> None:
         """Join the trainer's weight-transfer group as rank ``rank_offset`` (blocks until all ranks joined)."""
@@ -458,7 +499,86 @@ class EmbeddedEngine:
         self._groups[body.group_name] = group
 
     async def update_weights_from_distributed(self, body: UpdateWeightsFromDistributedRequest) -> int:
-        """Receive the named tensors broadcast by rank 0 of the group, in order; returns the new version."""
+        """Receive the named tensors broadcast by rank 0 of the group, in order; returns the version served.
+
+        A push in buckets is several such calls, each saying how many follow (``buckets_left``): requests wait from
+        the first to the last, and the version changes only with the last. A push whose next call does not come
+        within the group's timeout (the trainer died), or whose call fails, leaves the engine refusing requests
+        (torn weights) until a whole update arrives: it never serves a mix as the new version.
+        """
+        push = self._push if self._push is not None and self._push.group_name == body.group_name else None
+        if push is not None:  # the next bucket of the push under way: it holds requests already
+            push.cancel_timer()
+            self._push = None
+        try:
+            version, group, dtypes = self._check_update(body)
+            done = push.done if push is not None else await self._hold(body.abort_all_requests)
+        except BaseException:
+            if push is not None:
+                self._push = push
+                self._abandon(push, "a push in buckets broke off: one of its calls was refused")
+            raise
+        left = body.buckets_left
+        broke_off = f"a push in buckets broke off with {left} of its buckets unsent"
+
+        def run() -> int:
+            if not self.model.loaded:
+                raise EngineRequestError("weights are released; resume_memory_occupation first")
+            device = self.device if self.device.type == "cuda" else "cpu"
+            torn = f"the update to version {version} broke off mid-transfer" if not left else broke_off
+            if body.load_format == "flattened_bucket":  # one buffer: the tensors' bytes back to back
+                size = sum(math.prod(shape) * torch.empty(0, dtype=d).element_size()
+                           for d, shape in zip(dtypes, body.shapes, strict=True))  # fmt: skip
+                same = set(dtypes) == {self.model.dtype}
+                direct = self.model.receive_buffer(body.names, self.model.dtype) if same else None
+                if direct is not None and direct.numel() == size:  # the bucket is our own layout: in place
+                    self._torn = torn  # until it ends
+                    group.broadcast(direct)
+                else:  # one receive buffer per group, as large as the largest bucket: a bucket, not a model
+                    flat = self._bucket.get(body.group_name)
+                    if flat is None or flat.numel() < size:  # kept: fresh pages cost as much as the transfer
+                        self._bucket.pop(body.group_name, None)
+                        flat = self._bucket[body.group_name] = torch.empty(
+                            size, dtype=torch.uint8, device=device
+                        )
+                    group.broadcast(flat[:size])
+                    received = weight_sync.split_bytes(flat[:size], dtypes, body.shapes)
+                    self._torn = torn
+                    for name, tensor in zip(body.names, received, strict=True):
+                        self.model.update_tensor(name, tensor)
+            else:
+                for name, dtype, shape in zip(body.names, dtypes, body.shapes, strict=True):
+                    buf = torch.empty(shape, dtype=dtype, device=device)
+                    group.broadcast(buf)
+                    self._torn = torn
+                    self.model.update_tensor(name, buf)
+            if body.flush_cache:
+                self.scheduler.cache.invalidate()
+            if left:  # part of the push is in: torn until the last bucket (requests wait meanwhile)
+                self._torn = broke_off
+                return self.weight_version
+            self.weight_version, self._torn = version, ""
+            return self.weight_version
+
+        try:
+            served = await self._call(run)
+        except BaseException:
+            self._unhold(done)
+            raise
+        if left:  # wait for the next call, as long as one collective may take
+            holder = _Push(body.group_name, done)
+            holder.timer = asyncio.get_running_loop().call_later(
+                group.timeout_s, self._abandon, holder, f"{broke_off} (none came in {group.timeout_s:g} s)"
+            )
+            self._push = holder
+        else:
+            self._unhold(done)
+        return served
+
+    def _check_update(
+        self, body: UpdateWeightsFromDistributedRequest
+    ) -> tuple[int, weight_sync.WeightGroup, list[torch.dtype]]:
+        """The version, group and dtypes an update asks for; EngineRequestError (a 400) for what does not fit."""
         version = self._requested_version(body.weight_version, "update_weights_from_distributed")
         group = self._groups.get(body.group_name)
         if group is None:
@@ -473,43 +593,7 @@ class EmbeddedEngine:
                 raise EngineRequestError(
                     f"weight {name!r} with shape {shape} does not match the served model"
                 )
-        dtypes = [weight_sync.parse_dtype(d) for d in body.dtypes]
-
-        def run() -> int:
-            if not self.model.loaded:
-                raise EngineRequestError("weights are released; resume_memory_occupation first")
-            device = self.device if self.device.type == "cuda" else "cpu"
-            if body.load_format == "flattened_bucket":  # one buffer: the tensors' bytes back to back
-                size = sum(math.prod(shape) * torch.empty(0, dtype=d).element_size()
-                           for d, shape in zip(dtypes, body.shapes, strict=True))  # fmt: skip
-                same = set(dtypes) == {self.model.dtype}
-                direct = self.model.receive_buffer(body.names, self.model.dtype) if same else None
-                if direct is not None and direct.numel() == size:  # the bucket is our own layout: in place
-                    self._torn = f"the update to version {version} broke off mid-transfer"  # until it ends
-                    group.broadcast(direct)
-                else:
-                    flat = self._bucket.get(body.group_name)
-                    if flat is None or flat.numel() != size:  # kept: fresh pages cost as much as the transfer
-                        flat = self._bucket[body.group_name] = torch.empty(
-                            size, dtype=torch.uint8, device=device
-                        )
-                    group.broadcast(flat)
-                    received = weight_sync.split_bytes(flat, dtypes, body.shapes)
-                    for name, tensor in zip(body.names, received, strict=True):
-                        self.model.update_tensor(name, tensor)
-            else:
-                for name, dtype, shape in zip(body.names, dtypes, body.shapes, strict=True):
-                    buf = torch.empty(shape, dtype=dtype, device=device)
-                    group.broadcast(buf)
-                    self._torn = f"the update to version {version} broke off mid-transfer"
-                    self.model.update_tensor(name, buf)
-            if body.flush_cache:
-                self.scheduler.cache.invalidate()
-            self.weight_version, self._torn = version, ""
-            return self.weight_version
-
-        async with self._weights_exclusive(body.abort_all_requests):
-            return await self._call(run)
+        return version, group, [weight_sync.parse_dtype(d) for d in body.dtypes]
 
     def _requested_version(self, requested: str | None, endpoint: str) -> int:
         """The version an update request asks for (None: the current one); a 400 naming the field otherwise."""
@@ -610,6 +694,7 @@ class EmbeddedEngine:
             paused=sched.paused,
             released=sorted(self._released),
             weight_version=self.weight_version,
+            receive_buffer_bytes_max=max((b.numel() for b in self._bucket.values()), default=0),
         )
 
     def close(self) -> None:
