@@ -22,6 +22,13 @@ valid calls share with the polite one. Last, the fuzzing's valid calls (answered
 client's timeout) are sent again, each at the moment it was sent in the fuzzing, without the attacks: the polite
 session's p99 then is what honest load alone costs it. At the end the router must still serve, and every line of its
 journal must load. Prints a table and writes ``benchmarks/results/fuzz_router.json``.
+
+Before the fuzzing (issue 48), each refused oversized request is sent alone to a fresh router, after one ordinary
+call: bodies over the size limit (declared, and chunked with no length), under it but over the structure limits
+(millions of empty objects or numbers, 150,000 messages, 1,000 tools, a schema 900 deep) or over the context. The
+router's peak resident memory during the request (``VmHWM``, reset just before it through ``/proc/PID/clear_refs``)
+less its memory before is the request's cost; the target is at most 3x the body limit, and no 5xx.
+``--memory-only`` runs this part alone.
 """
 
 from __future__ import annotations
@@ -556,12 +563,109 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
     }
 
 
-def rss_mib(pid: int) -> float:
-    """Resident set of a process, MiB."""
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """Resident set of a process (``VmHWM``: its peak since the last reset), MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+BODY_LIMIT_MIB = 8  # router.max_body_mib in this run (the default)
+
+
+def oversized(kind: str) -> tuple[bytes, bool]:
+    """A refused request's body of ``kind`` (8 MiB limit) and whether it is sent chunked, without a length."""
+    limit = BODY_LIMIT_MIB * 2**20
+    hi = [{"role": "user", "content": "hi"}]
+
+    def tools(parameters: Any, count: int = 1) -> bytes:
+        tool = {"type": "function", "function": {"name": "f", "description": "", "parameters": parameters}}
+        return json.dumps(
+            {"model": "default", "messages": hi, "max_tokens": 2, "tools": [tool] * count}
+        ).encode()
+
+    if kind in ("size, declared", "size, chunked"):
+        return json.dumps(
+            {"model": "default", "messages": [{"role": "user", "content": "x" * (3 * limit)}]}
+        ).encode(), kind.endswith("chunked")
+    if kind == "empty objects":  # '{}, ' a value: under the size limit, ~2 M dicts decoded
+        return tools({"type": "object", "x": [{}] * ((limit - 2**16) // 4)}), False
+    if kind == "numbers":
+        return tools({"type": "object", "enum": [1000] * ((limit - 2**16) // 6)}), False
+    if kind == "150,000 messages":
+        return json.dumps(
+            {"model": "default", "messages": [{"role": "user", "content": ""}] * 150_000}
+        ).encode(), False
+    if kind == "1,000 tools":
+        return tools({"type": "object"}, 1000), False
+    if kind == "900 deep":
+        return tools(json.loads('{"a":' * 900 + "1" + "}" * 900)), False
+    if kind == "over the context":  # within every structure limit: refused after decoding, unrendered
+        return json.dumps(
+            {"model": "default", "messages": [{"role": "user", "content": "x" * (limit - 2**20)}]}
+        ).encode(), False
+    raise ValueError(kind)
+
+
+OVERSIZED = ["size, declared", "size, chunked", "empty objects", "numbers", "150,000 messages", "1,000 tools",
+             "900 deep", "over the context"]  # fmt: skip
+
+
+async def _send_raw(port: int, path: str, body: bytes, chunked: bool) -> int:
+    """POST ``body`` (chunked: in 64 KiB chunks, no length) while reading the answer; its status (0: none)."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    framing = "transfer-encoding: chunked" if chunked else f"content-length: {len(body)}"
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{framing}\r\n\r\n".encode()
+    )
+
+    async def send() -> None:
+        with contextlib.suppress(OSError):
+            for at in range(0, len(body), 1 << 16):
+                piece = body[at : at + (1 << 16)]
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+                await writer.drain()
+            if chunked:
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+
+    sender = asyncio.ensure_future(send())
+    try:
+        line = await asyncio.wait_for(reader.readline(), 120)
+        return int(line.split()[1]) if line else 0
+    except OSError:  # reset before the answer could be read
+        return 0
+    finally:
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await sender
+        writer.close()
+
+
+def refusal_memory(model: Path, engine_url: str, tmp: Path) -> list[dict[str, Any]]:
+    """Each `OVERSIZED` request alone on a fresh router (after one ordinary call): status, seconds, and the router's
+    peak memory during it over its memory before."""
+    rows = []
+    for kind in OVERSIZED:
+        body, chunked = oversized(kind)
+        proc, admin = launch_router(model, [engine_url], log_path=tmp / "memory-router.log")
+        with proc:
+            with httpx.Client(timeout=120) as http:
+                token = http.post(f"{admin}/admin/sessions", json={"execution_id": "memory"}).json()["token"]
+                path = f"/s/{token}/v1/chat/completions"
+                warm = {"model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+                assert http.post(f"{proc.url}{path}", json=warm).status_code == 200
+            pid = proc.proc.pid
+            Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+            before = rss_mib(pid)
+            started = time.monotonic()
+            status = asyncio.run(_send_raw(proc.port, path, body, chunked))
+            seconds = time.monotonic() - started
+            peak = rss_mib(pid, "VmHWM")
+        rows.append({"kind": kind, "body_mib": len(body) / 2**20, "status": status, "seconds": seconds,
+                     "peak_over_before_mib": peak - before})  # fmt: skip
+    return rows
 
 
 def main() -> None:
@@ -578,6 +682,9 @@ def main() -> None:
         "--flood", type=int, default=2000, help="silent connections held (a quarter as many trickling bodies)"
     )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fuzz_router.json")
+    parser.add_argument(
+        "--memory-only", action="store_true", help="only the refused oversized requests' memory"
+    )
     args = parser.parse_args()
     console = Console(width=120)
     tmp = Path(tempfile.mkdtemp(prefix="gyre-fuzz-"))
@@ -595,6 +702,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     with launch_embedded(
         model, overrides=["engine.kv_cache_mem_gib=0.1"], log_path=tmp / "engine.log"
     ) as engine:
+        memory = refusal_memory(model, engine.url, tmp)
+        if args.memory_only:
+            return {"refusal_memory": memory}
         proc, admin = launch_router(
             model, [engine.url], journal_dir=tmp / "journal",
             overrides=["router.body_timeout_s=5", f"router.max_connections={MAX_CONNECTIONS}"],
@@ -606,13 +716,31 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             result["router_rss_start_mib"] = rss_start
             result["router_rss_mib"] = rss_mib(proc.proc.pid)
         records = list(read_journal(tmp / "journal" / "calls.jsonl", CallRecord))
+    result["refusal_memory"] = memory
     result["journal_records"] = len(records)
     result["journal_aborted"] = sum(r.finish_reason == "abort" for r in records)
     return result
 
 
 def report(console: Console, args: argparse.Namespace, result: dict[str, Any]) -> None:
-    """Print the table and write the JSON."""
+    """Print the tables and write the JSON."""
+    memory = Table(
+        title=f"Refused oversized requests, each alone on a fresh router ({BODY_LIMIT_MIB} MiB body limit)"
+    )
+    for column in ("request", "body", "status", "seconds", "router peak over before", "x limit"):
+        memory.add_column(column, justify="right")
+    for row in result["refusal_memory"]:
+        memory.add_row(row["kind"], f"{row['body_mib']:.1f} MiB", str(row["status"]), f"{row['seconds']:.2f}",
+                       f"{row['peak_over_before_mib']:.1f} MiB", f"{row['peak_over_before_mib'] / BODY_LIMIT_MIB:.2f}")  # fmt: skip
+    console.print(memory)
+    worst = max(row["peak_over_before_mib"] for row in result["refusal_memory"])
+    errors = sum(not 400 <= row["status"] < 500 for row in result["refusal_memory"])
+    console.print(f"worst {worst:.1f} MiB = {worst / BODY_LIMIT_MIB:.2f}x the body limit (target <= 3x); "
+                  f"answers not 4xx: {errors}")  # fmt: skip
+    if args.memory_only:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.with_name("fuzz_router_memory.json").write_text(json.dumps(result, indent=2) + "\n")
+        return
     table = Table(title=f"Hostile requests against router + embedded engine (seed {args.seed})")
     for column in ("requests", "2xx", "4xx", "5xx", "no answer", "hung up", "polite calls", "polite max",
                    "journal"):  # fmt: skip

@@ -22,11 +22,11 @@ from gyre.errors import ConfigError, EngineCapacityError, EngineRequestError
 from gyre.journal import Journal
 from gyre.protocol import SamplingParams
 from gyre.records import ROLE_PRIORITY, CallRecord, CallTiming, Role
-from gyre.router.messages import normalize_messages, parse_tool_calls
+from gyre.router.messages import normalize_messages, offered_functions, parse_tool_calls
 from gyre.router.openai_types import ChatRequest, CompletionRequest, RouterError
 from gyre.router.pool import CallAborted, CallControl, Chunk, EnginePool, Generation, NoCapacity
 from gyre.router.render import ChatRenderer
-from gyre.router.sessions import Session, SessionStore, Turn
+from gyre.router.sessions import CallGate, CallStatistics, Session, SessionStore, Turn
 
 T = TypeVar("T")
 
@@ -60,6 +60,9 @@ class Router:
         self.sessions = SessionStore()
         self.journal = Journal(cfg.journal_dir, fsync=cfg.journal_fsync) if cfg.journal_dir else None
         self.context_length = cfg.context_length or _model_context_length(cfg.model_path)  # 0: unknown
+        self.gate = CallGate(cfg.max_calls_per_session, cfg.max_calls)
+        # values a request body may hold (counted before decoding): a token-id prompt as long as the context fits
+        self.max_json_values = max(cfg.max_json_values, self.context_length + 64)
         # One thread renders long requests, one at a time: the tokenizer's batch encode releases the GIL, so the
         # event loop keeps serving every other session meanwhile.
         self._render_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="gyre-render")
@@ -90,6 +93,18 @@ class Router:
         if session is None:
             raise RouterError("unknown session token", 401, "authentication_error")
         return session
+
+    @contextlib.asynccontextmanager
+    async def admit(self, token: str) -> AsyncIterator[Session]:
+        """A slot for one call of ``token``'s session (`CallGate`): the agent API holds it from before it reads a
+        call's body until the call is answered; a call past the session's limit waits for it here."""
+        session = self.session(token)
+        async with self.gate.admit(session):
+            yield session
+
+    def call_statistics(self, token: str) -> CallStatistics:
+        """``token``'s calls at the gate: running, waiting, the most that ran at once."""
+        return self.gate.statistics(self.session(token))
 
     def records(self, token: str) -> list[CallRecord]:
         """This session's call records, in call order."""
@@ -216,12 +231,12 @@ class Router:
     ) -> dict[str, Any]:
         """Record the call, remember it for the next turn, and build the ``chat.completion`` body."""
         text = _before_stop(self.renderer.reply_text(gen.output_ids), gen)  # OpenAI: without the stop string
-        use_tools = req.tool_choice != "none"
         calls: list[dict[str, Any]] = []
-        if use_tools:
-            parsed = parse_tool_calls(text)
+        if _parses_tools(req):
+            offered = None if self.cfg.forward_unknown_tools else offered_functions(req.tools)
+            parsed = parse_tool_calls(text, offered)
             calls, content = parsed.tool_calls, parsed.content
-        else:
+        else:  # OpenAI, SGLang and vLLM alike: a request without tools gets the model's text, whatever it holds
             content = text.strip()
         for tc in calls:
             session.tool_payloads[tc["id"]] = tc
@@ -276,9 +291,9 @@ class Router:
     ) -> AsyncIterator[dict[str, Any]]:
         """The same call as ``chat``, streamed as ``chat.completion.chunk`` objects while tokens arrive.
 
-        Content streams as it is decoded; text that may open a ``<tool_call>`` block is held back, and tool calls
-        arrive whole at the end. The record and the next turn's token-exact prefix are those of the whole call,
-        however many engines it took. Nothing is sent before the first token, so a failure before it is still an
+        Content streams as it is decoded; where the request's tool calls are parsed (`_parses_tools`), text that may
+        open a ``<tool_call>`` block is held back, and tool calls arrive whole at the end. The record and the next
+        turn's token-exact prefix are those of the whole call, however many engines it took. Nothing is sent before the first token, so a failure before it is still an
         HTTP error status.
         """
         session = self.session(token)
@@ -295,7 +310,8 @@ class Router:
         sent = ""  # content already streamed
         started = False
         gen: Generation | None = None
-        use_tools = req.tool_choice != "none"
+        # the same rule as the whole reply's, so streamed text is never taken back
+        use_tools = _parses_tools(req)
         async for item in _mapped(stream):
             if isinstance(item, Generation):
                 gen = item
@@ -522,6 +538,12 @@ async def _mapped(stream: AsyncIterator[Chunk | Generation]) -> AsyncIterator[Ch
     with _engine_errors():
         async for item in stream:
             yield item
+
+
+def _parses_tools(req: ChatRequest) -> bool:
+    """Whether the reply's ``<tool_call>`` blocks may become tool calls: the request offered tools and did not
+    say ``tool_choice: "none"`` (SGLang's rule). Records never depend on it: they keep the sampled ids."""
+    return bool(req.tools) and req.tool_choice != "none"
 
 
 def _before_stop(text: str, gen: Generation) -> str:

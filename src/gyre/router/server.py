@@ -4,7 +4,13 @@ Agent-facing (``router.host:router.port``):
   ``/s/{token}/v1/...`` or ``/v1/...`` with ``Authorization: Bearer {token}``; the role comes from
   ``/s/{token}/{role}/v1/...`` or the ``X-Gyre-Role`` header (default ``main``).
   ``POST chat/completions``, ``POST completions``, ``GET models``, ``GET gyre/records`` (this session's only).
-Admin (127.0.0.1:``router.admin_port``): sessions, engines (add, drain, resume, remove), statistics.
+Admin (127.0.0.1:``router.admin_port``): sessions (and each one's calls at the gate), engines (add, drain, resume,
+remove), statistics.
+
+Limits before decoding: a body over ``router.max_body_mib`` is refused from its declared length, else counted as it
+arrives; one with more than ``router.max_json_values`` values is refused by a count of its structural bytes before
+it is decoded; msgspec refuses nesting past Python's recursion limit as it decodes. A call takes its session's slot
+(`CallGate`) before its body is read.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import msgspec
 from starlette.applications import Starlette
@@ -37,8 +43,12 @@ from gyre.router.pool import CallControl
 if TYPE_CHECKING:
     from gyre.router.listener import ConnectionGate
 
-INLINE_DECODE_BYTES = 256 << 10  # larger request bodies are decoded off the event loop
+INLINE_DECODE_BYTES = 256 << 10  # larger request bodies are counted and decoded off the event loop
 MAX_HEADER_BYTES = 32 << 10  # a request's header lines together (a scaffold sends well under 4 KiB)
+# the rest of a body over the limit is read and dropped, up to this much for this long, before its 413 (so that the
+# client, still sending, is not reset before it reads the answer)
+DISCARD_BYTES = 64 << 20
+DISCARD_S = 2.0
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 Handler = Callable[[Request], Awaitable[Response]]
@@ -128,31 +138,41 @@ class AgentApp:
         if op == "gyre/records":
             await reply.json(200, {"records": router.records(token)})
             return
-        raw = await self._read_body(receive)
-        control = CallControl()
-        async with _abort_on_disconnect(receive, control):
-            if op == "completions":
-                creq = await self._decode(raw, CompletionRequest)
-                del raw  # a large body is not kept for the length of the call
-                if creq.stream:
-                    raise RouterError(
-                        "streaming completions are not supported; use chat/completions", 422, param="stream"
-                    )
-                await reply.json(200, await router.complete(token, creq, role, control))
-                return
-            req = await self._decode(raw, ChatRequest)
-            del raw
-            if not req.stream:
-                await reply.json(200, await router.chat(token, req, role, control))
-                return
-            await self._stream(reply, router.chat_stream(token, req, role, control))
+        declared = _content_length(scope["headers"])
+        if declared is not None and declared > self.limit:  # refused unread: the body never costs memory
+            await self._refuse_large(receive)
+        # the call's slot is taken before its body is read: a call waiting behind its session's own limit holds
+        # no more of its body than the connection's read buffer (uvicorn pauses reading past 64 KiB)
+        async with router.admit(token):
+            raw = await self._read_body(receive)
+            control = CallControl()
+            async with _abort_on_disconnect(receive, control):
+                if op == "completions":
+                    creq = await self._decode(raw, CompletionRequest)
+                    del raw  # a large body is not kept for the length of the call
+                    if creq.stream:
+                        raise RouterError(
+                            "streaming completions are not supported; use chat/completions",
+                            422,
+                            param="stream",
+                        )
+                    await reply.json(200, await router.complete(token, creq, role, control))
+                    return
+                req = await self._decode(raw, ChatRequest)
+                del raw
+                if not req.stream:
+                    await reply.json(200, await router.chat(token, req, role, control))
+                    return
+                await self._stream(reply, router.chat_stream(token, req, role, control))
 
-    async def _decode(self, raw: bytes, type_: type[T]) -> T:
-        """The request ``raw`` holds: decoded here when small, else on the router's decode thread (`check_tools`,
-        on the loop later, refuses a wide schema before walking its members)."""
+    async def _decode(self, raw: bytearray, type_: type[T]) -> T:
+        """The request ``raw`` holds, its JSON values counted first (`count_values`: too many is refused before
+        any is decoded): here when small, else on the router's decode thread (`check_tools`, on the loop later,
+        refuses a wide schema before walking its members)."""
+        limit = self.router.max_json_values
         if len(raw) <= INLINE_DECODE_BYTES:
-            return _decode(raw, type_)
-        return await self.router.off_loop(_decode, raw, type_)
+            return _decode(raw, type_, limit)
+        return await self.router.off_loop(_decode, raw, type_, limit)
 
     @staticmethod
     async def _stream(reply: _Reply, chunks: AsyncIterator[dict[str, Any]]) -> None:
@@ -198,8 +218,9 @@ class AgentApp:
             raise RouterError(f"unknown role {role!r}; roles: {sorted(ROLES)}", 400, param="role")
         return token, role, op  # type: ignore[return-value]
 
-    async def _read_body(self, receive: Any) -> bytes:
-        parts, size = [], 0
+    async def _read_body(self, receive: Any) -> bytearray:
+        """The body, counted as it arrives (one copy of it at most: no list of chunks to join)."""
+        body = bytearray()
         try:
             async with asyncio.timeout(self.body_timeout_s):  # a half-sent body must not hold its connection
                 while True:
@@ -207,19 +228,30 @@ class AgentApp:
                     if message["type"] == "http.disconnect":
                         raise RouterError("the client disconnected before sending the whole body", 400)
                     chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > self.limit:
-                        raise RouterError(
-                            f"the request body is larger than the limit of {self.limit} bytes", 413
-                        )
-                    parts.append(chunk)
+                    if len(body) + len(chunk) > self.limit:
+                        del body
+                        await self._refuse_large(receive, message.get("more_body", False))
+                    body += chunk
                     if not message.get("more_body"):
-                        return b"".join(parts)
+                        return body
         except TimeoutError:
             raise RouterError(
                 f"the request body did not arrive within {self.body_timeout_s:g} s (router.body_timeout_s)",
                 408,
             ) from None
+
+    async def _refuse_large(self, receive: Any, more: bool = True) -> NoReturn:
+        """A 413 for a body over the limit, once what follows of it (up to `DISCARD_BYTES`, for `DISCARD_S` at most)
+        has been read and dropped: a connection closed with unread bytes is reset, and the client would lose the
+        answer. Nothing of the body is kept."""
+        left = DISCARD_BYTES
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(DISCARD_S):
+                while more and left > 0:
+                    message = await receive()
+                    left -= len(message.get("body", b""))
+                    more = message["type"] == "http.request" and message.get("more_body", False)
+        raise RouterError(f"the request body is larger than the limit of {self.limit} bytes", 413)
 
 
 class _Reply:
@@ -274,7 +306,53 @@ async def _abort_on_disconnect(receive: Any, control: CallControl) -> AsyncItera
             await watcher
 
 
-def _decode(raw: bytes, type_: type[T]) -> T:
+_STRUCTURE = (b",", b":", b"[", b"{")  # each begins one JSON value (a key, for ':'), but the first
+SCAN_WINDOW_BYTES = 256 << 10  # a body is scanned for its strings this much at a time (memory: a few windows)
+
+
+def count_values(raw: bytes | bytearray, limit: int) -> int:
+    """About the JSON values (keys included) in ``raw``, without decoding it; 400 naming ``limit`` past it.
+
+    Decoded, a value costs 30-200 bytes where its JSON may take 3 (``{},``): 8 MiB of empty objects became 150 MB
+    of dicts before any check could look at them. Counting the structural bytes is a few passes at C speed. Only
+    when that count is over the limit are the strings, whose commas and brackets are text, cut out and the rest
+    counted again, a window at a time, so that the scan itself costs a few windows, not a copy of the body.
+    """
+    count = 1 + sum(raw.count(c) for c in _STRUCTURE)
+    if count <= limit:
+        return count
+    count, inside, at = 1, 0, 0  # inside: 1 while the window starts within a string
+    while at < len(raw) and count <= limit:  # stops once past the limit
+        end = min(at + SCAN_WINDOW_BYTES, len(raw))
+        while end < len(raw) and raw[end - 1] == 0x5C:  # never between a backslash and what it escapes
+            end += 1
+        window = bytes(raw[at:end]).replace(b"\\\\", b"").replace(b'\\"', b"")
+        pieces = window.split(b'"')  # outside and inside strings in turn
+        outside = b"".join(pieces[inside::2])
+        count += sum(outside.count(c) for c in _STRUCTURE)
+        inside ^= (len(pieces) - 1) & 1
+        del window, pieces, outside
+        at = end
+    if count > limit:
+        raise RouterError(
+            f"the request holds about {count} JSON values; at most {limit} are accepted (router.max_json_values)",
+            400,
+        )
+    return count
+
+
+def _content_length(headers: list[tuple[bytes, bytes]]) -> int | None:
+    """The ``content-length`` a request declares (None: none, or not a number; the server checks it)."""
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value) if value.strip().isdigit() else None
+    return None
+
+
+def _decode(raw: bytes | bytearray, type_: type[T], max_values: int = 0) -> T:
+    """``raw`` as ``type_``: its values counted first when ``max_values`` is given; every failure a 400."""
+    if max_values:
+        count_values(raw, max_values)
     try:
         return msgspec.json.decode(raw, type=type_)
     except msgspec.ValidationError as exc:
@@ -320,6 +398,12 @@ def build_admin_app(router: Router) -> Starlette:
             raise RouterError("unknown session token", 404, "not_found_error")
         return _json({"closed": True})
 
+    async def session_calls(request: Request) -> Response:
+        session = router.sessions.get(request.path_params["token"])
+        if session is None:
+            raise RouterError("unknown session token", 404, "not_found_error")
+        return _json(router.gate.statistics(session))
+
     async def session_records(request: Request) -> Response:
         session = router.sessions.get(request.path_params["token"])
         if session is None:
@@ -350,6 +434,7 @@ def build_admin_app(router: Router) -> Starlette:
         Route("/admin/sessions", _guard(open_session), methods=["POST"]),
         Route("/admin/sessions/{token}", _guard(close_session), methods=["DELETE"]),
         Route("/admin/sessions/{token}/records", _guard(session_records), methods=["GET"]),
+        Route("/admin/sessions/{token}/calls", _guard(session_calls), methods=["GET"]),
         Route("/admin/engines", _guard(engines), methods=["GET"]),
         Route("/admin/engines", _guard(add_engine), methods=["POST"]),
         Route("/admin/engines/{name}/drain", _guard(drain), methods=["POST"]),

@@ -1,13 +1,21 @@
 """Sessions: one per execution, each with its calls, its token-exact records and what TITO needs to extend them.
 
-A session only ever sees its own records: every lookup goes through the session token.
+A session only ever sees its own records: every lookup goes through the session token. `CallGate` admits the
+sessions' calls: one session's flood waits behind its own limit, never in front of another session's call.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import itertools
 import secrets
+from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from gyre.records import ApiCallRecord, CallRecord
 
@@ -43,6 +51,12 @@ class Session:
     affinity: str | None = None  # engine holding this session's prefix
     calls: int = 0
     closed: bool = False
+    # admission (`CallGate`): calls running and waiting now, the most that ran at once, calls that had to wait
+    running: int = 0
+    # (arrival, wake-up) of each waiting call, oldest first
+    waiting: deque[tuple[int, asyncio.Future[None]]] = field(default_factory=deque)
+    peak_running: int = 0
+    waited: int = 0
 
     def remember(self, turn: Turn, extended: Turn | None) -> None:
         """Index a finished call as a leaf; the call it extended stops being one."""
@@ -94,3 +108,93 @@ class SessionStore:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+
+class CallStatistics(msgspec.Struct, frozen=True):
+    """One session's calls at the gate."""
+
+    execution_id: str
+    running: int  # admitted and not yet answered
+    waiting: int  # behind the session's own limit (or the router's cap)
+    peak_running: int  # the most that ran at once
+    waited: int  # calls that were not admitted at once
+    calls: int  # calls recorded
+
+
+class CallGate:
+    """Admits calls: at most ``per_session`` of one session's at once and, when ``total`` > 0, at most ``total``
+    in all. A call past either waits. A freed slot goes to the waiting session with the fewest calls running
+    (ties: the one whose oldest call waited longest), and a session's calls are admitted in their order.
+
+    So a session that floods the router holds ``per_session`` calls at most, its other calls wait behind those,
+    and a session making one call at a time is never behind it. Waiting costs a future per call: the request's
+    body is not read until its call is admitted (the connection's flow control holds the rest).
+    """
+
+    def __init__(self, per_session: int, total: int = 0) -> None:
+        self.per_session, self.total = per_session, total
+        self.running = 0
+        self._queued: dict[str, Session] = {}  # sessions with calls waiting, by token
+        self._arrivals = itertools.count()
+
+    @contextlib.asynccontextmanager
+    async def admit(self, session: Session) -> AsyncIterator[None]:
+        """Hold a slot for one of ``session``'s calls while the block runs (waiting for one first if need be)."""
+        if session.waiting or not self._room(session):
+            session.waited += 1
+            wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            entry = (next(self._arrivals), wake)
+            session.waiting.append(entry)
+            self._queued[session.token] = session
+            try:
+                await wake
+            except BaseException:
+                if wake.done() and not wake.cancelled():  # admitted as it was cancelled: give the slot back
+                    self._release(session)
+                else:
+                    session.waiting.remove(entry)
+                    if not session.waiting:
+                        self._queued.pop(session.token, None)
+                    self._wake(session)  # it may have held up the session's later calls
+                raise
+        else:
+            self._start(session)
+        try:
+            yield
+        finally:
+            self._release(session)
+
+    def _room(self, session: Session) -> bool:
+        return session.running < self.per_session and not (self.total and self.running >= self.total)
+
+    def _start(self, session: Session) -> None:
+        session.running += 1
+        session.peak_running = max(session.peak_running, session.running)
+        self.running += 1
+
+    def _release(self, session: Session) -> None:
+        session.running -= 1
+        self.running -= 1
+        self._wake(session)
+
+    def _wake(self, freed: Session | None = None) -> None:
+        """Admit waiting calls while there is room: the session with the fewest running first. Without a cap only
+        ``freed``'s own calls can have been waiting for the slot it freed: one look, not one per queued session."""
+        while self._queued and not (self.total and self.running >= self.total):
+            if self.total or freed is None:
+                ready = [s for s in self._queued.values() if s.running < self.per_session]
+            else:
+                ready = [freed] if freed.waiting and freed.running < self.per_session else []
+            if not ready:
+                return
+            session = min(ready, key=lambda s: (s.running, s.waiting[0][0]))
+            _, wake = session.waiting.popleft()
+            if not session.waiting:
+                del self._queued[session.token]
+            self._start(session)
+            wake.set_result(None)
+
+    def statistics(self, session: Session) -> CallStatistics:
+        """``session``'s calls at the gate."""
+        return CallStatistics(session.execution_id, session.running, len(session.waiting), session.peak_running,
+                              session.waited, session.calls)  # fmt: skip

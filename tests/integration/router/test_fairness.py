@@ -1,4 +1,4 @@
-"""Fair service under many keep-alive agent connections (issue 17).
+"""Fair service under many keep-alive agent connections (issue 17), and between sessions (issue 48).
 
 A scripted engine answers at once, so the router's one event loop is the bottleneck. Agents that connect while
 others keep the router busy must be answered within a few of the others' rounds. Before the fix the router accepted
@@ -10,6 +10,7 @@ here; p99 8-21x the p50 at 256 concurrent in ``benchmarks/router.py``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import statistics
 import subprocess
@@ -17,11 +18,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import openai
 import pytest
 
-from gyre.engine.launch import ServerProcess
+from gyre.engine.launch import ServerProcess, launch_embedded
 from gyre.router.launch import launch_router
 
 BUSY = 64  # agents calling back to back on their keep-alive connections
@@ -137,3 +140,71 @@ def test_agents_that_connect_while_the_router_is_busy_are_answered_within_a_few_
         f"the slowest of {LATE} agents that connected while {BUSY} kept the router busy got its first answer after "
         f"{slowest * 1e3:.0f} ms, {slowest / round_s:.1f}x the busy agents' median call ({round_s * 1e3:.0f} ms)"
     )
+
+
+# ---- issue 48: one session's flood waits behind its own limit ------------------------------------------------------
+FLOOD_CALLS = 6
+PER_SESSION = 2
+
+
+@pytest.fixture(scope="module")
+def slow_router(
+    tiny_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[ServerProcess, str]]:
+    """A router allowing `PER_SESSION` calls per session, in front of the embedded engine at 30 ms a step."""
+    logs = tmp_path_factory.mktemp("fairness-slow")
+    overrides = ["engine.kv_cache_mem_gib=0.05", "engine.modelled_step_s=0.03"]
+    with launch_embedded(tiny_model, overrides=overrides, log_path=logs / "engine.log") as engine:
+        proc, admin = launch_router(tiny_model, [engine.url], log_path=logs / "router.log",
+                                    overrides=[f"router.max_calls_per_session={PER_SESSION}"])  # fmt: skip
+        with proc:
+            yield proc, admin
+
+
+@pytest.mark.slow(reason="starts an embedded engine and runs three rounds of 64-token calls: ~20 s")
+def test_a_flooding_sessions_calls_wait_behind_its_own_limit_while_another_sessions_call_is_answered(
+    slow_router: tuple[ServerProcess, str],
+) -> None:
+    """Before issue 48 every call of a flooding session ran at once, and its neighbours' calls queued with them in
+    the engine's batch and on the router's loop (their median latency rose 8x). Now the flood holds
+    `PER_SESSION` calls; the rest wait for its own, and a neighbour's call is admitted at once."""
+    _, admin = slow_router
+    with httpx.Client(timeout=60) as http:
+        opened = [
+            http.post(f"{admin}/admin/sessions", json={"execution_id": name}).json()
+            for name in ("flood", "polite")
+        ]
+        (flood, flood_url), (polite, polite_url) = [(o["token"], o["base_url"]) for o in opened]
+
+        def calls(token: str) -> dict[str, Any]:
+            stats: dict[str, Any] = http.get(f"{admin}/admin/sessions/{token}/calls").json()
+            return stats
+
+        def flood_call(i: int) -> int:
+            body = {
+                "model": "default",
+                "max_tokens": 64,
+                "messages": [{"role": "user", "content": f"flood {i}"}],
+            }
+            return httpx.post(f"{flood_url}/chat/completions", json=body, timeout=120).status_code
+
+        with concurrent.futures.ThreadPoolExecutor(FLOOD_CALLS) as pool:
+            statuses = [pool.submit(flood_call, i) for i in range(FLOOD_CALLS)]
+            deadline = time.monotonic() + 60
+            # until the flood's calls queue: its limit running, the others waiting
+            while (seen := calls(flood))["running"] < PER_SESSION or not seen["waiting"]:
+                assert time.monotonic() < deadline, seen
+                time.sleep(0.02)
+            with openai.OpenAI(base_url=polite_url, api_key="unused", max_retries=0, timeout=60) as client:
+                reply = client.chat.completions.create(
+                    model="default", messages=[{"role": "user", "content": "hello"}], max_tokens=2
+                )
+            assert reply.choices[0].finish_reason in ("stop", "length")
+            during = calls(flood)  # the neighbour was answered while the flood still waited for its own calls
+            assert [s.result() for s in statuses] == [200] * FLOOD_CALLS
+        after, neighbour = calls(flood), calls(polite)
+    assert during["waiting"] >= 1 and during["running"] == PER_SESSION, during
+    assert (neighbour["waited"], neighbour["calls"]) == (0, 1), neighbour
+    assert after["peak_running"] == PER_SESSION, after  # never more than its limit at once
+    assert after["waited"] == FLOOD_CALLS - PER_SESSION and after["calls"] == FLOOD_CALLS, after
+    assert (after["running"], after["waiting"]) == (0, 0), after
