@@ -293,8 +293,8 @@ class Router:
 
         Content streams as it is decoded; where the request's tool calls are parsed (`_parses_tools`), text that may
         open a ``<tool_call>`` block is held back, and tool calls arrive whole at the end. The record and the next
-        turn's token-exact prefix are those of the whole call, however many engines it took. Nothing is sent before the first token, so a failure before it is still an
-        HTTP error status.
+        turn's token-exact prefix are those of the whole call, however many engines it took. Nothing is sent before
+        the first token, so a failure before it is still an HTTP error status.
         """
         session = self.session(token)
         call = await self._start_chat(session, req)
