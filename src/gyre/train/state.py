@@ -5,17 +5,17 @@ Gradients of a step are summed into one float64 buffer laid out like ``flat_para
 independent of the order in which micro-steps arrive, so an elastic step matches one process computing the whole
 batch. ``apply`` turns the sum into one AdamW update and bumps the weight version.
 
-A checkpoint is a directory that loads as a Hugging Face model (``config.json``, ``model.safetensors`` and the
-tokenizer files of the source model, so ``gyre serve-engine`` and transformers read it) plus
-``optimizer.safetensors`` (AdamW's moments and step counts, exact) and ``trainer_state.json`` (step, version, the
-driver's data cursor, the step's metrics). Resuming from it gives the same next update, bit for bit, as not stopping.
+A checkpoint (``gyre.train.checkpoint``) is a directory that loads as a Hugging Face model (``config.json``, the
+weights streamed into safetensors files, the tokenizer files of the source model, so ``gyre serve-engine`` and
+transformers read it) plus ``optimizer/`` (fp32 master weights and AdamW's moments and step count as flat buffers,
+which a sharded core of any size loads) and ``trainer_state.json`` (step, version, the driver's data cursor, the
+step's metrics). Resuming from it gives the same next update, bit for bit, as not stopping; earlier checkpoints (one
+``optimizer.safetensors``) still load.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,16 +23,7 @@ import torch
 
 from gyre.config import TrainerConfig
 from gyre.errors import ConfigError
-
-STATE_FILE = "trainer_state.json"
-OPTIMIZER_FILE = "optimizer.safetensors"
-_WEIGHT_FILES = (
-    "config.json",
-    "model.safetensors",
-    "model.safetensors.index.json",
-    STATE_FILE,
-    OPTIMIZER_FILE,
-)
+from gyre.train import checkpoint
 
 
 def load_model(directory: str | Path) -> Any:
@@ -186,58 +177,58 @@ class TrainState:
         return lr
 
     # ---- checkpoints ----------------------------------------------------------------------------------------
-    def save(self, directory: str | Path) -> Path:
-        """Write a checkpoint (see the module); replaces what ``directory`` held."""
-        from safetensors.torch import save_file
+    def flat_state(self) -> dict[str, torch.Tensor]:
+        """The weights and AdamW state in the flat layout of sharded checkpoints (``gyre.train.checkpoint``): fp32
+        ``master`` weights, and once an update has run, ``exp_avg``, ``exp_avg_sq`` (copies) and the 0-d ``step``."""
+        out = {"master": self.flat.detach()}
+        states = [self.optimizer.state.get(p, {}) for _, p in self.named]
+        if not any(states):
+            return out
+        if not all(states) or len({float(s["step"]) for s in states}) != 1:
+            raise RuntimeError(
+                "AdamW state is uneven over the parameters; the flat layout holds one step count"
+            )
+        for key in ("exp_avg", "exp_avg_sq"):
+            out[key] = torch.cat([s[key].detach().reshape(-1) for s in states])
+        out["step"] = states[0]["step"].detach().clone()
+        return out
 
-        path = Path(directory)
-        tmp = path.with_name(path.name + ".partial")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.model.config.save_pretrained(tmp)
-        tensors: dict[str, torch.Tensor] = {}
-        seen: set[tuple[int, int]] = set()
-        for (
-            name,
-            tensor,
-        ) in self.model.state_dict().items():  # a tied weight is stored once, under its first name
-            key = (tensor.data_ptr(), tensor.numel())
-            if key not in seen:
-                seen.add(key)
-                tensors[name] = tensor.detach().clone()  # its own storage, out of the shared flat buffer
-        save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        for item in self.source.iterdir():  # the tokenizer and chat template travel with the weights
-            if item.is_file() and item.name not in _WEIGHT_FILES and not item.name.endswith(".safetensors"):
-                shutil.copy2(item, tmp / item.name)
-        moments: dict[str, torch.Tensor] = {}
-        for i, (_, p) in enumerate(self.named):  # keyed by position; trainer_state.json keeps the names
-            for key, value in self.optimizer.state.get(p, {}).items():
-                moments[f"{i}.{key}"] = value.detach().contiguous()
-        save_file(moments, str(tmp / OPTIMIZER_FILE))
+    def save(self, directory: str | Path, *, max_shard_bytes: int = checkpoint.MAX_SHARD_BYTES) -> Path:
+        """Write a checkpoint (see ``gyre.train.checkpoint.save_checkpoint``); replaces what ``directory`` held."""
         state = {"step": self.step, "version": self.version, "data_cursor": self.data_cursor,
                  "metrics": self.last_metrics, "parameters": [n for n, _ in self.named]}  # fmt: skip
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=1) + "\n")
-        shutil.rmtree(path, ignore_errors=True)
-        tmp.rename(path)
-        return path
+        return checkpoint.save_checkpoint(
+            directory, config=self.model.config, source=self.source, tensors=checkpoint.model_tensors(self.model),
+            flat=self.flat_state(), numel=self.numel, state=state, max_shard_bytes=max_shard_bytes,
+        )  # fmt: skip
 
     def _load(self, path: Path) -> None:
-        state = self._load_moments(path)
+        state = self._load_moments(path, weights=True)
         self.step, self.version = int(state["step"]), int(state["version"])
         self.data_cursor = dict(state.get("data_cursor") or {})
 
-    def _load_moments(self, path: Path) -> dict[str, Any]:
-        """The AdamW state of the checkpoint at ``path`` into this optimizer; returns its trainer state."""
+    def _load_moments(self, path: Path, weights: bool = False) -> dict[str, Any]:
+        """The AdamW state of the checkpoint at ``path`` into this optimizer (and with ``weights`` its fp32 master
+        weights, where it has them); returns its trainer state. Reads sharded checkpoints, saved by any number of
+        ranks, and the single-file ``optimizer.safetensors`` of earlier ones."""
+        state = checkpoint.read_state(path)
+        if state.get("parameters") != [n for n, _ in self.named]:
+            raise ConfigError(f"{path}: its optimizer state is for other parameters than the model's")
+        if (path / checkpoint.OPTIMIZER_DIR).is_dir():
+            flat = checkpoint.load_flat_state(path / checkpoint.OPTIMIZER_DIR, self.numel)
+            if weights and "master" in flat:
+                self.flat.copy_(flat["master"])
+            if "exp_avg" in flat:
+                offset = 0
+                for _, p in self.named:
+                    part = slice(offset, offset + p.numel())
+                    self.optimizer.state[p] = {"step": flat["step"].clone(), "exp_avg": flat["exp_avg"][part].view_as(p),
+                                               "exp_avg_sq": flat["exp_avg_sq"][part].view_as(p)}  # fmt: skip
+                    offset += p.numel()
+            return state
         from safetensors.torch import load_file
 
-        state_file = path / STATE_FILE
-        if not state_file.is_file():
-            raise ConfigError(f"{path} is not a Gyre checkpoint (no {STATE_FILE})")
-        state: dict[str, Any] = json.loads(state_file.read_text())
-        names = [n for n, _ in self.named]
-        if state.get("parameters") != names:
-            raise ConfigError(f"{path}: its optimizer state is for other parameters than the model's")
-        moments = load_file(str(path / OPTIMIZER_FILE))
+        moments = load_file(str(path / checkpoint.LEGACY_OPTIMIZER_FILE))
         for i, (_, p) in enumerate(self.named):
             entry = {key.split(".", 1)[1]: v for key, v in moments.items() if key.split(".", 1)[0] == str(i)}
             if entry:

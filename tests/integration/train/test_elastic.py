@@ -3,6 +3,7 @@ mid-micro-step; the update always equals one process computing the whole batch (
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -22,6 +23,7 @@ from gyre.config import ChaosConfig, LossConfig, TrainerConfig
 from gyre.engine.launch import free_port
 from gyre.errors import TrainerError
 from gyre.protocol import MicroStep, StepMetrics, TrainerStatistics
+from gyre.train.checkpoint import load_flat_state
 from gyre.train.client import TrainerClient, launch_core, launch_satellite
 from gyre.train.state import TrainState
 from reference import random_micro_steps, train_step
@@ -71,7 +73,8 @@ class Cluster:
 
     def weights_after(self, path: Path) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
         saved = self.client.save_checkpoint(path)
-        return load_file(str(saved / "model.safetensors")), load_file(str(saved / "optimizer.safetensors"))
+        weights = load_file(str(saved / "model.safetensors"))
+        return weights, moments_of(saved, weights)
 
     def __enter__(self) -> Cluster:
         return self
@@ -127,6 +130,21 @@ def freeze_holding_a_claim(c: Cluster, proc: subprocess.Popen[bytes], name: str)
             return
         os.kill(proc.pid, signal.SIGCONT)
     raise AssertionError(f"{name} never stopped while holding a micro-step")
+
+
+def moments_of(saved: Path, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's AdamW moments per parameter, keyed ``{index}.{key}`` (its ``optimizer/`` holds them flat)."""
+    names = json.loads((saved / "trainer_state.json").read_text())["parameters"]
+    flat = load_flat_state(saved / "optimizer", sum(weights[n].numel() for n in names))
+    out: dict[str, torch.Tensor] = {}
+    at = 0
+    for i, name in enumerate(names):
+        size = weights[name].numel()
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in flat:
+                out[f"{i}.{key}"] = flat[key][at : at + size].view_as(weights[name])
+        at += size
+    return out
 
 
 def assert_same_update(
