@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from frozen_shards import assert_each_execution_ended_once, freeze_and_thaw
+from frozen_shards import FROZEN_TIMEOUT_S, assert_each_execution_ended_once, freeze_and_thaw
 from gyre.config import GyreConfig, RayConfig, RouterConfig, ShardsConfig
 from gyre.journal import read_journal
 from gyre.rundir import execution_journals
@@ -273,7 +273,7 @@ def test_a_shard_frozen_under_ray_and_thawed_stays_lost(
 
     placement = RayConfig(shard_resources={"shard_node": 1}, shard_strategy="STRICT_SPREAD")
     cfg = ray_config(GyreConfig(router=RouterConfig(model_path=str(tiny_model)), ray=placement,
-                                shards=ShardsConfig(count=2, report_s=0.2, timeout_s=2, reruns=reruns)))  # fmt: skip
+                                shards=ShardsConfig(count=2, report_s=0.2, timeout_s=FROZEN_TIMEOUT_S, reruns=reruns)))  # fmt: skip
     run_dir = tmp_path / "run"
     launcher = RayLauncher(cfg, cluster.address, run_dir / "journal", cells=0)
     try:

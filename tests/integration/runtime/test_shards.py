@@ -15,7 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from frozen_shards import assert_each_execution_ended_once, freeze_and_thaw
+from frozen_shards import FROZEN_TIMEOUT_S, assert_each_execution_ended_once, freeze_and_thaw
 from gyre.cli import main
 from gyre.config import GyreConfig, RouterConfig, ShardsConfig, load_config
 from gyre.journal import read_journal
@@ -180,7 +180,7 @@ def test_a_lost_shards_execution_is_dropped_or_run_again_and_with_none_left_the_
 @pytest.mark.parametrize("reruns", [1, 0])
 def test_a_frozen_shard_that_comes_back_stays_lost(tiny_model: Path, tmp_path: Path, reruns: int) -> None:
     cfg = GyreConfig(router=RouterConfig(model_path=str(tiny_model)),
-                     shards=ShardsConfig(count=2, report_s=0.2, timeout_s=2, reruns=reruns))  # fmt: skip
+                     shards=ShardsConfig(count=2, report_s=0.2, timeout_s=FROZEN_TIMEOUT_S, reruns=reruns))  # fmt: skip
     thawed = asyncio.run(freeze_and_thaw(cfg, tmp_path / "run"))
     assert_each_execution_ended_once(tmp_path / "run", thawed, reruns)
 
