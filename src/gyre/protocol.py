@@ -297,6 +297,7 @@ class StepMetrics(msgspec.Struct, frozen=True, kw_only=True):
     # the version still moves on; empty when it trained
     untrained: str = ""
     repeated_submits: int = 0  # submits of this step the core acknowledged without taking (seen before)
+    gradient_bytes_in: int = 0  # gradient bytes members sent the core for this step (the core's own: none)
 
 
 class Hello(msgspec.Struct, tag="hello", kw_only=True):
@@ -335,6 +336,27 @@ class Heartbeat(msgspec.Struct, tag="heartbeat", kw_only=True):
     """A member is alive (sent from its own thread, also while it computes)."""
 
     member: str
+
+
+class Computed(msgspec.Struct, tag="computed", kw_only=True):
+    """A member computed micro-step ``index`` of ``step``; its gradient waits in the member's local sum (held)
+    until ``GradientSum`` sends it."""
+
+    member: str
+    step: int
+    index: int
+    stats: MicroStats
+
+
+class GradientSum(msgspec.Struct, tag="gradient_sum", kw_only=True):
+    """A member's local sum of the gradients of micro-steps ``indices`` of ``step`` follows over the pair group:
+    ``numel`` values of ``dtype`` (float64), counted once the whole sum has arrived."""
+
+    member: str
+    step: int
+    indices: list[int]
+    numel: int
+    dtype: str = "float64"
 
 
 class SubmitMicroSteps(msgspec.Struct, tag="submit", kw_only=True):
@@ -392,7 +414,7 @@ class Shutdown(msgspec.Struct, tag="shutdown", kw_only=True):
 
 TrainerRequest = (
     Hello | Claim | GradientReady | Goodbye | Heartbeat | SubmitMicroSteps | WaitStep | ReleaseMember
-    | AttachEngine | SaveCheckpoint | GetStatistics | Shutdown | SetEngine
+    | AttachEngine | SaveCheckpoint | GetStatistics | Shutdown | SetEngine | Computed | GradientSum
 )  # fmt: skip
 
 
@@ -439,7 +461,15 @@ class Wake(msgspec.Struct, tag="wake", kw_only=True):
 
 
 class Leave(msgspec.Struct, tag="leave", kw_only=True):
-    """Leave training (answered to a claim after the member was released)."""
+    """Leave training (answered to a claim after the member was released): send the sum you hold first."""
+
+    final: bool = False  # the core shuts down: it receives nothing more (the step under way is not applied)
+
+
+class Flush(msgspec.Struct, tag="flush", kw_only=True):
+    """Nothing more to claim in ``step``: send the sum of the micro-steps you hold (``GradientSum``), then claim."""
+
+    step: int
 
 
 class Ping(msgspec.Struct, tag="ping", kw_only=True):
@@ -479,10 +509,13 @@ class TrainerStatistics(msgspec.Struct, tag="statistics", kw_only=True, frozen=T
     push_s: dict[str, float] = {}  # engine url -> seconds its fastest weight push took
     push_total_s: float = 0.0  # seconds of every push so far, summed over engines
     detached: dict[str, str] = {}  # engine url -> why the core stopped pushing to it (until it answers again)
+    held: dict[str, list[int]] = {}  # member -> micro-steps it computed whose gradient it has not sent yet
+    gradient_bytes_in: int = 0  # gradient bytes members sent the core, all steps (the core's own: none)
 
 
 TrainerReply = (
     Welcome | Assign | Refresh | Idle | Wake | Leave | Ping | StepDone | Ack | Refused | TrainerStatistics
+    | Flush
 )  # fmt: skip
 
 

@@ -1,11 +1,19 @@
 """The core trainer process: authoritative weights, the only optimizer state, and the step's micro-step queue.
 
 Elastic data parallelism (DESIGN section 4). Weights are frozen during a step. The driver streams a step's
-micro-steps in (``SubmitMicroSteps``) and seals it; members claim micro-steps one at a time, compute gradients at the
-step's weights and send them here, where they are summed; when the step is sealed and every micro-step is done the
-core applies one AdamW update, bumps the version, pushes the new weights to attached engines and answers
-``StepDone``. The core is a member too (``core_computes``), computing in its own thread; in a cell the computing is
-switched on and off with the cell's role (``set_computing``).
+micro-steps in (``SubmitMicroSteps``) and seals it; members claim micro-steps one at a time and compute gradients at
+the step's weights; when the step is sealed and every micro-step is done the core applies one AdamW update, bumps the
+version, pushes the new weights to attached engines and answers ``StepDone``.
+
+A satellite keeps the gradients it computes in a local float64 sum and says only ``Computed`` per micro-step (the
+queue marks it held); when there is nothing more for it to claim in a sealed step the core answers its claim with
+``Flush``, and it sends the sum once (``GradientSum``: the micro-steps it covers, then the buffer over the pair
+group), also before it leaves. The micro-steps are done when the whole sum has arrived; a member lost before that
+(killed, silent, left without sending) gives its held micro-steps back to the queue, to be computed again. So the
+gradient bytes into the core per step are one sum per satellite however many micro-steps it computed
+(``gradient_bytes_in``), not one gradient per micro-step. The core is a member too (``core_computes``), computing in
+its own thread and adding each gradient as it is computed; in a cell the computing is switched on and off with the
+cell's role (``set_computing``).
 
 How groups are formed (never rebuilt when membership changes): each member has its own two-rank torch.distributed
 group with the core (core rank 0, member rank 1), created once when the member first says ``Hello``, from a TCPStore
@@ -58,9 +66,12 @@ from gyre.protocol import (
     Assign,
     AttachEngine,
     Claim,
+    Computed,
+    Flush,
     GetStatistics,
     Goodbye,
     GradientReady,
+    GradientSum,
     Heartbeat,
     Hello,
     Idle,
@@ -173,6 +184,7 @@ class CoreTrainer:
         self.push_s: dict[str, float] = {}  # engine url -> seconds of its fastest push
         self.push_total_s = 0.0  # seconds of all pushes, summed over engines
         self._group_names = itertools.count()
+        self.gradient_bytes_in = 0  # gradient bytes received from members, all steps (guarded by queue.lock)
         self.stopping = False
         self._worker: threading.Thread | None = None
 
@@ -281,9 +293,14 @@ class CoreTrainer:
                 self._claim(identity, name, version)
             case GradientReady():
                 self._gradient(message)
+            case Computed(step=step, index=index, stats=stats):
+                if member is not None and member.state != "gone" and step == self.queue.step:
+                    self.queue.hold(index, member.name, stats)  # refused: the sum covering it will be too
+            case GradientSum():
+                self._gradient_sum(message)
             case Goodbye(member=name):
                 if member is not None:
-                    self._park(member)
+                    self._park(member, keep_held=False)  # what it held and did not send is computed again
             case SubmitMicroSteps():
                 self._submit(identity, message)
             case WaitStep(step=step):
@@ -308,7 +325,7 @@ class CoreTrainer:
             case Shutdown():
                 for m in self.members.values():
                     if m.state != "gone":
-                        self._reply(m.identity, Leave())
+                        self._reply(m.identity, Leave(final=True))
                 self._reply(identity, Ack(detail="shutting down"))
                 self.stopping = True
 
@@ -327,6 +344,8 @@ class CoreTrainer:
             if self.state.reference_flat is not None:
                 reference = self.state.reference_flat
                 pair.submit(lambda group: group.broadcast(reference, src=0))
+        else:  # a rejoin: it starts with an empty sum, so what it held and did not send is computed again
+            self.queue.release(name, keep=member.transferring)
         member.identity, member.state, member.leaving = identity, "active", False
         member.version, member.last_seen = -1, time.monotonic()  # a rejoin gets the step's weights again
         log.info("member %s joined (step %d, version %d)", name, self.queue.step, self.state.version)
@@ -360,7 +379,11 @@ class CoreTrainer:
             return
         claimed = self.queue.claim(name)
         if claimed is None:
-            member.idle = True
+            if self.queue.sealed and self.queue.held_by(name):  # nothing more for it in this step: its sum
+                member.idle = False
+                self._reply(identity, Flush(step=self.queue.step))
+                return
+            member.idle = True  # (in a step still streaming in it keeps its sum; the seal wakes it)
             self._reply(identity, Idle())
             return
         member.idle = False
@@ -392,6 +415,7 @@ class CoreTrainer:
             buffer = torch.empty(message.numel, dtype=torch.float32)
             group.broadcast(buffer, src=1)
             with self.queue.lock:
+                self._count_bytes_in(message.step, buffer)
                 if message.step == self.queue.step:
                     self.queue.finish(
                         message.index, member.name, message.stats, lambda: self.state.add(buffer)
@@ -402,9 +426,45 @@ class CoreTrainer:
 
         member.pair.submit(op)
 
-    def _park(self, member: _Member) -> None:
+    def _gradient_sum(self, message: GradientSum) -> None:
+        """A member's local sum of ``message.indices`` follows over its pair group; they are done once it is in."""
+        member = self.members.get(message.member)
+        if member is None or member.pair.dead:
+            return  # nothing can be received from it; its held micro-steps were (or will be) given back
+        dtype = {"float64": torch.float64, "float32": torch.float32}.get(message.dtype)
+        if message.numel != self.state.numel or dtype is None:
+            why = f"sent a sum of {message.numel} {message.dtype} values for {self.state.numel} float64"
+            self._notify("pair_failed", member.name, member.pair.name, why)
+            return
+        member.transferring.update(message.indices)
+
+        def op(group: weight_sync.WeightGroup) -> None:
+            buffer = torch.empty(message.numel, dtype=dtype)
+            group.broadcast(buffer, src=1)
+            with self.queue.lock:
+                self._count_bytes_in(message.step, buffer)
+                if message.step == self.queue.step:
+                    self.queue.finish_sum(message.indices, member.name, lambda: self.state.add(buffer))
+                else:
+                    self.queue.discarded += len(message.indices)
+            for index in message.indices:
+                self._notify("received", member.name, index)
+
+        member.pair.submit(op)
+
+    def _count_bytes_in(self, step: int, buffer: torch.Tensor) -> None:
+        """(holding queue.lock) A gradient buffer arrived from a member for ``step``."""
+        size = buffer.numel() * buffer.element_size()
+        self.gradient_bytes_in += size
+        if step == self.queue.step:
+            self.queue.bytes_in += size
+
+    def _park(self, member: _Member, keep_held: bool = True) -> None:
+        """It leaves the step: its claims go back, except gradients on their way and (``keep_held``: it was told
+        to leave and sends its sum before its ``Goodbye``) the micro-steps it holds computed."""
         member.state, member.idle = "parked", False
-        self.queue.release(member.name, keep=member.transferring)
+        keep = member.transferring | set(self.queue.held_by(member.name) if keep_held else ())
+        self.queue.release(member.name, keep=keep)
 
     def _release(self, identity: bytes, name: str) -> None:
         member = self.members.get(name)
@@ -479,7 +539,9 @@ class CoreTrainer:
         stalled = self._stall.stalled()  # this thread stood still that long: nobody could be heard
         now = time.monotonic()
         for member in list(self.members.values()):
-            if member.state != "active":  # a parked member stopped its heartbeats; it says Hello to rejoin
+            # a parked member stopped its heartbeats (it says Hello to rejoin), unless it was told to leave and its
+            # sum has not come yet: silent past the timeout, it is gone and its held micro-steps go back
+            if member.state == "gone" or (member.state == "parked" and not self.queue.held_by(member.name)):
                 continue
             member.last_seen = credit(member.last_seen, stalled)
             if now - member.last_seen > self.cfg.member_timeout_s:
@@ -572,7 +634,10 @@ class CoreTrainer:
         self.state.data_cursor = self.sealed_at.pop(step, {})
         metrics = _metrics(step, self.state.version, merge_stats(q.stats), len(q.items), norm, lr, q)
         metrics = msgspec.structs.replace(
-            metrics, untrained="" if q.items else untrained, repeated_submits=self.repeats.pop(step, 0)
+            metrics,
+            untrained="" if q.items else untrained,
+            repeated_submits=self.repeats.pop(step, 0),
+            gradient_bytes_in=q.bytes_in,
         )
         for old in [s for s in self.submissions if s <= step - KEEP_SUBMISSIONS_STEPS]:
             del self.submissions[old]
@@ -750,6 +815,7 @@ class CoreTrainer:
                 sealed=q.sealed, engines=sorted(self.engines),
                 weight_bytes=sum(p.numel() * p.element_size() for _, p in self.state.named),
                 push_s=dict(self.push_s), push_total_s=self.push_total_s, detached=dict(self.detached),
+                held={m: sorted(h) for m, h in q.held.items() if h}, gradient_bytes_in=self.gradient_bytes_in,
             )  # fmt: skip
 
 

@@ -1,9 +1,15 @@
 """The micro-step queue of the open step: who holds which micro-step, and which are done (thread-safe).
 
-Invariant: a micro-step's gradient is added to the step's sum exactly once. ``finish`` adds it and marks the
-micro-step done under one lock, and refuses a micro-step that is already done (a member declared gone that comes
-back, or a claim given out twice after a member went silent): such a gradient is counted as discarded, never added.
-A member that leaves or goes silent gives its unfinished claims back to the front of the queue.
+A micro-step is pending (nobody holds it), claimed (a member computes it), held (computed: its gradient waits in
+the member's local sum, ``hold``) or done (its gradient is in the step's sum). A satellite sends the sum of all it
+holds once (``finish_sum``); the core's own worker adds each gradient as it computes it (``finish``).
+
+Invariant: a micro-step's gradient is added to the step's sum exactly once. ``finish`` / ``finish_sum`` add and mark
+done under one lock, and refuse a micro-step that is already done or that the member no longer holds (a member
+declared gone that comes back, or a claim given out twice after a member went silent): such a gradient is counted as
+discarded, never added. A sum is all or nothing: one it cannot take whole is discarded, and whatever of it the
+member still held goes back to the queue. A member that leaves or goes silent gives its unfinished claims, held ones
+included, back to the front of the queue, so a lost member costs only its own unsent micro-steps.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class StepQueue:
         self.done: list[bool] = []
         self.pending: deque[int] = deque()
         self.holders: dict[int, set[str]] = {}  # index -> members holding it
+        self.held: dict[str, dict[int, MicroStats]] = {}  # member -> computed micro-steps not yet received
         self.sealed = False
         self.stats: list[MicroStats] = []
         self.by_member: Counter[str] = Counter()
@@ -64,6 +71,7 @@ class StepQueue:
         self.reclaimed = 0
         self.started_s: float | None = None
         self.done_count = 0
+        self.bytes_in = 0  # gradient bytes members sent for this step (the core's statistics)
 
     def open(self, step: int) -> None:
         """Start step ``step`` with no micro-steps yet."""
@@ -114,8 +122,57 @@ class StepQueue:
             self.changed.notify_all()
             return True
 
+    def hold(self, index: int, member: str, stats: MicroStats) -> bool:
+        """``member`` computed ``index``: its gradient waits in the member's local sum. False if it does not hold
+        the claim (given back meanwhile): the sum that covers it will be refused."""
+        with self.lock:
+            if (
+                not 0 <= index < len(self.items)
+                or member not in self.holders.get(index, ())
+                or self.done[index]
+            ):
+                return False
+            self.held.setdefault(member, {})[index] = stats
+            return True
+
+    def held_by(self, member: str) -> list[int]:
+        """The micro-steps ``member`` computed and has not sent yet."""
+        with self.lock:
+            return sorted(self.held.get(member, {}))
+
+    def finish_sum(self, indices: list[int], member: str, add: Callable[[], None]) -> bool:
+        """Record ``member``'s summed gradient of ``indices``: call ``add`` once and mark them all done, if the
+        member holds every one of them computed (and none is done); otherwise discard the sum whole and give back
+        what of it the member still held."""
+        with self.lock:
+            held = self.held.get(member, {})
+            if not indices or len(set(indices)) != len(indices) or any(i not in held for i in indices):
+                self.discarded += len(indices)
+                self._give_back(member, [i for i in indices if i in held])
+                return False
+            add()
+            for i in indices:
+                self.holders[i].discard(member)
+                self.done[i] = True
+                self.stats.append(held.pop(i))
+            self.done_count += len(indices)
+            self.by_member[member] += len(indices)
+            self.changed.notify_all()
+            return True
+
+    def _give_back(self, member: str, indices: list[int]) -> None:
+        for i in indices:
+            self.holders[i].discard(member)
+            self.held.get(member, {}).pop(i, None)
+            if not self.holders[i]:
+                self.pending.appendleft(i)
+        self.reclaimed += len(indices)
+        if indices:
+            self.changed.notify_all()
+
     def release(self, member: str, keep: set[int] | None = None) -> list[int]:
-        """Give ``member``'s unfinished claims back (except ``keep``: gradients already on their way)."""
+        """Give ``member``'s unfinished claims back, held ones included (except ``keep``: gradients already on
+        their way)."""
         with self.lock:
             back = [
                 i
@@ -124,6 +181,7 @@ class StepQueue:
             ]
             for i in back:
                 self.holders[i].discard(member)
+                self.held.get(member, {}).pop(i, None)
                 if not self.holders[i]:
                     self.pending.appendleft(i)
             self.reclaimed += len(back)

@@ -1,11 +1,15 @@
-"""A satellite trainer: joins the core's step at any moment, claims micro-steps one at a time, sends gradients.
+"""A satellite trainer: joins the core's step at any moment, claims micro-steps one at a time, sends their sum.
 
 It needs nothing but the core's address: the model's architecture, the loss settings and the step's weights come
 from the core (``Welcome``, then ``Refresh`` over the pair group), so a satellite on another machine needs no files.
-Its loop is sequential (one micro-step at a time), so the order of its pair-group transfers is the order of its
-messages; a separate thread sends heartbeats, also while it computes. Told to leave (``Leave`` from the core, or
-``request_leave`` here), it finishes the micro-step it holds, sends its gradient and leaves; the pair group stays,
-so ``run`` can be called again to rejoin a later step.
+It adds each micro-step's gradient to a local float64 sum and says ``Computed``; the sum goes to the core once, when
+the core answers a claim with ``Flush`` (nothing more to claim in the step) or before it leaves: one gradient's
+transfer per step, not one per micro-step. Float64, as the core sums, so the step's sum does not depend on which
+member computed which micro-step (the update equals one process computing the batch). Its loop is sequential (one
+micro-step at a time), so the order of its pair-group transfers is the order of its messages; a separate thread sends
+heartbeats, also while it computes. Told to leave (``Leave`` from the core, or ``request_leave`` here), it finishes
+the micro-step it holds, sends its sum and leaves; the pair group stays, so ``run`` can be called again to rejoin a
+later step. A satellite that dies before sending loses its unsent micro-steps only: the core computes them again.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ from gyre.errors import CoreUnreachable
 from gyre.protocol import (
     Assign,
     Claim,
+    Computed,
+    Flush,
     Goodbye,
-    GradientReady,
+    GradientSum,
     Heartbeat,
     Hello,
     Idle,
@@ -53,9 +59,9 @@ class SatelliteSummary(msgspec.Struct, frozen=True, kw_only=True):
     """What one ``Satellite.run`` did."""
 
     member: str
-    micro_steps: int  # gradients sent
+    micro_steps: int  # micro-steps whose gradient it sent (in its sums)
     tokens: int  # tokens through the forward pass
-    join_s: float  # from Hello to the first gradient sent (0 if none)
+    join_s: float  # from Hello to the first gradient computed (0 if none)
     compute_s: float
     weights_s: float = 0.0  # the fastest weight transfer from the core, seconds (0: none)
     weights_bytes: int = 0  # ... and its size
@@ -91,6 +97,9 @@ class Satellite:
             threading.Event()
         )  # set once it holds its pair group in a ``run`` (cleared when it ends)
         self._sock: zmq.Socket[bytes] | None = None
+        self._sum: torch.Tensor | None = None  # float64, the gradients of ``_held`` (allocated at the first)
+        self._held: list[int] = []  # micro-steps of ``_held_step`` computed and not sent yet
+        self._held_step = -1
 
     def close(self) -> None:
         """Stop the learner's other processes (a Megatron member's tensor-parallel ranks); the satellite is done."""
@@ -111,7 +120,7 @@ class Satellite:
         stop_beats = threading.Event()
         started = time.monotonic()
         first_gradient = 0.0
-        count = tokens = 0
+        sent = tokens = 0
         compute_s, weights_s = 0.0, float("inf")
         try:
             self._send(Hello(member=self.name, hostname=socket.gethostname(), pid=os.getpid(),
@@ -131,8 +140,12 @@ class Satellite:
                         continue
                     case Wake():
                         self._send(Claim(member=self.name, version=self.version))
+                    case Flush():
+                        sent += self._flush()
+                        self._send(Claim(member=self.name, version=self.version))
                     case Refresh(version=version):
                         assert self.group is not None and self.learner is not None
+                        self._drop_sum()  # a new step: a sum of an earlier one was given back already
                         received = time.perf_counter()
                         self.group.broadcast(self.learner.weights(), src=0)
                         self.learner.loaded(version)
@@ -146,22 +159,18 @@ class Satellite:
                         assert self.group is not None and self.learner is not None
                         stats = self.learner.compute(micro, loss, version)
                         pace(stats, welcome.modelled_tokens_per_s)
-                        flat = self.learner.gradient()
-                        self._send(GradientReady(member=self.name, step=step, index=index, numel=flat.numel(),
-                                                 stats=stats))  # fmt: skip
-                        self.group.broadcast(flat, src=1)
-                        count, tokens, compute_s = (
-                            count + 1,
-                            tokens + len(micro.input_ids),
-                            compute_s + stats.seconds,
-                        )
+                        self._accumulate(step, index, self.learner.gradient())
+                        self._send(Computed(member=self.name, step=step, index=index, stats=stats))
+                        tokens, compute_s = tokens + len(micro.input_ids), compute_s + stats.seconds
                         first_gradient = first_gradient or time.monotonic()
                         if self._leave.is_set():
+                            sent += self._flush()
                             self._send(Goodbye(member=self.name))
                             break
                         self._send(Claim(member=self.name, version=self.version))
-                    case Leave():
-                        if self._leave.is_set():
+                    case Leave(final=final):
+                        if self._held or self._leave.is_set():
+                            sent += 0 if final else self._flush()
                             self._send(Goodbye(member=self.name))
                         break
                     case Refused(reason=reason):
@@ -173,11 +182,40 @@ class Satellite:
             stop_beats.set()
             sock.close()
             self._sock = None
+            self._drop_sum()  # unsent: the core gives those micro-steps back (this member left or is gone)
         join_s = first_gradient - started if first_gradient else 0.0
         weights_bytes = self.learner.numel * 4 if self.learner is not None else 0  # float32
-        return SatelliteSummary(member=self.name, micro_steps=count, tokens=tokens, join_s=join_s,
+        return SatelliteSummary(member=self.name, micro_steps=sent, tokens=tokens, join_s=join_s,
                                 compute_s=compute_s, weights_s=0.0 if weights_s == float("inf") else weights_s,
                                 weights_bytes=weights_bytes)  # fmt: skip
+
+    def _accumulate(self, step: int, index: int, gradient: torch.Tensor) -> None:
+        """Add one micro-step's float32 gradient to the local float64 sum of ``step``."""
+        if self._held_step != step:
+            self._drop_sum()
+            self._held_step = step
+        if self._sum is None:
+            self._sum = torch.zeros(gradient.numel(), dtype=torch.float64)
+        if not self._held:
+            self._sum.zero_()
+        self._sum.add_(gradient)  # computed in float64 (the sum's dtype)
+        self._held.append(index)
+
+    def _flush(self) -> int:
+        """Send the local sum (``GradientSum``, then the buffer over the pair group); returns the micro-steps it
+        covered (0: it held none)."""
+        if not self._held:
+            return 0
+        assert self._sum is not None and self.group is not None
+        covered = len(self._held)
+        self._send(GradientSum(member=self.name, step=self._held_step, indices=list(self._held),
+                               numel=self._sum.numel(), dtype="float64"))  # fmt: skip
+        self.group.broadcast(self._sum, src=1)
+        self._held = []
+        return covered
+
+    def _drop_sum(self) -> None:
+        self._held = []
 
     def _expect_welcome(self) -> Welcome:
         while True:
@@ -212,7 +250,8 @@ class Satellite:
         self._sock.send(_encoder.encode(message))
 
     def _recv(self, timeout_s: float) -> TrainerReply:
-        """The next message; a Leave of our own when ``request_leave`` was called (we hold no micro-step here)."""
+        """The next message; a Leave of our own when ``request_leave`` was called (none is being computed here;
+        the Leave sends the sum of those computed)."""
         assert self._sock is not None
         deadline = time.monotonic() + timeout_s
         while not self._sock.poll(100):

@@ -448,3 +448,51 @@ def test_with_a_kl_term_satellites_get_the_reference_and_the_update_still_matche
     want = reference(tiny_model, first, kl_coef=0.5)
     train_step(want, second)
     assert_same_update(got, want)
+
+
+@SLOW
+def test_a_satellite_sends_one_sum_per_step_however_many_micro_steps_it_computes(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    items = random_micro_steps(101, 6)
+    with cluster(tiny_model, tmp_path, core_computes=False) as c:
+        c.start("sat")
+        wait_for("the satellite", lambda: len(c.stats().members) == 1)
+        c.client.submit(0, items, seal=True)
+        metrics = c.client.wait_step(0, timeout_s=300)
+        stats = c.stats()
+        got = c.weights_after(tmp_path / "ckpt")
+    assert metrics.by_member == {"sat": len(items)}
+    gradient = stats.weight_bytes  # one fp32 gradient: what the star moved per micro-step
+    assert (
+        metrics.gradient_bytes_in == stats.gradient_bytes_in == 2 * gradient
+    )  # one float64 sum, not 6 gradients
+    assert_same_update(got, reference(tiny_model, items))
+
+
+@SLOW
+def test_a_satellite_killed_before_it_sends_its_sum_loses_only_its_micro_steps_and_the_update_matches(
+    tiny_model: Path, tmp_path: Path
+) -> None:
+    items = random_micro_steps(111, 12)
+    with cluster(tiny_model, tmp_path, core_computes=False, timeout_s=2.0) as c:
+        victim = c.start("victim")
+        wait_for("the victim", lambda: len(c.stats().members) == 1)
+        c.client.submit(0, items[:5])  # not sealed: it computes all five and holds their sum
+        wait_for(
+            "the victim to hold five computed micro-steps", lambda: len(c.stats().held.get("victim", [])) == 5
+        )
+        assert c.stats().done == 0 and c.stats().gradient_bytes_in == 0  # nothing sent yet
+        victim.kill()
+        wait_for("the victim to be declared gone", lambda: c.stats().members["victim"] == "gone")
+        assert c.stats().pending == 5  # its five are back in the queue
+        c.start("other")
+        c.client.submit(0, items[5:], seal=True)
+        metrics = c.client.wait_step(0, timeout_s=300)
+        stats = c.stats()
+        got = c.weights_after(tmp_path / "ckpt")
+    assert metrics.reclaimed == 5 and metrics.by_member == {"other": len(items)}
+    assert (
+        metrics.gradient_bytes_in == 2 * stats.weight_bytes
+    )  # the survivor's one sum; the victim sent nothing
+    assert_same_update(got, reference(tiny_model, items))
