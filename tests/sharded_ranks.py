@@ -49,7 +49,7 @@ def run_rank(
     from safetensors.torch import save_file
 
     from gyre.train.sharded import ShardedState
-    from gyre.train.state import TrainState, load_model
+    from gyre.train.state import load_model, lr_at
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -71,7 +71,7 @@ def run_rank(
                     state.reduce_scatter(None if index is None else micro_gradient(state.model, step, index))
             else:  # "owned": each micro-step's gradient goes to its owners rank to rank, as a satellite's would
                 _send_to_owners(state, step, assignment)
-            lr = TrainState.lr_at(state, step)  # type: ignore[arg-type]  # the schedule reads only .cfg
+            lr = lr_at(cfg, step)
             figures[f"norm_{step}"] = state.apply(lr)
         figures["statistics"] = json.loads(json.dumps(state.statistics(), default=_builtins))
         save_file({"flat": state.flat.detach().clone()}, f"{out}/rank-{rank}.safetensors")

@@ -345,6 +345,7 @@ def cmd_trainer_core(args: argparse.Namespace) -> int:
     """Run the core trainer process (authoritative weights, optimizer, micro-step queue)."""
     from gyre.config import load_config
     from gyre.train.core import run_core
+    from gyre.train.layout import check_run_layout
 
     overrides = list(args.set or [])
     for key, value in (("model_path", args.model), ("bind", args.bind), ("resume_from", args.resume),
@@ -352,6 +353,8 @@ def cmd_trainer_core(args: argparse.Namespace) -> int:
         if value is not None and value != "":
             overrides.append(_override(f"trainer.{key}", value))
     cfg = load_config(args.config, overrides).trainer
+    layout = check_run_layout(cfg, cfg.resume_from or cfg.model_path)  # a refusal starts nothing
+    print(layout, file=sys.stderr)
     run_core(cfg, ready=lambda address: print(f"gyre trainer core: listening at {address}", file=sys.stderr))
     # The core has closed its sockets and groups; gloo's pair objects still connected to live members abort the
     # interpreter's teardown (std::terminate), so a finished core leaves without it.

@@ -186,6 +186,9 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # a Megatron member's processes: tensor-parallel ranks x pipeline stages (the core's, and satellites' from here)
     tensor_parallel: Positive = 1
     pipeline_parallel: Positive = 1
+    # the core cell's data-parallel ranks (torch backend): each holds a model replica and computes; its fp32 master
+    # weights, gradient sum and AdamW state are split over them (ZeRO-1); gyre.train.layout checks the layout fits
+    shards: Positive = 1
     collective: Literal["gloo", "nccl"] = "gloo"  # torch.distributed backend of pair groups (nccl on GPUs)
     num_threads: NonNegative = 0  # torch threads per trainer process; 0: torch's default
     core_computes: bool = True  # the core claims micro-steps too (False: it only sums and applies)

@@ -418,6 +418,18 @@ TrainerRequest = (
 )  # fmt: skip
 
 
+class PairAddress(msgspec.Struct, frozen=True, kw_only=True):
+    """One of a member's pair groups with the core cell: core rank ``rank`` (rank 0 of the pair) hosts it; the flat
+    range ``[start, end)`` of weights and gradient sums is what travels over it."""
+
+    rank: int
+    host: str
+    port: int
+    name: str
+    start: int
+    end: int
+
+
 class Welcome(msgspec.Struct, tag="welcome", kw_only=True):
     """The core accepted a member; both now join the pair group at ``group_host:group_port`` (core rank 0)."""
 
@@ -434,6 +446,9 @@ class Welcome(msgspec.Struct, tag="welcome", kw_only=True):
     backend: str = "gloo"  # the pair group's collective (trainer.collective), not the training backend
     numel: int = 0  # values in the flat weight buffer (Hugging Face layout, whatever computes)
     modelled_tokens_per_s: float = 0.0  # the core's [trainer] pacing, so every member models the same device
+    # one pair group per rank of the core cell, each carrying that rank's range (empty: the one group above, whole)
+    pairs: list[PairAddress] = []
+    bucket_mib: float = 512.0  # transfers over a pair group go in pieces of this size (trainer.bucket_mib)
 
 
 class Assign(msgspec.Struct, tag="assign", kw_only=True):
@@ -511,6 +526,8 @@ class TrainerStatistics(msgspec.Struct, tag="statistics", kw_only=True, frozen=T
     detached: dict[str, str] = {}  # engine url -> why the core stopped pushing to it (until it answers again)
     held: dict[str, list[int]] = {}  # member -> micro-steps it computed whose gradient it has not sent yet
     gradient_bytes_in: int = 0  # gradient bytes members sent the core, all steps (the core's own: none)
+    # each rank of the core cell (trainer.shards > 1): its range and bytes of state (gyre.train.sharded.ShardStatistics)
+    shards: list[dict[str, int]] = []
 
 
 TrainerReply = (

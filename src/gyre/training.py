@@ -45,6 +45,7 @@ from gyre.runtime import AgentSpec, BuiltinAgentSpec, ExecutionResult, Execution
 from gyre.runtime.shard import RuntimeSpec
 from gyre.runtime.shards import Runner, ShardedRuntime, ShardHub, read_executions
 from gyre.tasks import Task, Verifier, resolve_suite
+from gyre.train.layout import check_run_layout
 from gyre.train.step import Rollout
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,8 @@ async def train(
     if resume and cfg.controller.carry_over:  # its steps trained executions out of dispatch order
         raise ConfigError("a run with controller.carry_over cannot be resumed yet: its steps train executions "
                           "in the order they finished, and resuming picks up by dispatch order")  # fmt: skip
+    # the core cell's layout fits the model and the cell's devices, or the run is refused before anything starts
+    log.info(check_run_layout(cfg.trainer, run.model_path, None if ray is None else cfg.ray.cell_gpus))
     picked = pick_up(rd, run.batch_executions) if resume else _PickUp()
     cfg = msgspec.structs.replace(
         cfg,

@@ -11,7 +11,10 @@ queue marks it held); when there is nothing more for it to claim in a sealed ste
 group), also before it leaves. The micro-steps are done when the whole sum has arrived; a member lost before that
 (killed, silent, left without sending) gives its held micro-steps back to the queue, to be computed again. So the
 gradient bytes into the core per step are one sum per satellite however many micro-steps it computed
-(``gradient_bytes_in``), not one gradient per micro-step. The core is a member too (``core_computes``), computing in
+(``gradient_bytes_in``), not one gradient per micro-step. With ``trainer.shards = N`` the core is a cell of N ranks
+(``gyre.train.cell``): this process is rank 0 and coordinates; each rank holds 1/N of the optimizer state, computes
+in rounds, and has its own pair group with every member, over which the member's weights and sum travel in that
+rank's range only; a sum is added once every rank holds its slice (``_staged``), on every rank or on none. The core is a member too (``core_computes``), computing in
 its own thread and adding each gradient as it is computed; in a cell the computing is switched on and off with the
 cell's role (``set_computing``).
 
@@ -21,7 +24,7 @@ the core hosts on a fresh port, and kept while the member stays reachable, acros
 is shared between members' groups, so a member joining, leaving or dying never touches anyone else's group, and the
 core never waits for a collective of the whole membership. Engines get a two-rank group each the same way
 (SGLang's ``/init_weights_update_group``), once, when attached. Each pair group's transfers run in order on one
-thread per member (a weight send after ``Refresh``, a gradient receive after ``GradientReady``), in the order the
+thread per member (a weight send after ``Refresh``, a sum's receive after ``GradientSum``), in the order the
 member announced them on the ZeroMQ channel, so both ends always issue the same collective next.
 
 Transfers never hold the coordinator: a weight send to a member reads the weights without a lock, and the update
@@ -70,7 +73,6 @@ from gyre.protocol import (
     Flush,
     GetStatistics,
     Goodbye,
-    GradientReady,
     GradientSum,
     Heartbeat,
     Hello,
@@ -78,6 +80,7 @@ from gyre.protocol import (
     Leave,
     MicroStats,
     MicroStep,
+    PairAddress,
     Ping,
     Refresh,
     Refused,
@@ -96,10 +99,13 @@ from gyre.protocol import (
     Welcome,
 )
 from gyre.silence import StallClock, credit
+from gyre.train import cell
+from gyre.train.layout import check_run_layout
 from gyre.train.learner import Learner, TorchLearner, make_learner
 from gyre.train.objective import merge_stats, pace
-from gyre.train.pairs import Pair
+from gyre.train.pairs import Pair, broadcast_range
 from gyre.train.queue import StepQueue, check_micro_step
+from gyre.train.sharded import shard_bounds
 from gyre.train.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -121,7 +127,20 @@ class _Member:
     leaving: bool = False
     idle: bool = False
     transferring: set[int] = field(default_factory=set)  # micro-steps whose gradient is on its way
-    sending: int = 0  # weight sends to it not done yet (while it is active, the update waits for them)
+    sending: int = 0  # weight sends to it not done yet, one per rank (while it is active, the update waits)
+    addresses: list[PairAddress] = field(default_factory=list)  # its pair group with each rank of the cell
+
+
+@dataclass(eq=False)
+class _Sum:
+    """A member's gradient sum on its way: one slice per rank of the cell, added once every rank has its slice."""
+
+    member: str
+    pair: str  # the member's pair group (on rank 0) it came over
+    step: int
+    indices: list[int]
+    waiting: set[int]  # ranks whose slice has not arrived
+    piece: torch.Tensor | None = None  # rank 0's slice, once arrived
 
 
 class CoreTrainer:
@@ -133,7 +152,18 @@ class CoreTrainer:
         torch.manual_seed(cfg.seed)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
-        self.state = TrainState(cfg)
+        self.followers: cell.Followers | None = None
+        self.state: TrainState | cell.CellState
+        if cfg.shards > 1:  # the cell's other ranks, each with 1/N of the optimizer state (gyre.train.cell)
+            # refused before any rank starts when it does not fit the model or the machine
+            log.info(check_run_layout(cfg, cfg.resume_from or cfg.model_path))
+            self.state, self.followers = cell.start_cell(cfg, self._cell_host(cfg))
+        else:
+            self.state = TrainState(cfg)
+        self.ranges = shard_bounds(self.state.numel, cfg.shards)  # each rank's range of the flat weights
+        self.bucket_bytes = int(cfg.bucket_mib * 2**20)
+        self.sums: dict[int, _Sum] = {}  # members' gradient sums on their way, by key
+        self._sum_keys = itertools.count()
         self.learner = self._learner()  # what the core's own compute worker computes with
         self.queue = StepQueue()
         self.queue.open(self.state.step)
@@ -152,6 +182,7 @@ class CoreTrainer:
         self._events_at = f"inproc://gyre-core-events-{id(self)}"
         self.events = self.ctx.socket(zmq.PULL)
         self.events.bind(self._events_at)
+        self.shard_reports: dict[int, dict[str, int]] = {}
         self._local = threading.local()
         self._pushers: list[zmq.Socket[bytes]] = []  # each thread's socket to the coordinator
         self._notify_lock = threading.Lock()
@@ -188,6 +219,12 @@ class CoreTrainer:
         self.stopping = False
         self._worker: threading.Thread | None = None
 
+    @staticmethod
+    def _cell_host(cfg: TrainerConfig) -> str:
+        """Where the cell's ranks meet: the machine's loopback, or its address when members come from elsewhere."""
+        host = urlparse(cfg.bind.replace("tcp://", "http://")).hostname or "127.0.0.1"
+        return "127.0.0.1" if host in ("127.0.0.1", "localhost", "0.0.0.0", "*", "::") else host
+
     def _learner(self) -> Learner:
         state = self.state
         if self.cfg.backend == "torch":
@@ -209,6 +246,8 @@ class CoreTrainer:
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.events, zmq.POLLIN)
+        if self.followers is not None:
+            poller.register(self.followers.events, zmq.POLLIN)
         next_beat = time.monotonic()
         self._stall = StallClock(self.cfg.heartbeat_s)
         log.info(
@@ -224,6 +263,9 @@ class CoreTrainer:
                 if self.events in ready:
                     while self.events.poll(0):
                         self._event(msgspec.msgpack.decode(self.events.recv()))
+                if self.followers is not None and self.followers.events in ready:
+                    while self.followers.events.poll(0):
+                        self._cell_event(cell.events_decoder.decode(self.followers.events.recv()))
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.cfg.heartbeat_s
                     self._beat()
@@ -249,6 +291,8 @@ class CoreTrainer:
         if self._worker is not None:
             self._worker.join(timeout=30)  # it finishes the micro-step it computes
         self.learner.close()
+        if self.followers is not None:
+            self.followers.close()
         self._engine_loop.call_soon_threadsafe(self._engine_loop.stop)
         with self._notify_lock:  # no thread makes or uses its socket after this
             self._closed = True
@@ -291,8 +335,6 @@ class CoreTrainer:
                 self._hello(identity, name, held)
             case Claim(member=name, version=version):
                 self._claim(identity, name, version)
-            case GradientReady():
-                self._gradient(message)
             case Computed(step=step, index=index, stats=stats):
                 if member is not None and member.state != "gone" and step == self.queue.step:
                     self.queue.hold(index, member.name, stats)  # refused: the sum covering it will be too
@@ -341,6 +383,7 @@ class CoreTrainer:
             pair = Pair(group_name, self.group_host, self.cfg.collective, self.cfg.transfer_timeout_s,
                          functools.partial(self._notify, "pair_failed", name, group_name))  # fmt: skip
             member = self.members[name] = _Member(name, identity, pair)
+            member.addresses = self._open_pairs(name, pair)
             if self.state.reference_flat is not None:
                 reference = self.state.reference_flat
                 pair.submit(lambda group: group.broadcast(reference, src=0))
@@ -355,7 +398,22 @@ class CoreTrainer:
             loss=msgspec.to_builtins(self.cfg.loss), heartbeat_s=self.cfg.heartbeat_s,
             member_timeout_s=self.cfg.member_timeout_s, transfer_timeout_s=self.cfg.transfer_timeout_s,
             backend=self.cfg.collective, numel=self.state.numel, modelled_tokens_per_s=self.cfg.modelled_tokens_per_s,
+            pairs=member.addresses, bucket_mib=self.cfg.bucket_mib,
         ))  # fmt: skip
+
+    def _open_pairs(self, name: str, pair: Pair) -> list[PairAddress]:
+        """The member's pair group with each rank of the cell (rank 0's is ``pair``; the others open theirs)."""
+        addresses = []
+        for rank, (start, end) in enumerate(self.ranges):
+            port = pair.port
+            if rank and self.followers is not None:
+                port = free_port()
+                self.followers.send(
+                    rank, cell.OpenPair(member=name, name=pair.name, host=pair.host, port=port)
+                )
+            addresses.append(PairAddress(rank=rank, host=pair.host, port=port, name=cell.pair_name(pair.name, rank),
+                                         start=start, end=end))  # fmt: skip
+        return addresses
 
     def _claim(self, identity: bytes, name: str, version: int) -> None:
         member = self.members.get(name)
@@ -374,8 +432,10 @@ class CoreTrainer:
                 return
             member.version = self.state.version
             self._reply(identity, Refresh(step=self.queue.step, version=self.state.version))
-            member.sending += 1
+            member.sending += len(self.ranges)
             member.pair.submit(self._weights_op(member.name, member.pair.name))
+            if self.followers is not None:
+                self.followers.broadcast(cell.SendWeights(member=member.name, name=member.pair.name))
             return
         claimed = self.queue.claim(name)
         if claimed is None:
@@ -393,68 +453,86 @@ class CoreTrainer:
         )
 
     def _weights_op(self, name: str, pair: str) -> Callable[[weight_sync.WeightGroup], None]:
-        """The send of the step's weights to a member: no lock, the update waits for it (see the module)."""
+        """The send of rank 0's range of the step's weights to a member, in buckets: no lock, the update waits for
+        it (see the module)."""
+        start, end = self.ranges[0]
 
         def op(group: weight_sync.WeightGroup) -> None:
-            group.broadcast(self.state.flat, src=0)
+            broadcast_range(group, self.state.flat[start:end], 0, self.bucket_bytes)
             self._notify("weights_sent", name, pair)
 
         return op
 
-    def _gradient(self, message: GradientReady) -> None:
-        member = self.members.get(message.member)
-        if member is None or member.pair.dead:
-            return  # nothing can be received from it; its claim was (or will be) given back
-        member.transferring.add(message.index)
-        if message.numel != self.state.numel:
-            self._notify("pair_failed", member.name, member.pair.name,
-                         f"sent {message.numel} gradient values for {self.state.numel}")  # fmt: skip
-            return
-
-        def op(group: weight_sync.WeightGroup) -> None:
-            buffer = torch.empty(message.numel, dtype=torch.float32)
-            group.broadcast(buffer, src=1)
-            with self.queue.lock:
-                self._count_bytes_in(message.step, buffer)
-                if message.step == self.queue.step:
-                    self.queue.finish(
-                        message.index, member.name, message.stats, lambda: self.state.add(buffer)
-                    )
-                else:
-                    self.queue.discarded += 1
-            self._notify("received", member.name, message.index)
-
-        member.pair.submit(op)
-
     def _gradient_sum(self, message: GradientSum) -> None:
-        """A member's local sum of ``message.indices`` follows over its pair group; they are done once it is in."""
+        """A member's local sum of ``message.indices`` follows, each rank's slice over that rank's pair group; they
+        are done once every slice is in (``_staged``)."""
         member = self.members.get(message.member)
         if member is None or member.pair.dead:
             return  # nothing can be received from it; its held micro-steps were (or will be) given back
-        dtype = {"float64": torch.float64, "float32": torch.float32}.get(message.dtype)
-        if message.numel != self.state.numel or dtype is None:
+        if message.numel != self.state.numel or message.dtype != "float64":
             why = f"sent a sum of {message.numel} {message.dtype} values for {self.state.numel} float64"
             self._notify("pair_failed", member.name, member.pair.name, why)
             return
         member.transferring.update(message.indices)
+        key = next(self._sum_keys)
+        self.sums[key] = _Sum(member.name, member.pair.name, message.step, list(message.indices),
+                              set(range(len(self.ranges))))  # fmt: skip
+        start, end = self.ranges[0]
 
         def op(group: weight_sync.WeightGroup) -> None:
-            buffer = torch.empty(message.numel, dtype=dtype)
-            group.broadcast(buffer, src=1)
-            with self.queue.lock:
-                self._count_bytes_in(message.step, buffer)
-                if message.step == self.queue.step:
-                    self.queue.finish_sum(message.indices, member.name, lambda: self.state.add(buffer))
-                else:
-                    self.queue.discarded += len(message.indices)
-            for index in message.indices:
-                self._notify("received", member.name, index)
+            piece = torch.empty(end - start, dtype=torch.float64)
+            broadcast_range(group, piece, 1, self.bucket_bytes)
+            entry = self.sums.get(key)
+            if entry is not None:
+                entry.piece = piece
+            self._notify("staged", key, 0, piece.numel() * piece.element_size())
 
         member.pair.submit(op)
+        if self.followers is not None:
+            self.followers.broadcast(cell.ReceiveSum(member=member.name, name=member.pair.name, key=key))
 
-    def _count_bytes_in(self, step: int, buffer: torch.Tensor) -> None:
-        """(holding queue.lock) A gradient buffer arrived from a member for ``step``."""
-        size = buffer.numel() * buffer.element_size()
+    def _staged(self, key: int, rank: int, nbytes: int) -> None:
+        """Rank ``rank`` holds its slice of sum ``key``: once every rank does, the sum is added on every rank (or,
+        refused by the queue, on none)."""
+        entry = self.sums.get(key)
+        if entry is None:
+            return  # dropped: its member was lost first
+        with self.queue.lock:
+            self._count_bytes_in(entry.step, nbytes)
+        entry.waiting.discard(rank)
+        if entry.waiting:
+            return
+        del self.sums[key]
+        start = self.ranges[0][0]
+        piece = entry.piece
+
+        def add() -> None:
+            assert piece is not None
+            self.state.add_range(start, piece)
+            if self.followers is not None:
+                self.followers.broadcast(cell.Commit(key=key))
+
+        member = self.members.get(entry.member)
+        taken = False
+        if member is not None and member.state != "gone" and member.pair.name == entry.pair:
+            with self.queue.lock:
+                if entry.step == self.queue.step:
+                    taken = self.queue.finish_sum(entry.indices, entry.member, add)
+                else:
+                    self.queue.discarded += len(entry.indices)
+            member.transferring.difference_update(entry.indices)
+        if not taken and self.followers is not None:
+            self.followers.broadcast(cell.Drop(key=key))
+
+    def _drop_sums(self, name: str) -> None:
+        """A lost member's sums on their way are added nowhere."""
+        for key in [k for k, s in self.sums.items() if s.member == name]:
+            del self.sums[key]
+            if self.followers is not None:
+                self.followers.broadcast(cell.Drop(key=key))
+
+    def _count_bytes_in(self, step: int, size: int) -> None:
+        """(holding queue.lock) ``size`` bytes of gradient arrived from a member for ``step`` (on any rank)."""
         self.gradient_bytes_in += size
         if step == self.queue.step:
             self.queue.bytes_in += size
@@ -530,12 +608,30 @@ class CoreTrainer:
                 member = self.members.get(name)
                 if member is not None and member.state != "gone" and member.pair.name == pair:
                     self._gone(member, f"its transfer failed: {reason}")
+            case ["staged", key, rank, nbytes]:
+                self._staged(key, rank, nbytes)
             case ["requeued"]:
                 self._wake_idle()
             case ["reply", identity, kind, text]:
                 self._reply(identity, Ack(detail=text) if kind == "ack" else Refused(reason=text))
 
+    def _cell_event(self, event: cell.Event) -> None:
+        """What another rank of the cell reports."""
+        match event:
+            case cell.WeightsSent(member=name, name=pair):
+                self._event(["weights_sent", name, pair])
+            case cell.Staged(key=key, rank=rank, nbytes=nbytes):
+                self._staged(key, rank, nbytes)
+            case cell.PairFailed(member=name, name=pair, rank=rank, reason=reason):
+                self._event(["pair_failed", name, pair, f"(rank {rank} of the cell) {reason}"])
+            case cell.Report(rank=rank, statistics=statistics):
+                self.shard_reports[rank] = statistics
+
     def _beat(self) -> None:
+        if self.followers is not None and (dead := self.followers.dead()) is not None:
+            log.error("%s: the core cell stops (resume it from its last checkpoint)", dead)
+            self.stopping = True
+            return
         stalled = self._stall.stalled()  # this thread stood still that long: nobody could be heard
         now = time.monotonic()
         for member in list(self.members.values()):
@@ -554,6 +650,9 @@ class CoreTrainer:
         log.warning("member %s is gone (%s); %d micro-steps claimed again", member.name, reason, len(back))
         member.state, member.idle = "gone", False
         member.transferring.clear()
+        self._drop_sums(member.name)
+        if self.followers is not None:
+            self.followers.broadcast(cell.ClosePair(member=member.name, name=member.pair.name))
         member.sending = 0  # abandoned: the update no longer waits for it
         member.pair.dead = True
         member.pair.close()
@@ -564,6 +663,9 @@ class CoreTrainer:
     def _compute(self) -> None:
         if self.cfg.num_threads:
             torch.set_num_threads(self.cfg.num_threads)
+        if self.followers is not None:
+            self._compute_rounds(self.followers)
+            return
         learner, loss = self.learner, self.cfg.loss
         while not self.stopping:
             with self.queue.changed:
@@ -597,10 +699,51 @@ class CoreTrainer:
                 return
             with self.queue.changed:
                 if step == self.queue.step:
-                    self.queue.finish(index, CORE, stats, functools.partial(self.state.add, gradient))
+                    self.queue.finish(
+                        index, CORE, stats, functools.partial(self.state.add_range, 0, gradient)
+                    )
                 self._busy = False
                 self.queue.changed.notify_all()
             self._notify("received", CORE, index)
+
+    def _compute_rounds(self, followers: cell.Followers) -> None:
+        """The cell's compute: rounds of up to one micro-step per rank, their gradients reduce-scattered into the
+        owners' sums (``gyre.train.cell.compute_round``), done once the round's collective has ended."""
+        assert isinstance(self.state, cell.CellState)
+        while not self.stopping:
+            with self.queue.changed:
+                if not self.computing.is_set() or not self.queue.has_pending():
+                    self.queue.changed.wait(timeout=0.5)
+                    continue
+                claims: list[tuple[int, MicroStep]] = []
+                while len(claims) < len(self.ranges) and (claimed := self.queue.claim(CORE)) is not None:
+                    claims.append(claimed)
+                step, version = self.queue.step, self.state.version
+                self._busy = bool(claims)
+            if not claims:
+                continue
+            try:
+                for rank in range(1, len(self.ranges)):
+                    micro = claims[rank][1] if rank < len(claims) else None
+                    followers.send(rank, cell.Round(micro=micro, version=version))
+                stats = cell.compute_round(self.state, self.learner, claims[0][1], self.cfg, version)
+            except Exception:  # a rank died (its collective failed) or this one cannot compute
+                log.exception("the core cell failed computing a round of step %d; it stops", step)
+                with self.queue.changed:
+                    self.queue.release(CORE)
+                    self._busy = False
+                    self.queue.changed.notify_all()
+                self.stopping = True
+                return
+            with self.queue.changed:
+                for (index, _), micro_stats in zip(claims, stats, strict=False):
+                    assert micro_stats is not None
+                    taken = self.queue.finish(index, CORE, micro_stats, lambda: None)  # summed by the round
+                    assert taken, f"micro-step {index} of step {step} was summed but not held by the core"
+                self._busy = False
+                self.queue.changed.notify_all()
+            for index, _ in claims:
+                self._notify("received", CORE, index)
 
     def set_computing(self, on: bool) -> None:
         """Let the core's own worker claim micro-steps, or stop it (returns once the one it holds is summed)."""
@@ -816,7 +959,13 @@ class CoreTrainer:
                 weight_bytes=sum(p.numel() * p.element_size() for _, p in self.state.named),
                 push_s=dict(self.push_s), push_total_s=self.push_total_s, detached=dict(self.detached),
                 held={m: sorted(h) for m, h in q.held.items() if h}, gradient_bytes_in=self.gradient_bytes_in,
+                shards=self._shard_statistics(),
             )  # fmt: skip
+
+    def _shard_statistics(self) -> list[dict[str, int]]:
+        if not isinstance(self.state, cell.CellState):
+            return []
+        return [self.state.statistics()] + [self.shard_reports[r] for r in sorted(self.shard_reports)]
 
 
 def _metrics(

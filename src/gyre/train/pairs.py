@@ -8,6 +8,8 @@ import queue
 import threading
 from collections.abc import Callable
 
+import torch
+
 from gyre.engine import weight_sync
 from gyre.engine.launch import free_port
 
@@ -15,8 +17,16 @@ from gyre.engine.launch import free_port
 class Pair:
     """A member's two-rank group with the core, and the thread running its transfers in order."""
 
-    def __init__(self, name: str, host: str, backend: str, timeout_s: float, on_fail: Callable[[str], None]):
-        self.name, self.host, self.port = name, host, free_port()
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        backend: str,
+        timeout_s: float,
+        on_fail: Callable[[str], None],
+        port: int | None = None,
+    ) -> None:
+        self.name, self.host, self.port = name, host, port or free_port()
         self.dead = False
         self._ops: queue.SimpleQueue[Callable[[weight_sync.WeightGroup], None] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(
@@ -40,3 +50,13 @@ class Pair:
         except Exception as exc:  # a dead or silent peer: the coordinator declares it gone
             self.dead = True
             on_fail(f"{type(exc).__name__}: {exc}")
+
+
+def broadcast_range(
+    group: weight_sync.WeightGroup, buffer: torch.Tensor, src: int, bucket_bytes: int
+) -> None:
+    """Broadcast a 1-d ``buffer`` over a pair group in pieces of at most ``bucket_bytes`` (both ends call it with
+    the same length, dtype and bucket size, so they cut the same pieces): a transfer's staging costs a bucket."""
+    step = max(1, bucket_bytes // buffer.element_size())
+    for lo in range(0, buffer.numel(), step):
+        group.broadcast(buffer[lo : lo + step], src=src)

@@ -40,6 +40,7 @@ from gyre.protocol import (
     Hello,
     Idle,
     Leave,
+    PairAddress,
     Ping,
     Refresh,
     Refused,
@@ -49,6 +50,7 @@ from gyre.protocol import (
 )
 from gyre.train.learner import Learner, make_learner
 from gyre.train.objective import pace
+from gyre.train.pairs import broadcast_range
 
 log = logging.getLogger(__name__)
 _encoder = msgspec.msgpack.Encoder()
@@ -89,8 +91,10 @@ class Satellite:
         self.tensor_parallel, self.pipeline_parallel = tensor_parallel, pipeline_parallel
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.learner: Learner | None = None  # built at the first Welcome, from the core's model config
-        self.group: weight_sync.WeightGroup | None = None
+        # one pair group per rank of the core cell, with the range of the flat buffers that rank holds
+        self.groups: list[tuple[weight_sync.WeightGroup, PairAddress]] = []
         self.group_name = ""
+        self.bucket_bytes = 512 * 2**20
         self.version = -1
         self._leave = threading.Event()
         self.joined = (
@@ -144,10 +148,12 @@ class Satellite:
                         sent += self._flush()
                         self._send(Claim(member=self.name, version=self.version))
                     case Refresh(version=version):
-                        assert self.group is not None and self.learner is not None
+                        assert self.groups and self.learner is not None
                         self._drop_sum()  # a new step: a sum of an earlier one was given back already
                         received = time.perf_counter()
-                        self.group.broadcast(self.learner.weights(), src=0)
+                        weights = self.learner.weights()
+                        for group, at in self.groups:  # each rank of the cell sends its range
+                            broadcast_range(group, weights[at.start : at.end], 0, self.bucket_bytes)
                         self.learner.loaded(version)
                         weights_s = min(weights_s, time.perf_counter() - received)
                         self.version = version
@@ -156,7 +162,7 @@ class Satellite:
                         )
                         self._send(Claim(member=self.name, version=self.version))
                     case Assign(step=step, version=version, index=index, micro=micro):
-                        assert self.group is not None and self.learner is not None
+                        assert self.groups and self.learner is not None
                         stats = self.learner.compute(micro, loss, version)
                         pace(stats, welcome.modelled_tokens_per_s)
                         self._accumulate(step, index, self.learner.gradient())
@@ -202,15 +208,16 @@ class Satellite:
         self._held.append(index)
 
     def _flush(self) -> int:
-        """Send the local sum (``GradientSum``, then the buffer over the pair group); returns the micro-steps it
-        covered (0: it held none)."""
+        """Send the local sum (``GradientSum``, then to each rank of the cell the slice it owns, over their pair
+        group, in buckets); returns the micro-steps it covered (0: it held none)."""
         if not self._held:
             return 0
-        assert self._sum is not None and self.group is not None
+        assert self._sum is not None and self.groups
         covered = len(self._held)
         self._send(GradientSum(member=self.name, step=self._held_step, indices=list(self._held),
                                numel=self._sum.numel(), dtype="float64"))  # fmt: skip
-        self.group.broadcast(self._sum, src=1)
+        for group, at in self.groups:
+            broadcast_range(group, self._sum[at.start : at.end], 1, self.bucket_bytes)
         self._held = []
         return covered
 
@@ -234,15 +241,21 @@ class Satellite:
                 f"{self.name} built a model of {self.learner.numel:,} parameters from the core's config, the core "
                 f"trains {welcome.numel:,}: the architectures differ (transformers versions?)"
             )
-        if welcome.group_name == self.group_name and self.group is not None:
-            return  # a rejoin over the group we kept
-        self.group = weight_sync.create_group(welcome.group_host, welcome.group_port, 1, 2, welcome.group_name,
-                                              welcome.backend, welcome.transfer_timeout_s)  # fmt: skip
+        self.bucket_bytes = int(welcome.bucket_mib * 2**20)
+        if welcome.group_name == self.group_name and self.groups:
+            return  # a rejoin over the groups we kept
+        addresses = welcome.pairs or [PairAddress(rank=0, host=welcome.group_host, port=welcome.group_port,
+                                                  name=welcome.group_name, start=0, end=welcome.numel)]  # fmt: skip
+        self.groups = []
+        for at in addresses:  # in rank order: each rank of the cell waits for us in its own group
+            group = weight_sync.create_group(at.host, at.port, 1, 2, at.name, welcome.backend,
+                                             welcome.transfer_timeout_s)  # fmt: skip
+            self.groups.append((group, at))
         self.group_name = welcome.group_name
         self.version = -1
-        if welcome.reference:
+        if welcome.reference:  # whole, from rank 0
             reference = torch.empty(welcome.numel, dtype=torch.float32)
-            self.group.broadcast(reference, src=0)
+            self.groups[0][0].broadcast(reference, src=0)
             self.learner.load_reference(reference)
 
     def _send(self, message: Any) -> None:

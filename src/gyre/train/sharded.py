@@ -31,6 +31,7 @@ enter it only through its autograd hooks, so a satellite's gradient from the wir
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import msgspec
@@ -62,6 +63,7 @@ class ShardStatistics(msgspec.Struct, frozen=True, kw_only=True):
     local_bytes: int  # the local float64 sum of the whole model, while one is held (accumulate -> reduce)
     reduced_bytes: int  # gradient bytes this rank put into reduce-scatters, all steps
     gathered_bytes: int  # weight bytes this rank received in all-gathers, all steps
+    owned_bytes: int = 0  # gradient bytes added to its range from elsewhere (satellites' sums), all steps
 
 
 class ShardedState:
@@ -102,6 +104,9 @@ class ShardedState:
         )  # TrainState's hyperparameters and single-tensor kernel: elementwise, so a flat shard steps bit for bit
         # as the parameters it covers do one by one (the step count is one for all, as every parameter steps)
         self._local: torch.Tensor | None = None
+        # held while the sum changes: a rank's reduce-scatters and the pieces satellites send may run on two threads
+        self.sum_lock = threading.Lock()
+        self._owned_bytes = 0
         self._reduced_bytes = 0
         self._gathered_bytes = 0
 
@@ -134,7 +139,9 @@ class ShardedState:
                 f"[{self.start}, {self.end})"
             )
         lo = start - self.start
-        self.gradient_sum[lo : lo + values.numel()].add_(values.reshape(-1))
+        with self.sum_lock:
+            self.gradient_sum[lo : lo + values.numel()].add_(values.reshape(-1))
+            self._owned_bytes += values.numel() * values.element_size()
 
     def _check(self, gradient: torch.Tensor) -> None:
         if gradient.numel() != self.numel:
@@ -165,7 +172,8 @@ class ShardedState:
                     rows[r, :k].copy_(source[at : at + k])
                     rows[r, k:].zero_()
             dist.reduce_scatter_single(received[:n], rows.reshape(-1), group=self.group)
-            self.gradient_sum[lo:hi].add_(received[:n])
+            with self.sum_lock:
+                self.gradient_sum[lo:hi].add_(received[:n])
             self._reduced_bytes += rows.numel() * rows.element_size()
 
     # ---- the update -------------------------------------------------------------------------------------------
@@ -203,6 +211,34 @@ class ShardedState:
                     self.flat[at : at + k].copy_(rows[r * n : r * n + k])
                 self._gathered_bytes += rows.numel() * rows.element_size()
 
+    # ---- checkpoints ------------------------------------------------------------------------------------------
+    def flat_state(self) -> dict[str, torch.Tensor]:
+        """This rank's range in the flat layout of sharded checkpoints (``gyre.train.checkpoint``): fp32 ``master``
+        weights and, once an update has run, ``exp_avg``, ``exp_avg_sq`` and the 0-d ``step``."""
+        n = self.end - self.start
+        out = {"master": self.master.detach()[:n]}
+        moments = self.optimizer.state.get(self.master)
+        if moments:
+            out.update(exp_avg=moments["exp_avg"][:n], exp_avg_sq=moments["exp_avg_sq"][:n])
+            out["step"] = moments["step"].detach().clone()
+        return out
+
+    def load_flat_state(self, flat: dict[str, torch.Tensor], weights: bool) -> None:
+        """(collective with ``weights``) This rank's range of a checkpoint's flat state (``checkpoint.load_flat_state``
+        over this group): the AdamW moments and, with ``weights``, the master weights, then gathered into every
+        replica."""
+        n = self.end - self.start
+        if "exp_avg" in flat:
+            state: dict[str, torch.Tensor] = {"step": flat["step"].detach().clone()}
+            for key in ("exp_avg", "exp_avg_sq"):
+                state[key] = torch.zeros_like(self.master, memory_format=torch.contiguous_format)
+                state[key][:n].copy_(flat[key])
+            self.optimizer.state[self.master] = state
+        if weights and "master" in flat:
+            with torch.no_grad():
+                self.master[:n].copy_(flat["master"])
+            self.gather_weights()
+
     def statistics(self) -> ShardStatistics:
         """This rank's bytes of state, measured from its tensors."""
 
@@ -215,5 +251,5 @@ class ShardedState:
             gradient_bytes=size(self.gradient_sum),
             optimizer_bytes=sum(size(v) for v in moments.values() if isinstance(v, torch.Tensor)),
             local_bytes=0 if self._local is None else size(self._local),
-            reduced_bytes=self._reduced_bytes, gathered_bytes=self._gathered_bytes,
+            reduced_bytes=self._reduced_bytes, gathered_bytes=self._gathered_bytes, owned_bytes=self._owned_bytes,
         )  # fmt: skip

@@ -85,6 +85,17 @@ def flat_gradient(model: Any) -> torch.Tensor:
     )
 
 
+def lr_at(cfg: TrainerConfig, step: int) -> float:
+    """The learning rate of update ``step`` (0-based): linear warm-up, then the schedule."""
+    if step < cfg.lr_warmup_steps:
+        return cfg.learning_rate * (step + 1) / cfg.lr_warmup_steps
+    if cfg.lr_schedule == "constant" or cfg.lr_decay_steps == 0:
+        return cfg.learning_rate
+    progress = min((step - cfg.lr_warmup_steps) / cfg.lr_decay_steps, 1.0)
+    shape = 1 - progress if cfg.lr_schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+    return cfg.learning_rate * (cfg.lr_min_ratio + (1 - cfg.lr_min_ratio) * shape)
+
+
 class TrainState:
     """The core's weights, AdamW state, gradient sum, step and version."""
 
@@ -129,21 +140,22 @@ class TrainState:
             raise ValueError(f"a gradient of {flat.numel()} values for a model of {self.numel}")
         self.gradient_sum.add_(flat.to(torch.float64))
 
+    def lr_at(self, step: int) -> float:
+        """The learning rate of update ``step`` (``lr_at``; a subclass may shift the schedule)."""
+        return lr_at(self.cfg, step)
+
+    def add_range(self, start: int, values: torch.Tensor) -> None:
+        """Add ``values`` (float64) for flat positions ``start, start + 1, ...`` (a member's sum, or a piece of it)."""
+        if not 0 <= start <= start + values.numel() <= self.numel:
+            raise ValueError(
+                f"positions [{start}, {start + values.numel()}) are outside a model of {self.numel}"
+            )
+        self.gradient_sum[start : start + values.numel()].add_(values.reshape(-1))
+
     def add_model_gradients(self) -> None:
         """Move the core's own ``.grad`` into the sum and clear it."""
         self.add(flat_gradient(self.model))
         self.model.zero_grad(set_to_none=True)
-
-    def lr_at(self, step: int) -> float:
-        """The learning rate of update ``step`` (0-based): linear warm-up, then the schedule."""
-        cfg = self.cfg
-        if step < cfg.lr_warmup_steps:
-            return cfg.learning_rate * (step + 1) / cfg.lr_warmup_steps
-        if cfg.lr_schedule == "constant" or cfg.lr_decay_steps == 0:
-            return cfg.learning_rate
-        progress = min((step - cfg.lr_warmup_steps) / cfg.lr_decay_steps, 1.0)
-        shape = 1 - progress if cfg.lr_schedule == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
-        return cfg.learning_rate * (cfg.lr_min_ratio + (1 - cfg.lr_min_ratio) * shape)
 
     def apply(self) -> tuple[float, float]:
         """One AdamW update from the gradient sum; clears it, bumps step and version. Returns (grad norm, lr)."""

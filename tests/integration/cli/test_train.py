@@ -184,3 +184,20 @@ def test_gyre_train_with_megatron_cells_of_two_tensor_parallel_ranks(
     assert not any(s.error for s in switches)
     back = [s for s in switches if s.direction == "train_to_serve"]
     assert all(s.version >= 1 for s in back)  # a cell that trained serves the new weights
+
+
+@pytest.mark.slow(reason="gyre train with a core cell of two ranks (trainer.shards = 2)")
+def test_gyre_train_with_a_core_cell_of_two_ranks(tiny_model: Path, tmp_path: Path) -> None:
+    """The core cell's optimizer state is split over two ranks; the elastic steps apply, every rank holds its half of
+    the checkpoint's optimizer state, and the trained cell serves the new weights."""
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG.replace("[trainer]\n", "[trainer]\nshards = 2\n"))
+    run_dir = tmp_path / "run"
+    assert main(["train", str(config), "--model", str(tiny_model), "--run-dir", str(run_dir)]) == 0
+    steps = list(read_journal(run_dir / "metrics.jsonl", StepRecord))
+    assert [s.step for s in steps] == [0, 1]
+    assert all(s.trainer.micro_steps > 0 and s.trainer.version == s.step + 1 for s in steps)
+    assert len(list((run_dir / "checkpoints" / "step-2" / "optimizer").glob("*.distcp"))) == 2  # one per rank
+    switches = list(read_journal(run_dir / "switches.jsonl", SwitchRecord))
+    assert not any(s.error for s in switches)
+    assert all(s.version >= 1 for s in switches if s.direction == "train_to_serve")

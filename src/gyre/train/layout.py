@@ -1,0 +1,272 @@
+"""A training cell's layout from ``[trainer]``, checked against the model's shapes and the cell's machine before
+anything starts.
+
+The core cell runs ``tensor_parallel x pipeline_parallel x shards`` rank processes: tensor/pipeline model parallel
+(the Megatron backend) times ``shards`` data-parallel ranks over which the fp32 master weights, the gradient sum and
+AdamW's moments are split (the torch backend's sharded core, `gyre.train.sharded`). `check_layout` refuses, with a
+`ConfigError` that says what does not fit and what would, a layout that:
+
+- combines what is not built: shards on the Megatron backend, tensor/pipeline parallel on the torch backend;
+- the model's shapes do not split into (heads, key/value heads, layers; on Megatron also the MLP width and the
+  vocabulary, as `gyre.train.megatron.convert` splits them);
+- needs more GPUs than the cell has (nccl: one GPU per rank), or more than 8 rank processes per CPU core (gloo);
+- on GPUs, cannot hold the sharded core's state: projected with `gyre.train.memory.device_memory`, at least what
+  `SHARDED_TORCH` says a rank keeps (activations not counted, so only a layout that can never fit is refused).
+
+`gyre train` (`gyre.training.train`) and ``gyre trainer core`` call it first; no torch is imported unless the
+collective is nccl or the backend Megatron.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from gyre.config import TrainerConfig
+from gyre.errors import ConfigError
+from gyre.train.memory import GIB, CellLayout, DeviceMemory, ModelShape, Precision, device_memory
+
+# what a rank of the sharded torch core keeps on its GPU (gyre.train.sharded): a bf16 replica and its .grad, the fp32
+# master weights and AdamW moments and the float64 gradient sum of its shard
+SHARDED_TORCH = Precision(
+    "bf16 replica, fp32 master, float64 sum", weight=2, gradient=2, master=4, moment=4, gradient_sum=8, wire=8,
+    activation=2,
+)  # fmt: skip
+# gloo rank processes per CPU core past which a cell is refused (each computes on a whole replica)
+RANKS_PER_CPU = 8
+MAX_SHARDS_TRIED = 4096  # the largest shards count suggested when the state does not fit
+
+
+def read_model_config(model_dir: str | Path) -> dict[str, Any] | None:
+    """``model_dir/config.json`` as a dict; None when there is none (a missing model is refused where it loads)."""
+    path = Path(model_dir) / "config.json"
+    if not str(model_dir) or not path.is_file():
+        return None
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path} is not a readable JSON file: {exc}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path} is not a JSON object")
+    return config
+
+
+def model_shape(model_config: Mapping[str, Any]) -> ModelShape:
+    """The shapes of a ``config.json`` dict; a missing field is a ConfigError naming it."""
+    try:
+        return ModelShape.from_config(model_config)
+    except KeyError as exc:
+        raise ConfigError(
+            f"the model's config.json has no {exc.args[0]!r}: its layout cannot be checked"
+        ) from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"the model's config.json has a field of the wrong type: {exc}") from None
+
+
+def _layout_text(cfg: TrainerConfig) -> str:
+    t, p, s = cfg.tensor_parallel, cfg.pipeline_parallel, cfg.shards
+    return f"tensor_parallel {t} x pipeline_parallel {p} x shards {s} = {t * p * s} ranks"
+
+
+def _shape_error(
+    cfg: TrainerConfig, model_config: Mapping[str, Any], tensor: int, pipeline: int
+) -> str | None:
+    """Why ``tensor`` x ``pipeline`` cannot split the model (None: it can), by memory's rules and Megatron's."""
+    try:
+        CellLayout(tensor=tensor, pipeline=pipeline).check(model_shape(model_config))
+    except ValueError as exc:
+        return str(exc)
+    if cfg.backend == "megatron":
+        from gyre.train.megatron.convert import Architecture
+
+        architecture = Architecture.from_hf(dict(model_config))  # refuses what it cannot convert, saying what
+        try:
+            architecture.check_split(tensor, pipeline)
+        except ConfigError as exc:
+            return str(exc)
+    return None
+
+
+def check_layout(
+    cfg: TrainerConfig,
+    model_config: Mapping[str, Any] | None,
+    devices: int | None = None,
+    *,
+    cpus: int | None = None,
+    device_bytes: int | None = None,
+    micro_tokens: int = 0,
+) -> None:
+    """Raise ConfigError saying what does not fit and what would, unless ``cfg``'s core cell layout fits the model of
+    ``model_config`` (a ``config.json`` dict; None: the shapes are not checked) and the cell's machine.
+
+    ``devices``: GPUs the cell has (nccl); ``cpus``: its CPU cores (gloo); ``device_bytes``: memory of one of its
+    GPUs. None: this machine's (``torch.cuda``, ``os.cpu_count()``); ``cpus`` or ``device_bytes`` 0: not known (a
+    cell placed on another machine), not checked. ``micro_tokens``: a micro-step's tokens, for the activations in the
+    memory check (0: the state alone).
+    """
+    t, p, s = cfg.tensor_parallel, cfg.pipeline_parallel, cfg.shards
+    if cfg.backend == "megatron" and s > 1:
+        raise ConfigError(
+            f"trainer.shards = {s} with trainer.backend = 'megatron': the sharded core cell is built for the torch "
+            f"backend only (Megatron's distributed optimizer is not wired in yet); set trainer.backend = 'torch' "
+            f"(with tensor_parallel = pipeline_parallel = 1), or trainer.shards = 1"
+        )
+    if cfg.backend == "torch" and (t > 1 or p > 1):
+        raise ConfigError(
+            f"trainer.tensor_parallel = {t}, trainer.pipeline_parallel = {p} with trainer.backend = 'torch': "
+            f"tensor and pipeline parallel apply to the Megatron backend only (a torch rank computes a whole model "
+            f"replica); set trainer.backend = 'megatron', or split the optimizer state with trainer.shards instead"
+        )
+    if model_config is not None:
+        _check_shapes(cfg, model_config)
+    if cfg.collective == "nccl":
+        _check_gpus(cfg, model_config, devices, device_bytes, micro_tokens)
+    else:
+        _check_cpus(cfg, (os.cpu_count() or 1) if cpus is None else cpus)
+
+
+def _check_shapes(cfg: TrainerConfig, model_config: Mapping[str, Any]) -> None:
+    t, p = cfg.tensor_parallel, cfg.pipeline_parallel
+    why = _shape_error(cfg, model_config, t, p)
+    if why is None:
+        return
+    shape = model_shape(model_config)
+    fitting_t = [n for n in range(1, shape.num_heads + 1) if _shape_error(cfg, model_config, n, 1) is None]
+    fitting_p = [n for n in range(1, shape.num_layers + 1) if _shape_error(cfg, model_config, 1, n) is None]
+    raise ConfigError(
+        f"the core cell's layout ({_layout_text(cfg)}) does not fit the model: {why}; tensor_parallel values that "
+        f"fit: {', '.join(map(str, fitting_t))}; pipeline_parallel values that fit: {_listed(fitting_p)}"
+    )
+
+
+def _listed(values: list[int], most: int = 12) -> str:
+    shown = ", ".join(map(str, values[:most]))
+    return shown + (f", ... {values[-1]}" if len(values) > most else "")
+
+
+def _check_gpus(
+    cfg: TrainerConfig,
+    model_config: Mapping[str, Any] | None,
+    devices: int | None,
+    device_bytes: int | None,
+    micro_tokens: int,
+) -> None:
+    """nccl: one GPU per rank, and (the sharded core) its state in a GPU's memory."""
+    where = "this machine has" if devices is None else "the cell has"
+    if devices is None or device_bytes is None:
+        import torch
+
+        if devices is None:
+            devices = torch.cuda.device_count()
+        if device_bytes is None and torch.cuda.is_available():
+            device_bytes = min(
+                torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())
+            )
+    ranks = cfg.tensor_parallel * cfg.pipeline_parallel * cfg.shards
+    if ranks > devices:
+        per_shard = cfg.tensor_parallel * cfg.pipeline_parallel
+        would = (
+            f"trainer.shards = {devices // per_shard} fits"
+            if devices >= per_shard
+            else "no layout of these tensor_parallel x pipeline_parallel fits"
+        )
+        raise ConfigError(
+            f"the core cell's layout ({_layout_text(cfg)}) needs {ranks} GPUs over trainer.collective = 'nccl' (one "
+            f"per rank), and {where} {devices}; {would}, or use trainer.collective = 'gloo' on CPU"
+        )
+    if model_config is None or not device_bytes or cfg.backend != "torch" or cfg.shards == 1:
+        return  # the memory check is of the sharded torch core; today's one-process core keeps its state on the host
+    shape = model_shape(model_config)
+    held = _projected(cfg, shape, cfg.shards, device_bytes, micro_tokens)
+    if held.fits:
+        return
+    more = next(
+        (n for n in range(cfg.shards + 1, MAX_SHARDS_TRIED + 1)
+         if _projected(cfg, shape, n, device_bytes, micro_tokens).fits),
+        None,
+    )  # fmt: skip
+    would = (
+        f"trainer.shards = {more} would fit ({more} GPUs)"
+        if more is not None
+        else f"no number of shards fits: every rank holds a whole bf16 replica and its gradient "
+        f"({_gib(2 * held.weights + held.push)} GiB with the push bucket); the model needs tensor/pipeline parallel, "
+        f"which the sharded core does not combine with shards yet"
+    )
+    activations = (
+        f", {_gib(held.activations + held.logits)} activations of {micro_tokens} tokens"
+        if micro_tokens
+        else "; activations not counted"
+    )
+    raise ConfigError(
+        f"the core cell's layout ({_layout_text(cfg)}) does not fit a GPU's memory: each rank needs at least "
+        f"{_gib(held.total)} GiB ({_gib(held.weights)} replica, {_gib(held.gradients)} gradients, "
+        f"{_gib(held.master)} master, {_gib(held.moments)} AdamW moments, {_gib(held.push)} push bucket"
+        f"{activations}) of {_gib(held.usable_bytes)} GiB usable (90% of {_gib(device_bytes)} GiB); {would}"
+    )
+
+
+def _projected(
+    cfg: TrainerConfig, shape: ModelShape, shards: int, device_bytes: int, micro_tokens: int
+) -> DeviceMemory:
+    layout = CellLayout(
+        tensor=cfg.tensor_parallel, pipeline=cfg.pipeline_parallel, shards=shards, device_bytes=device_bytes
+    )
+    return device_memory(
+        shape, layout, SHARDED_TORCH, micro_tokens, bucket_bytes=int(cfg.bucket_mib * 2**20), engine_bytes=2
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.1f}"
+
+
+def _check_cpus(cfg: TrainerConfig, cpus: int) -> None:
+    ranks = cfg.tensor_parallel * cfg.pipeline_parallel * cfg.shards
+    if cpus and ranks > RANKS_PER_CPU * cpus:
+        raise ConfigError(
+            f"the core cell's layout ({_layout_text(cfg)}) would run {ranks} rank processes over gloo on "
+            f"{cpus} CPU cores, more than {RANKS_PER_CPU} a core: each rank computes on a whole model replica, so "
+            f"they would only wait on each other; use at most {RANKS_PER_CPU * cpus} ranks, or trainer.collective = "
+            f"'nccl' on GPUs"
+        )
+
+
+def describe_layout(cfg: TrainerConfig, model_config: Mapping[str, Any]) -> str:
+    """One line for logs: the core cell's ranks and what each holds of the model's optimizer state."""
+    t, p, s = cfg.tensor_parallel, cfg.pipeline_parallel, cfg.shards
+    count = _count(model_shape(model_config).parameters())
+    ranks = t * p * s
+    if s == 1:
+        held = f"it holds all {count}" if ranks == 1 else f"the core process holds all {count}"
+    else:
+        held = f"each holds 1/{s} of {count}"
+    return (
+        f"core cell: {s} shard{'s' if s > 1 else ''} x tensor {t} x pipeline {p} = {ranks} "
+        f"rank{'s' if ranks > 1 else ''}; "
+        f"{held} fp32 master weights, gradient sum and AdamW moments"
+    )
+
+
+def _count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return str(n)
+
+
+def check_run_layout(cfg: TrainerConfig, model_dir: str | Path, ray_cell_gpus: float | None = None) -> str:
+    """`check_layout` for a run's core cell training the model in ``model_dir``; returns `describe_layout`'s line
+    (or the layout alone when the directory has no ``config.json``). ``ray_cell_gpus``: the cell runs where Ray
+    places it, with this many GPUs (``[ray] cell_gpus``); None: on this machine."""
+    model_config = read_model_config(model_dir)
+    if ray_cell_gpus is None:
+        check_layout(cfg, model_config)
+    else:
+        check_layout(cfg, model_config, math.floor(ray_cell_gpus), cpus=0, device_bytes=0)
+    if model_config is None:
+        return f"core cell: {_layout_text(cfg)}"
+    return describe_layout(cfg, model_config)
