@@ -54,6 +54,7 @@ from gyre.train.state import flatten_parameters, load_model, lr_at
 
 log = logging.getLogger(__name__)
 READY_TIMEOUT_S = 300.0  # the other ranks load the model and join the group within this
+COLLECTIVE_TIMEOUT_S = 3600.0
 
 
 # ---- rank 0 -> rank r ---------------------------------------------------------------------------------------------
@@ -341,7 +342,9 @@ class Followers:
 
 def _init_group(cfg: TrainerConfig, host: str, port: int, rank: int) -> Any:
     """Join the cell's group (rank 0 hosts its store) and make the second group checkpoints are saved over."""
-    timeout = timedelta(seconds=max(600.0, cfg.transfer_timeout_s))
+    # a round waits in its reduce-scatter for the slowest rank's micro-step (minutes for a long one on a CPU); a rank
+    # that dies breaks the collective at once, this bounds only a rank that hangs
+    timeout = timedelta(seconds=max(COLLECTIVE_TIMEOUT_S, cfg.transfer_timeout_s))
     store = dist.TCPStore(
         host, port, cfg.shards, is_master=rank == 0, timeout=timeout, wait_for_workers=False
     )

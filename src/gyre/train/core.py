@@ -182,7 +182,8 @@ class CoreTrainer:
         self._events_at = f"inproc://gyre-core-events-{id(self)}"
         self.events = self.ctx.socket(zmq.PULL)
         self.events.bind(self._events_at)
-        self.shard_reports: dict[int, dict[str, int]] = {}
+        # each other rank's statistics, as it last reported them (at start, then after every update)
+        self.shard_reports: dict[int, dict[str, int]] = dict(self.followers.reports) if self.followers else {}
         self._local = threading.local()
         self._pushers: list[zmq.Socket[bytes]] = []  # each thread's socket to the coordinator
         self._notify_lock = threading.Lock()
