@@ -189,6 +189,9 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the core cell's data-parallel ranks (torch backend): each holds a model replica and computes; its fp32 master
     # weights, gradient sum and AdamW state are split over them (ZeRO-1); gyre.train.layout checks the layout fits
     shards: Positive = 1
+    # a micro-step longer than this is computed by all the core cell's ranks together, each holding 1/shards of its
+    # tokens (context parallelism, gyre.train.context); 0: never split
+    max_tokens_per_rank: NonNegative = 0
     collective: Literal["gloo", "nccl"] = "gloo"  # torch.distributed backend of pair groups (nccl on GPUs)
     num_threads: NonNegative = 0  # torch threads per trainer process; 0: torch's default
     core_computes: bool = True  # the core claims micro-steps too (False: it only sums and applies)

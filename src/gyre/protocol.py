@@ -528,6 +528,7 @@ class TrainerStatistics(msgspec.Struct, tag="statistics", kw_only=True, frozen=T
     gradient_bytes_in: int = 0  # gradient bytes members sent the core, all steps (the core's own: none)
     # each rank of the core cell (trainer.shards > 1): its range and bytes of state (gyre.train.sharded.ShardStatistics)
     shards: list[dict[str, int]] = []
+    context_micro_steps: int = 0  # micro-steps the cell's ranks computed together (max_tokens_per_rank)
 
 
 TrainerReply = (

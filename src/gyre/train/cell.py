@@ -61,6 +61,7 @@ COLLECTIVE_TIMEOUT_S = 3600.0
 class Round(msgspec.Struct, tag="round", kw_only=True):
     micro: MicroStep | None  # this rank's micro-step of the round (None: it only joins the reduce-scatter)
     version: int
+    context: bool = False  # every rank has the same micro-step and computes its share of the tokens
 
 
 class Apply(msgspec.Struct, tag="apply", kw_only=True):
@@ -242,15 +243,22 @@ class CellState:
 
 
 def compute_round(state: CellState, learner: Any, micro: MicroStep | None, cfg: TrainerConfig,
-                  version: int) -> list[MicroStats | None]:  # fmt: skip
+                  version: int, context: bool = False) -> list[MicroStats | None]:  # fmt: skip
     """(collective) This rank's part of a round: compute ``micro`` (if any), reduce-scatter the round's gradients
-    into their owners' sums, and return every rank's statistics (None where a rank had no micro-step)."""
+    into their owners' sums, and return every rank's statistics (None where a rank had no micro-step). With
+    ``context`` every rank has the same micro-step and computes its share of its tokens (``gyre.train.context``):
+    the reduce-scatter sums the shares into the micro-step's gradient."""
+    from gyre.train import context as cp
     from gyre.train.objective import pace
 
     stats: MicroStats | None = None
     gradient: torch.Tensor | None = None
     if micro is not None:
-        stats = learner.compute(micro, cfg.loss, version)
+        if context:
+            stats = cp.compute_gradients(learner.model, micro, cfg.loss, version, dist.group.WORLD,
+                                         learner.reference)  # fmt: skip
+        else:
+            stats = learner.compute(micro, cfg.loss, version)
         pace(stats, cfg.modelled_tokens_per_s)
         gradient = learner.gradient()
     state.sharded.reduce_scatter(gradient)
@@ -408,8 +416,8 @@ class _Follower:
                     return
                 continue
             match _ops.decode(self.ops.recv()):
-                case Round(micro=micro, version=version):
-                    compute_round(self.state, self.learner, micro, self.cfg, version)
+                case Round(micro=micro, version=version, context=context):
+                    compute_round(self.state, self.learner, micro, self.cfg, version, context)
                 case Apply(lr=lr):
                     self.state.sharded.apply(lr)
                     self.report(Report(rank=self.rank, statistics=self.state.statistics()))

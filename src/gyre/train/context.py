@@ -92,7 +92,7 @@ def _layout_for(parents: list[int], split: ContextSplit, rank: int, group: Any, 
         while run:  # this rank's queries of the segment, in contiguous runs of local positions
             first = run[0]
             length = 1
-            while length < len(run) and local[run[length]] == local[first] + length:
+            while length < len(run) and run[length] == first + length:  # global, not local, runs
                 length += 1
             last = first + length  # global [first, last) is local [local[first], local[first] + length)
             keys = visible[: ancestors + (last - a)]

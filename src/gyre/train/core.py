@@ -217,6 +217,7 @@ class CoreTrainer:
         self.push_total_s = 0.0  # seconds of all pushes, summed over engines
         self._group_names = itertools.count()
         self.gradient_bytes_in = 0  # gradient bytes received from members, all steps (guarded by queue.lock)
+        self.context_micro_steps = 0  # computed by all the cell's ranks together, all steps
         self.stopping = False
         self._worker: threading.Thread | None = None
 
@@ -709,25 +710,39 @@ class CoreTrainer:
 
     def _compute_rounds(self, followers: cell.Followers) -> None:
         """The cell's compute: rounds of up to one micro-step per rank, their gradients reduce-scattered into the
-        owners' sums (``gyre.train.cell.compute_round``), done once the round's collective has ended."""
+        owners' sums (``gyre.train.cell.compute_round``), done once the round's collective has ended. A micro-step
+        longer than ``trainer.max_tokens_per_rank`` is a round of its own that every rank computes a share of."""
         assert isinstance(self.state, cell.CellState)
+        world, limit = len(self.ranges), self.cfg.max_tokens_per_rank
+        waiting: tuple[int, MicroStep] | None = None  # a long one claimed after short ones: the next round
         while not self.stopping:
             with self.queue.changed:
-                if not self.computing.is_set() or not self.queue.has_pending():
+                if waiting is None and (not self.computing.is_set() or not self.queue.has_pending()):
                     self.queue.changed.wait(timeout=0.5)
                     continue
-                claims: list[tuple[int, MicroStep]] = []
-                while len(claims) < len(self.ranges) and (claimed := self.queue.claim(CORE)) is not None:
+                claims: list[tuple[int, MicroStep]] = [waiting] if waiting is not None else []
+                waiting = None
+                context = bool(claims) and 0 < limit < len(claims[0][1].input_ids)
+                while not context and len(claims) < world and (claimed := self.queue.claim(CORE)) is not None:
+                    if 0 < limit < len(claimed[1].input_ids):  # too long for one rank
+                        if claims:
+                            waiting = claimed
+                            break
+                        context = True
                     claims.append(claimed)
                 step, version = self.queue.step, self.state.version
-                self._busy = bool(claims)
+                self._busy = bool(claims) or waiting is not None
             if not claims:
                 continue
+            if context:
+                log.info("micro-step %d of step %d (%d tokens) computed by the cell's %d ranks together",
+                         claims[0][0], step, len(claims[0][1].input_ids), world)  # fmt: skip
+                self.context_micro_steps += 1
             try:
-                for rank in range(1, len(self.ranges)):
-                    micro = claims[rank][1] if rank < len(claims) else None
-                    followers.send(rank, cell.Round(micro=micro, version=version))
-                stats = cell.compute_round(self.state, self.learner, claims[0][1], self.cfg, version)
+                for rank in range(1, world):
+                    micro = claims[0 if context else rank][1] if context or rank < len(claims) else None
+                    followers.send(rank, cell.Round(micro=micro, version=version, context=context))
+                stats = cell.compute_round(self.state, self.learner, claims[0][1], self.cfg, version, context)
             except Exception:  # a rank died (its collective failed) or this one cannot compute
                 log.exception("the core cell failed computing a round of step %d; it stops", step)
                 with self.queue.changed:
@@ -736,12 +751,14 @@ class CoreTrainer:
                     self.queue.changed.notify_all()
                 self.stopping = True
                 return
+            if context:  # the shares of one micro-step: its figures are their sums
+                stats = [merge_stats([s for s in stats if s is not None])]
             with self.queue.changed:
                 for (index, _), micro_stats in zip(claims, stats, strict=False):
                     assert micro_stats is not None
                     taken = self.queue.finish(index, CORE, micro_stats, lambda: None)  # summed by the round
                     assert taken, f"micro-step {index} of step {step} was summed but not held by the core"
-                self._busy = False
+                self._busy = waiting is not None
                 self.queue.changed.notify_all()
             for index, _ in claims:
                 self._notify("received", CORE, index)
@@ -960,7 +977,7 @@ class CoreTrainer:
                 weight_bytes=sum(p.numel() * p.element_size() for _, p in self.state.named),
                 push_s=dict(self.push_s), push_total_s=self.push_total_s, detached=dict(self.detached),
                 held={m: sorted(h) for m, h in q.held.items() if h}, gradient_bytes_in=self.gradient_bytes_in,
-                shards=self._shard_statistics(),
+                shards=self._shard_statistics(), context_micro_steps=self.context_micro_steps,
             )  # fmt: skip
 
     def _shard_statistics(self) -> list[dict[str, int]]:

@@ -48,6 +48,6 @@ def test_a_tree_split_over_ranks_gives_the_loss_and_gradients_of_one_process(
     want, want_loss = unsplit(tiny_model, micro)
     assert computed == tokens  # every token through exactly one rank's forward
     assert scored == sum(1 for w in micro.weights if w > 0)  # every weighted token scored by exactly one rank
-    assert abs(loss - want_loss) <= 1e-5 * max(1.0, abs(want_loss))
+    assert abs(loss - want_loss) <= 1e-5 * abs(want_loss) + 1e-8, (loss, want_loss)
     worst = float((got - want).abs().max())
-    assert worst <= 1e-5 * max(1.0, float(want.abs().max())), worst
+    assert worst <= 1e-5 * float(want.abs().max()), (worst, float(want.abs().max()))
