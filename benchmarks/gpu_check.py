@@ -16,6 +16,9 @@ is then 1); one that cannot run here is skipped, saying why.
   memory      release and resume the engine's memory, then a push and a generation
   train       one step of a core trainer (``backend="megatron"``) over the router's records; the engine, attached
               to the core, then serves the step's version
+  sharded     the sharded core's state (``ShardedState``) on a 1-rank NCCL group against the one-process
+              ``TrainState`` on the same micro-steps: updates equal within 1e-6, gradients reduce-scattered and
+              weights all-gathered in buckets of CUDA tensors; the rank's bytes (``benchmarks/sharded_check.py``)
 
 Writes DIR/gpu_check.json (default benchmarks/results) and the servers' logs beside it. ``--engine embedded`` runs
 the phases on Gyre's embedded engine instead, so that the script runs without a GPU too (gloo instead of nccl).
@@ -401,6 +404,24 @@ def train(ctx: Context, figures: dict[str, Any]) -> None:
         client.shutdown()
 
 
+def sharded(ctx: Context, figures: dict[str, Any]) -> None:
+    cuda = torch.cuda.is_available()
+    if not cuda and ctx.args.engine == "sglang":
+        raise Skip("NCCL needs a CUDA device; --engine embedded runs this check over gloo on the CPU")
+    out = ctx.work / "sharded.json"
+    # its own process: a process group of its own, and nothing of it left in this one (the push phase's group)
+    command = [sys.executable, str(ROOT / "benchmarks" / "sharded_check.py"), "--device", "cuda" if cuda else "cpu",
+               "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=220)
+    print("   " + (proc.stdout + proc.stderr).strip()[-2000:].replace("\n", "\n   "), flush=True)
+    if out.exists():
+        found = json.loads(out.read_text())
+        stats = found.pop("statistics")
+        figures.update(found)
+        figures.update({k: v for k, v in stats.items() if k.endswith("_bytes")})
+    require(proc.returncode == 0, f"sharded_check exited {proc.returncode}")
+
+
 PhaseFn = Callable[[Context, dict[str, Any]], None]  # fills in its figures as it goes
 PHASES: list[tuple[str, PhaseFn, float]] = [  # name, phase, time limit (s)
     ("serve", serve, 300.0),
@@ -409,6 +430,7 @@ PHASES: list[tuple[str, PhaseFn, float]] = [  # name, phase, time limit (s)
     ("push", push, 120.0),
     ("memory", memory, 120.0),
     ("train", train, 300.0),
+    ("sharded", sharded, 240.0),
 ]
 
 

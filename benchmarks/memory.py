@@ -1,18 +1,26 @@
 """Training-cell memory: today's core measured against the accounting model, then Qwen3 on 8 x 80 GB cells.
 
-    python benchmarks/memory.py [--micro-tokens 65536] [--no-measure]
+    python benchmarks/memory.py [--micro-tokens 65536] [--ranks 1 2 4] [--tokens 256] [--no-measure]
 
-Prints four tables and writes ``benchmarks/results/memory.json``:
+Prints six tables and writes ``benchmarks/results/memory.json``:
 1. measured vs predicted: a real ``TrainState`` (today's core, one process, fp32, float64 step sum) of the ``small``
    preset and of a ~150 M-parameter Qwen3 (written here from a config, no download), each in its own process after
    one AdamW update and one micro-step's backward: weights, gradients and AdamW bytes counted from the tensors, next
    to ``gyre.train.memory``'s prediction for one rank, and the process's peak RSS;
-2. gradient bytes into any one process per step: today's star (every remote micro-step's whole fp32 gradient into
-   the core) against one bucketed reduce-scatter per step (ZeRO-1), for several micro-step and member counts;
-3. Qwen3-8B, Qwen3-32B and Qwen3-235B-A22B on 8 x 80 GB cells: per-GPU bytes by category, fits or not, and the
+2. a sharded core cell measured (``benchmarks/memory_cell.py``): the same two models on 1, 2 and 4 ranks, each rank
+   a process over gloo with a ``ShardedState``, two steps of real micro-steps reduced round by round as the wired
+   core does: per rank the optimizer + gradient bytes (from the tensors) against the 1-rank figure, peak RSS and
+   the second step's wall;
+3. gradient bytes into any one process per step, measured in that run: today's star (every micro-step not computed
+   by the core sends its whole fp32 gradient to it: counted) against the bytes one rank's reduce-scatters wrote to
+   its sockets (measured), and what ``gyre.train.memory`` predicts;
+4. the same projected by ``gyre.train.memory`` for these models and Qwen3: today's star (every remote micro-step's
+   whole fp32 gradient into the core) against one bucketed reduce-scatter per step (ZeRO-1), for several micro-step
+   and member counts;
+5. Qwen3-8B, Qwen3-32B and Qwen3-235B-A22B on 8 x 80 GB cells: per-GPU bytes by category, fits or not, and the
    longest micro-step that fits, for today's design and sharded layouts (plus the smallest multi-cell layout that
    holds the MoE);
-4. the assumptions of the model (``gyre.train.memory.ASSUMPTIONS``).
+6. the assumptions of the model (``gyre.train.memory.ASSUMPTIONS``).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from gyre.train.memory import (
@@ -70,6 +79,11 @@ QWEN3 = {
 MEDIUM = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 12, "num_attention_heads": 16,
           "num_key_value_heads": 8, "head_dim": 64}  # fmt: skip
 CELL_GB = 80
+# the measured cells: micro-steps each rank computes per step (one reduce-scatter round each), sized so that the
+# whole program runs in about 6 minutes on 2 CPU cores (the ~150 M cell at 4 ranks moves 1.8 GB per rank per round)
+MICRO_PER_RANK = {"small": 2, "~150M": 1}
+CELL_STEPS = 2  # the second step is the timed one
+CELL_BUCKET_MIB = 64.0  # float64 gradient per reduce-scatter call (trainer.bucket_mib's default: 512)
 
 
 def gb(n: int) -> str:
@@ -149,6 +163,101 @@ def measured_table(console: Console, runs: dict[str, dict[str, Any]]) -> dict[st
         out[name] = {"parameters": shape.parameters(), "categories": rows, "peak_rss": run["peak_rss"]}
     console.print(table)
     return out
+
+
+# ---- 1b. a sharded core cell, measured --------------------------------------------------------------------------
+def measure_cells(dirs: dict[str, Path], ranks: list[int], tokens: int, progress: Progress) -> dict[str, Any]:
+    """Every model on every number of ranks (``memory_cell.run_cell``): each rank's figures."""
+    from memory_cell import run_cell
+
+    task = progress.add_task("sharded cells", total=len(dirs) * len(ranks))
+    out: dict[str, Any] = {}
+    for name, directory in dirs.items():
+        for world in ranks:
+            progress.update(task, description=f"sharded cell: {name}, {world} rank(s)")
+            out[f"{name}/{world}"] = {
+                "model": name, "world": world, "micro_per_rank": MICRO_PER_RANK[name], "tokens": tokens,
+                "ranks": run_cell(directory, world, MICRO_PER_RANK[name], tokens, CELL_STEPS, CELL_BUCKET_MIB),
+            }  # fmt: skip
+            progress.advance(task)
+    return out
+
+
+def cell_rows(cells: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per cell: the largest figure over its ranks, against the same model's 1-rank cell."""
+    rows = []
+    for cell in cells.values():
+        ranks, world = cell["ranks"], cell["world"]
+        last = [r["steps"][-1] for r in ranks]
+        state = max(r["statistics"]["gradient_bytes"] + r["statistics"]["optimizer_bytes"] for r in ranks)
+        numel, k = ranks[0]["numel"], cell["micro_per_rank"]
+        rows.append({
+            "model": cell["model"], "world": world, "micro_per_rank": k, "tokens": cell["tokens"], "parameters": numel,
+            "state_bytes": state, "master_bytes": max(r["statistics"]["master_bytes"] for r in ranks),
+            "peak_rss": max(r["peak_rss"] for r in ranks), "step_s": max(s["wall_s"] for s in last),
+            "reduce_s": max(s["reduce_s"] for s in last), "apply_s": max(s["apply_s"] for s in last),
+            "reduced_bytes": max(s["reduced_bytes"] for s in last), "gathered_bytes": max(s["gathered_bytes"] for s in last),
+            "reduce_socket_bytes": max(s["reduce_socket_bytes"] for s in last),
+            "apply_socket_bytes": max(s["apply_socket_bytes"] for s in last),
+            "model_gradient": numel * 4,  # one whole fp32 gradient
+            "star": (world - 1) * k * numel * 4,  # today: the micro-steps the core did not compute, whole, to it
+            "ring": k * (world - 1) * numel * 8 // world,  # the same rounds' float64 by a ring reduce-scatter (NCCL's)
+            "predicted": gradient_traffic(ModelShape.from_config(ranks[0]["config"]), CellLayout(shards=world), FP32,
+                                          remote_micro_steps=(world - 1) * k, satellites=0).reduce_scatter,
+        })  # fmt: skip
+    for row in rows:
+        one = next(r for r in rows if r["model"] == row["model"] and r["world"] == 1)
+        row["state_fraction"] = row["state_bytes"] / one["state_bytes"]
+        row["state_ok"] = row["state_fraction"] <= 1.05 / row["world"]
+        row["wire_ok"] = row["reduce_socket_bytes"] <= 2 * row["model_gradient"]
+    return rows
+
+
+def cell_tables(console: Console, rows: list[dict[str, Any]]) -> None:
+    mb = 1e6
+    table = Table(title="Sharded core cell, measured: N rank processes over gloo on this machine, each a "
+                  "ShardedState and a whole replica; the second of two steps")  # fmt: skip
+    for col in ("model", "ranks", "micro-steps / rank", "opt + grad MB / rank", "of 1 rank", "<= 1.05/N",
+                "master MB / rank", "peak RSS MB / rank", "step s", "compute + r-s s", "apply s",
+                "into r-s MB", "a-g received MB"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for i, r in enumerate(rows):
+        last = i == len(rows) - 1 or rows[i + 1]["model"] != r["model"]
+        table.add_row(r["model"], str(r["world"]), str(r["micro_per_rank"]), f"{r['state_bytes'] / mb:,.0f}",
+                      f"{r['state_fraction']:.4f}", "[green]yes[/]" if r["state_ok"] else "[red]no[/]",
+                      f"{r['master_bytes'] / mb:,.0f}", f"{r['peak_rss'] / mb:,.0f}", f"{r['step_s']:.1f}",
+                      f"{r['reduce_s']:.1f}", f"{r['apply_s']:.1f}", f"{r['reduced_bytes'] / mb:,.0f}",
+                      f"{r['gathered_bytes'] / mb:,.0f}", end_section=last)  # fmt: skip
+    console.print(table)
+    cores = len(os.sched_getaffinity(0))
+    console.print(f"{cores} CPU core(s): above {cores} ranks the ranks time-share them, so step time is no speed-up "
+                  "figure. opt + grad: float64 gradient sum + AdamW moments of the rank's range; peak RSS: ru_maxrss, "
+                  "the whole replica, its .grad and one flat fp32 gradient included. into r-s: float64 values the "
+                  "rank put into reduce-scatters; a-g: weights received in all-gathers.", highlight=False)  # fmt: skip
+    table = Table(
+        title="Gradient bytes into any one process per step, measured in that run: star today vs buckets"
+    )
+    for col in ("model", "ranks", "micro-steps / step", "model grad MB", "star MB (counted)", "star x",
+                "buckets MB (measured)", "buckets x", "<= 2x", "per round x", "ring x", "predicted x", "weights MB"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for i, r in enumerate(rows):
+        last = i == len(rows) - 1 or rows[i + 1]["model"] != r["model"]
+        grad = r["model_gradient"]
+        table.add_row(r["model"], str(r["world"]), str(r["world"] * r["micro_per_rank"]), f"{grad / mb:,.0f}",
+                      f"{r['star'] / mb:,.0f}", f"{r['star'] / grad:.2f}x", f"{r['reduce_socket_bytes'] / mb:,.0f}",
+                      f"{r['reduce_socket_bytes'] / grad:.2f}x",
+                      "[green]yes[/]" if r["wire_ok"] else "[red]no[/]",
+                      f"{r['reduce_socket_bytes'] / r['micro_per_rank'] / grad:.2f}x", f"{r['ring'] / grad:.2f}x",
+                      f"{r['predicted'] / grad:.2f}x",
+                      f"{r['apply_socket_bytes'] / mb:,.0f}", end_section=last)  # fmt: skip
+    console.print(table)
+    console.print("star: the micro-steps the core did not compute, each a whole fp32 gradient into the core. buckets: "
+                  "the bytes one rank's reduce-scatters wrote to its sockets in the step (/proc/self/io wchar; a ring's "
+                  "ranks send and receive alike), one round per micro-step a rank computes, as the wired core reduces. "
+                  "ring: what a ring reduce-scatter (NCCL's) of the same rounds moves, counted. predicted: "
+                  "gyre.train.memory, one fp32 ring reduce-scatter per step. weights: the all-gather's "
+                  "bytes. Gloo's reduce-scatter writes 2(N-1)/N of its float64 input per rank (what a ring all-reduce "
+                  "moves); a ring reduce-scatter moves (N-1)/N: half of it.", highlight=False)  # fmt: skip
 
 
 # ---- 2. gradient bytes per step -------------------------------------------------------------------------------
@@ -266,10 +375,16 @@ def main() -> None:
     parser.add_argument(
         "--micro-tokens", type=int, default=65536, help="tokens per micro-step in the projection"
     )
-    parser.add_argument("--no-measure", action="store_true", help="skip the measured table (no torch needed)")
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4], help="the measured cells' sizes")
+    parser.add_argument("--tokens", type=int, default=256, help="tokens per micro-step in the measured cells")
+    parser.add_argument(
+        "--no-measure", action="store_true", help="skip the measured tables (no torch needed)"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "memory.json")
     args = parser.parse_args()
-    console = Console()
+    if args.ranks[0] != 1:
+        parser.error("--ranks must start with 1: the 1-rank cell is what the others are compared with")
+    console = Console(width=None if sys.stdout.isatty() else 200)  # a file or a pipe gets whole tables
     result: dict[str, Any] = {"cpus": os.cpu_count(), "python": sys.version.split()[0],
                               "micro_tokens": args.micro_tokens, "assumptions": list(ASSUMPTIONS)}  # fmt: skip
     local: dict[str, ModelShape] = {}
@@ -279,12 +394,21 @@ def main() -> None:
         from gyre.models import init_model
 
         result["torch"] = torch.__version__
-        with tempfile.TemporaryDirectory() as tmp_dir:
+        with tempfile.TemporaryDirectory() as tmp_dir, Progress(console=console, transient=True) as progress:
             tmp = Path(tmp_dir)
+            task = progress.add_task("one-process core (TrainState)", total=2)
             small = init_model(tmp / "small", preset="small")
             medium = write_medium(tmp / "medium-150m", small)
-            runs = {"small": measure(small), "~150M": measure(medium)}
+            dirs = {"small": small, "~150M": medium}
+            runs = {}
+            for name, directory in dirs.items():
+                runs[name] = measure(directory)
+                progress.advance(task)
+            cells = measure_cells(dirs, args.ranks, args.tokens, progress)
         result["measured"] = measured_table(console, runs)
+        rows = cell_rows(cells)
+        cell_tables(console, rows)
+        result["cells"] = {"bucket_mib": CELL_BUCKET_MIB, "steps": CELL_STEPS, "rows": rows, "raw": cells}
         local = {name: ModelShape.from_config(run["config"]) for name, run in runs.items()}
     shapes = {name: ModelShape.from_config(config) for name, config in QWEN3.items()}
     result["traffic"] = traffic_table(console, local | shapes)
