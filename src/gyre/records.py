@@ -124,6 +124,37 @@ def expand_inputs(records: Iterable[CallRecord]) -> dict[str, list[int]]:
     return full
 
 
+def input_tails(records: Iterable[CallRecord], keep: int) -> dict[str, tuple[int, list[int]]]:
+    """``(input length, last keep input ids)`` of each record, given records in call order (parents before children).
+
+    What `expand_inputs` gives, cut to its last ``keep`` ids: time and memory grow with calls x ``keep``, not with
+    the square of a session's tokens, so a window over a 700K-token execution never materialises whole inputs.
+    """
+    if keep < 0:
+        raise ValueError(f"keep must not be negative, not {keep}")
+    by_id: dict[str, CallRecord] = {}
+    tails: dict[str, tuple[int, list[int]]] = {}
+    for record in records:
+        length, tail = 0, []
+        if record.parent_call_id is not None:
+            parent = by_id.get(record.parent_call_id)
+            if parent is None:
+                raise ValueError(
+                    f"record {record.call_id} extends {record.parent_call_id}, which comes later or not at all"
+                )
+            parent_length, parent_tail = tails[parent.call_id]
+            length = parent_length + len(parent.output_ids)
+            if length != record.prefix_len:
+                raise ValueError(
+                    f"record {record.call_id}: its parent gives {length} prefix tokens, it says {record.prefix_len}"
+                )
+            tail = [*parent_tail[-keep:], *parent.output_ids[-keep:]] if keep else []
+        length += len(record.new_input_ids)
+        tails[record.call_id] = (length, [*tail, *record.new_input_ids][-keep:] if keep else [])
+        by_id[record.call_id] = record
+    return tails
+
+
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(CallRecord)
 

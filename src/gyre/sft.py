@@ -49,7 +49,7 @@ from gyre.config import GyreConfig, LossConfig, SftConfig, dump_config
 from gyre.errors import ConfigError
 from gyre.journal import Journal, read_journal
 from gyre.protocol import MicroStats, MicroStep
-from gyre.records import ApiCallRecord, CallRecord, decode_record, expand_inputs
+from gyre.records import ApiCallRecord, CallRecord, decode_record, input_tails
 from gyre.train.step import Rollout, build_step
 from gyre.train.tree import TrajectoryTree
 
@@ -286,14 +286,16 @@ def cut_windows(
     train in its window, and a span whose source is more than ``window_tokens`` back, are left out."""
     windows: list[Window] = []
     for index, records in enumerate(sessions):
-        full = expand_inputs(records)
+        # a window never reaches further back than window_tokens: linear in the session, not quadratic
+        tails = input_tails(records, window_tokens)
         for r in records:
-            tokens = full[r.call_id] + r.output_ids
+            offset, tail = tails[r.call_id]
+            tokens = tail + r.output_ids  # the conversation's last tokens; tokens[0] is at position ``first``
+            first = offset - len(tail)
             seen = r.prefix_len if r.parent_call_id is not None else 0
-            offset = len(full[r.call_id])
             spans = [(0, len(r.output_ids), 0)] if "output" in focus else []
             if "copied" in focus:
-                spans += copied_spans(r.output_ids, full[r.call_id][seen:], copy_min)
+                spans += copied_spans(r.output_ids, r.new_input_ids, copy_min)
             for k, (a, b, source) in enumerate(spans):
                 end = offset + b
                 start = max(end - window_tokens, 0)
@@ -302,7 +304,7 @@ def cut_windows(
                 if copy and end - seen - source > window_tokens:
                     continue  # a copy whose source the window cannot hold: nothing to copy it from
                 if trained > 0:
-                    windows.append(Window(session=index, input_ids=tokens[start:end], start=start,
+                    windows.append(Window(session=index, input_ids=tokens[start - first : end - first], start=start,
                                           trained=trained, least=end - seen - source))  # fmt: skip
     return windows
 
