@@ -27,7 +27,8 @@ SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
 # Single tokens the model sees and emits as text: not special, so decode keeps them.
 ADDED_TOKENS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>")
 
-# Architecture presets; vocab_size is derived from the tokenizer (rounded up to a multiple of 8).
+# Architecture presets; vocab_size is derived from the tokenizer (rounded up to a multiple of 8) unless a preset
+# sets it (ids the tokenizer never produces just get embedding rows).
 PRESETS: dict[str, dict[str, Any]] = {
     "tiny": {
         "hidden_size": 192,
@@ -53,6 +54,21 @@ PRESETS: dict[str, dict[str, Any]] = {
         "max_position_embeddings": 32768,
         "rope_theta": 1e6,
         "rms_norm_eps": 1e-6,
+    },
+    # 1 layer, 1 query and 1 key/value head of 16 with Qwen's vocabulary: long-context tests and benchmarks on CPU,
+    # where attention's compute sets what fits and the chunked loss meets a real vocabulary
+    "micro": {
+        "hidden_size": 16,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 1,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 1048576,
+        "rope_theta": 1e6,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": 151936,
     },
 }
 
@@ -180,11 +196,12 @@ def init_model(directory: str | Path, preset: str = "tiny", seed: int = 0, overw
     arch = dict(PRESETS[preset])
     tokenizer = build_tokenizer(arch["max_position_embeddings"])
     rope_theta = arch.pop("rope_theta")
+    vocab_size = arch.pop("vocab_size", 8 * math.ceil(len(tokenizer) / 8))
     token_ids = tokenizer.get_vocab()
     pad_id, eos_id = token_ids[PAD_TOKEN], token_ids[IM_END]
     config = Qwen3Config(
         **arch,
-        vocab_size=8 * math.ceil(len(tokenizer) / 8),
+        vocab_size=vocab_size,
         rope_parameters={"rope_type": "default", "rope_theta": rope_theta},
         pad_token_id=pad_id,
         eos_token_id=eos_id,

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 if TYPE_CHECKING:
     from gyre.train.step import MicroStep
@@ -134,24 +135,74 @@ def _sequence_logprobs(
     ids = torch.tensor([input_ids], device=device)
     positions = torch.tensor([position_ids], device=device)
     if all(p == i - 1 for i, p in enumerate(parents)):  # a chain: plain causal attention
-        logits = model(input_ids=ids, position_ids=positions).logits[0]
+        hidden = _final_hidden(model, ids, positions)
     else:
         token = _segments.set(tree_segments(parents, device))
         previous = model.config._attn_implementation
         model.set_attn_implementation(TREE_ATTENTION)
         try:
-            logits = model(input_ids=ids, position_ids=positions).logits[0]
+            hidden = _final_hidden(model, ids, positions)
         finally:
             model.set_attn_implementation(previous)
             _segments.reset(token)
     index = torch.tensor(parents, device=device)
     has_parent = index >= 0
-    source = (logits[index.clamp(min=0)].float() / temperature).log_softmax(-1)
-    picked = source.gather(-1, ids[0, :, None]).squeeze(-1)
+    # logits only for tokens with a parent (a sequence's first has none)
+    scored = has_parent.nonzero().squeeze(-1)
+    head = model.get_output_embeddings()
+    picked, entropy = _chunked_logprobs(
+        hidden[index[scored]], head.weight, head.bias, ids[0, scored], temperature
+    )
+    zero = torch.zeros(len(parents), device=device, dtype=picked.dtype)
+    return zero.index_put((scored,), picked), zero.detach().index_put((scored,), entropy)
+
+
+def _final_hidden(model: Any, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The last hidden states ``[tokens, hidden]`` of one sequence (the lm head applied separately, in chunks)."""
+    return model.get_decoder()(input_ids=ids, position_ids=positions).last_hidden_state[0]
+
+
+LOGITS_CHUNK_TOKENS = 1024  # tokens whose logits exist at once: 1024 x a 152K vocabulary in fp32 is ~620 MB
+
+
+def _chunked_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    temperature: float,
+    chunk_tokens: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """log p(target | hidden) under the lm head at ``temperature``, and the entropy (no gradient), computed
+    ``chunk_tokens`` at a time: each chunk's logits are recomputed in backward (checkpointed), never whole."""
+    chunk_tokens = chunk_tokens or LOGITS_CHUNK_TOKENS
+    picked, entropies = [], []
+    for a in range(0, hidden.shape[0], chunk_tokens):
+        h, t = hidden[a : a + chunk_tokens], targets[a : a + chunk_tokens]
+        if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+            lp, entropy = checkpoint(_chunk_logprobs, h, weight, bias, t, temperature, use_reentrant=False)
+        else:
+            lp, entropy = _chunk_logprobs(h, weight, bias, t, temperature)
+        picked.append(lp)
+        entropies.append(entropy)
+    if not picked:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat(picked), torch.cat(entropies)
+
+
+def _chunk_logprobs(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk's picked log-probabilities and entropies (the latter detached): one pass over its logits."""
+    source = (F.linear(h, weight, bias).float() / temperature).log_softmax(-1)
     with torch.no_grad():
         entropy = -(source.exp() * source).sum(-1)
-    zero = torch.zeros_like(picked)
-    return torch.where(has_parent, picked, zero), torch.where(has_parent, entropy, zero.detach())
+    return source.gather(-1, targets[:, None]).squeeze(-1), entropy
 
 
 def _tree_attention(
