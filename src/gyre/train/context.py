@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from gyre.config import LossConfig
 from gyre.protocol import MicroStats, MicroStep
-from gyre.train.loss import chain_segments
+from gyre.train.loss import chain_segments, chunked_logprobs, final_hidden
 
 CONTEXT_ATTENTION = "gyre_context"
 
@@ -183,7 +183,7 @@ def logprobs_and_entropy(
     try:
         ids = torch.tensor([[micro.input_ids[g] for g in mine]], device=device)
         positions = torch.tensor([[micro.position_ids[g] for g in mine]], device=device)
-        logits = model(input_ids=ids, position_ids=positions).logits[0]  # [local tokens, vocab]
+        hidden = final_hidden(model, ids, positions)  # [local tokens, hidden]
     finally:
         model.set_attn_implementation(previous)
         _layout.reset(token)
@@ -192,10 +192,9 @@ def logprobs_and_entropy(
     source = torch.tensor([local[micro.parents[i]] for i in children], device=device, dtype=torch.long)
     target = torch.tensor(children, device=device, dtype=torch.long)
     picked_ids = torch.tensor([micro.input_ids[i] for i in children], device=device, dtype=torch.long)
-    lp = (logits.index_select(0, source).float() / temperature).log_softmax(-1)
-    picked = lp.gather(-1, picked_ids[:, None]).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(lp.exp() * lp).sum(-1)
+    head = model.get_output_embeddings()  # the lm head in chunks (gyre.train.loss): no [tokens x vocab] whole
+    picked, entropy = chunked_logprobs(hidden.index_select(0, source), head.weight, head.bias, picked_ids,
+                                       temperature)  # fmt: skip
     out = torch.zeros(len(micro.input_ids), device=device, dtype=picked.dtype).index_put((target,), picked)
     ent = torch.zeros(len(micro.input_ids), device=device, dtype=entropy.dtype).index_put((target,), entropy)
     return out, ent

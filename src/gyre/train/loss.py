@@ -135,13 +135,13 @@ def _sequence_logprobs(
     ids = torch.tensor([input_ids], device=device)
     positions = torch.tensor([position_ids], device=device)
     if all(p == i - 1 for i, p in enumerate(parents)):  # a chain: plain causal attention
-        hidden = _final_hidden(model, ids, positions)
+        hidden = final_hidden(model, ids, positions)
     else:
         token = _segments.set(tree_segments(parents, device))
         previous = model.config._attn_implementation
         model.set_attn_implementation(TREE_ATTENTION)
         try:
-            hidden = _final_hidden(model, ids, positions)
+            hidden = final_hidden(model, ids, positions)
         finally:
             model.set_attn_implementation(previous)
             _segments.reset(token)
@@ -150,14 +150,14 @@ def _sequence_logprobs(
     # logits only for tokens with a parent (a sequence's first has none)
     scored = has_parent.nonzero().squeeze(-1)
     head = model.get_output_embeddings()
-    picked, entropy = _chunked_logprobs(
+    picked, entropy = chunked_logprobs(
         hidden[index[scored]], head.weight, head.bias, ids[0, scored], temperature
     )
     zero = torch.zeros(len(parents), device=device, dtype=picked.dtype)
     return zero.index_put((scored,), picked), zero.detach().index_put((scored,), entropy)
 
 
-def _final_hidden(model: Any, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def final_hidden(model: Any, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The last hidden states ``[tokens, hidden]`` of one sequence (the lm head applied separately, in chunks)."""
     return model.get_decoder()(input_ids=ids, position_ids=positions).last_hidden_state[0]
 
@@ -165,7 +165,7 @@ def _final_hidden(model: Any, ids: torch.Tensor, positions: torch.Tensor) -> tor
 LOGITS_CHUNK_TOKENS = 1024  # tokens whose logits exist at once: 1024 x a 152K vocabulary in fp32 is ~620 MB
 
 
-def _chunked_logprobs(
+def chunked_logprobs(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None,

@@ -55,7 +55,7 @@ def _micro_step(vocab: int) -> MicroStep:
     )
 
 
-def test_chunked_logprobs_and_gradients_equal_the_whole_vocabulary(tmp_path, monkeypatch):
+def testchunked_logprobs_and_gradients_equal_the_whole_vocabulary(tmp_path, monkeypatch):
     model = AutoModelForCausalLM.from_pretrained(init_model(tmp_path / "m", "micro"), dtype=torch.float64)
     micro = _micro_step(model.config.vocab_size)
     monkeypatch.setattr(loss, "LOGITS_CHUNK_TOKENS", 7)  # many chunks, one ragged
