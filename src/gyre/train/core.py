@@ -11,12 +11,14 @@ queue marks it held); when there is nothing more for it to claim in a sealed ste
 group), also before it leaves. The micro-steps are done when the whole sum has arrived; a member lost before that
 (killed, silent, left without sending) gives its held micro-steps back to the queue, to be computed again. So the
 gradient bytes into the core per step are one sum per satellite however many micro-steps it computed
-(``gradient_bytes_in``), not one gradient per micro-step. With ``trainer.shards = N`` the core is a cell of N ranks
-(``gyre.train.cell``): this process is rank 0 and coordinates; each rank holds 1/N of the optimizer state, computes
-in rounds, and has its own pair group with every member, over which the member's weights and sum travel in that
-rank's range only; a sum is added once every rank holds its slice (``_staged``), on every rank or on none. The core is a member too (``core_computes``), computing in
+(``gradient_bytes_in``), not one gradient per micro-step. The core is a member too (``core_computes``), computing in
 its own thread and adding each gradient as it is computed; in a cell the computing is switched on and off with the
 cell's role (``set_computing``).
+
+With ``trainer.shards = N`` the core is a cell of N ranks (``gyre.train.cell``): this process is rank 0 and
+coordinates; each rank holds 1/N of the optimizer state and computes in rounds, and each has its own pair group with
+every member, over which the member's weights and sum travel in that rank's range only; a sum is added once every
+rank holds its slice (``_staged``), on every rank or on none.
 
 How groups are formed (never rebuilt when membership changes): each member has its own two-rank torch.distributed
 group with the core (core rank 0, member rank 1), created once when the member first says ``Hello``, from a TCPStore
