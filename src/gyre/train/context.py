@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from gyre.config import LossConfig
 from gyre.protocol import MicroStats, MicroStep
-from gyre.train.loss import chain_segments, chunked_logprobs, final_hidden
+from gyre.train.loss import chain_segments, chunked_logprobs, final_hidden, segment_attention
 
 CONTEXT_ATTENTION = "gyre_context"
 
@@ -150,13 +150,9 @@ def _context_attention(
     if groups > 1:  # grouped-query attention: share each key/value head
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     p = dropout if module.training else 0.0
-    outs = [
-        F.scaled_dot_product_attention(
-            query[:, :, a:b], key[:, :, keys], value[:, :, keys], attn_mask=mask, dropout_p=p, scale=scaling
-        )
-        for a, b, keys, mask in layout.pieces
-    ]
-    out = torch.cat(outs, dim=2) if outs else query[:, :, :0]
+    if not layout.pieces:  # (a rank with no tokens of this micro-step)
+        return query[:, :, :0].transpose(1, 2).contiguous(), None
+    out = segment_attention(query, key, value, layout.pieces, scaling, p)
     return out.transpose(1, 2).contiguous(), None
 
 

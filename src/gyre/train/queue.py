@@ -179,14 +179,7 @@ class StepQueue:
                 for i, held in self.holders.items()
                 if member in held and not self.done[i] and i not in (keep or set())
             ]
-            for i in back:
-                self.holders[i].discard(member)
-                self.held.get(member, {}).pop(i, None)
-                if not self.holders[i]:
-                    self.pending.appendleft(i)
-            self.reclaimed += len(back)
-            if back:
-                self.changed.notify_all()
+            self._give_back(member, back)
             return back
 
     def claims(self) -> dict[str, list[int]]:
