@@ -3,6 +3,11 @@
 When the conversation passes its token budget it compacts: a summary call (role ``main-summary``) and a fresh
 context that starts from the summary, which the router records as a new branch of the trajectory tree. ``delegate``
 runs a sub-agent with its own context (role ``sub-agent``) in the same sandbox and returns its answer.
+
+A task may ask two things of the agent in its metadata (a long-horizon workload, `gyre.tasks.long`, does):
+``CONTEXT_BUDGET_KEY`` replaces ``context_budget_tokens`` ("0": never compact, so the records hold one path of the
+whole execution), and ``IDLE_COMMAND_KEY`` names a shell command whose output answers, with the nudge, a reply that
+calls no tool (a policy that does not call tools yet still sees the environment's output grow its context).
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ with a short answer. Call exactly the tools you need; every call costs time."""
 # A short prompt for small models (the tiny preset attends over every prompt token it trains on): two tools, one line.
 LEAN_SYSTEM_PROMPT = "Use the tools. Call `submit` when done."
 LEAN_TOOLS = ("bash", "submit")
+
+NUDGE = "Use a tool, or call `submit` when you are done."
+# task metadata: compact past this many tokens; 0: never
+CONTEXT_BUDGET_KEY = "gyre.agent.context_budget_tokens"
+IDLE_COMMAND_KEY = "gyre.agent.idle_command"  # task metadata: its output follows the nudge after no tool call
 
 SUMMARY_REQUEST = """Your context is full. Summarize for yourself everything needed to finish the task: what is \
 done, what you learned (file names, commands, results), and what remains. Reply with the summary only."""
@@ -130,6 +140,8 @@ class BuiltinAgent:
         if cfg.profile == "lean":
             tools = [t for t in tools if t["function"]["name"] in LEAN_TOOLS]
         messages = self._fresh(instruction)
+        budget = int(ctx.task.metadata.get(CONTEXT_BUDGET_KEY, cfg.context_budget_tokens)) or None
+        idle = ctx.task.metadata.get(IDLE_COMMAND_KEY, "")
         for step in range(1, max_steps + 1):
             seeded = {} if cfg.seed is None else {"seed": call_seed(cfg.seed, ctx, role, tally.calls)}
             try:
@@ -151,9 +163,8 @@ class BuiltinAgent:
             messages.append({k: v for k, v in message.items() if v is not None})
             calls = message.get("tool_calls") or []
             if not calls:
-                messages.append(
-                    {"role": "user", "content": "Use a tool, or call `submit` when you are done."}
-                )
+                nudge = NUDGE if not idle else f"{NUDGE}\n\n`{idle}` printed:\n{await self._bash(ctx, idle)}"
+                messages.append({"role": "user", "content": nudge})
             for call in calls:
                 result, submitted = await self._run_tool(ctx, call, tally)
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
@@ -162,7 +173,7 @@ class BuiltinAgent:
             if cfg.modelled_tool_latency_s > 0:
                 await asyncio.sleep(cfg.modelled_tool_latency_s)
             used = body.get("usage", {}).get("total_tokens", 0)
-            if used > cfg.context_budget_tokens and step < max_steps:
+            if budget is not None and used > budget and step < max_steps:
                 messages = await self._compact(ctx, instruction, messages, tools, summary_role, tally)
         return "step_limit", None, max_steps
 
