@@ -192,6 +192,9 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # a micro-step longer than this is computed by all the core cell's ranks together, each holding 1/shards of its
     # tokens (context parallelism, gyre.train.context); 0: never split
     max_tokens_per_rank: NonNegative = 0
+    # recompute each decoder layer in backward instead of keeping its activations (torch backend; gyre.train.recompute):
+    # a micro-step holds one layer's activations at a time, for about a third more compute
+    activation_checkpointing: bool = False
     collective: Literal["gloo", "nccl"] = "gloo"  # torch.distributed backend of pair groups (nccl on GPUs)
     num_threads: NonNegative = 0  # torch threads per trainer process; 0: torch's default
     core_computes: bool = True  # the core claims micro-steps too (False: it only sums and applies)
@@ -220,6 +223,14 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         0.0  # every weight push to an engine takes at least this long (a modelled transfer of a big model); 0: off
     )
     loss: LossConfig = msgspec.field(default_factory=LossConfig)
+
+    def __post_init__(self) -> None:
+        """Refuse what the chosen backend cannot do (msgspec reports the ValueError as this section's)."""
+        if self.activation_checkpointing and self.backend == "megatron":
+            raise ValueError(
+                "trainer.activation_checkpointing is built for trainer.backend = 'torch' only (Megatron's recompute"
+                " is not wired in yet); set trainer.backend = 'torch', or activation_checkpointing = false"
+            )
 
 
 class CellsConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

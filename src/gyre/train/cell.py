@@ -47,7 +47,7 @@ from gyre.config import TrainerConfig
 from gyre.engine.launch import exit_with_parent, free_port
 from gyre.errors import ConfigError, TrainerError
 from gyre.protocol import MicroStats, MicroStep
-from gyre.train import checkpoint
+from gyre.train import checkpoint, recompute
 from gyre.train.pairs import Pair, broadcast_range
 from gyre.train.sharded import ShardedState
 from gyre.train.state import flatten_parameters, load_model, lr_at
@@ -165,6 +165,8 @@ class CellState:
             raise ConfigError("trainer.model_path is empty: name the Hugging Face model directory to train")
         self.source = Path(source)
         self.model = load_model(source)
+        if cfg.activation_checkpointing:
+            recompute.enable(self.model)
         self.sharded = ShardedState(self.model, cfg)
         self.flat, self.named, self.numel = self.sharded.flat, self.sharded.named, self.sharded.numel
         self.start, self.end = self.sharded.start, self.sharded.end

@@ -403,6 +403,7 @@ class CoreTrainer:
             member_timeout_s=self.cfg.member_timeout_s, transfer_timeout_s=self.cfg.transfer_timeout_s,
             backend=self.cfg.collective, numel=self.state.numel, modelled_tokens_per_s=self.cfg.modelled_tokens_per_s,
             pairs=member.addresses, bucket_mib=self.cfg.bucket_mib,
+            activation_checkpointing=self.cfg.activation_checkpointing,
         ))  # fmt: skip
 
     def _open_pairs(self, name: str, pair: Pair) -> list[PairAddress]:

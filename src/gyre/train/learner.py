@@ -19,6 +19,7 @@ import torch
 from gyre.config import LossConfig
 from gyre.errors import ConfigError
 from gyre.protocol import MicroStats, MicroStep
+from gyre.train import recompute
 from gyre.train.objective import compute_gradients
 from gyre.train.state import flat_gradient, flatten_parameters, model_from_config
 
@@ -48,9 +49,15 @@ class TorchLearner:
         self.reference: Any | None = None
 
     @classmethod
-    def from_config(cls, model_config: dict[str, Any]) -> TorchLearner:
-        """A learner of the architecture in ``model_config`` (weights arrive from the core)."""
-        return cls(model_from_config(model_config))
+    def from_config(
+        cls, model_config: dict[str, Any], activation_checkpointing: bool = False
+    ) -> TorchLearner:
+        """A learner of the architecture in ``model_config`` (weights arrive from the core), its decoder layers
+        recomputed in backward with ``activation_checkpointing`` (`gyre.train.recompute`)."""
+        model = model_from_config(model_config)
+        if activation_checkpointing:
+            recompute.enable(model)
+        return cls(model)
 
     def weights(self) -> torch.Tensor:
         return self.flat
@@ -79,14 +86,19 @@ class TorchLearner:
 
 def make_learner(
     backend: str, model_config: dict[str, Any], tensor_parallel: int = 1, pipeline_parallel: int = 1,
-    num_threads: int = 0,
+    num_threads: int = 0, activation_checkpointing: bool = False,
 ) -> Learner:  # fmt: skip
     """A learner of ``backend`` for the architecture in ``model_config`` (weights arrive later)."""
     if backend == "torch":
         if tensor_parallel != 1 or pipeline_parallel != 1:
             raise ConfigError("tensor_parallel or pipeline_parallel > 1 needs trainer.backend = 'megatron'")
-        return TorchLearner.from_config(model_config)
+        return TorchLearner.from_config(model_config, activation_checkpointing)
     if backend == "megatron":
+        if activation_checkpointing:
+            raise ConfigError(
+                "the core trains with trainer.activation_checkpointing, which the megatron backend does not do yet; "
+                "run this member with backend 'torch'"
+            )
         from gyre.train.megatron.learner import MegatronLearner
 
         return MegatronLearner(model_config, tensor_parallel, pipeline_parallel, num_threads)

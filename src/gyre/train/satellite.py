@@ -235,7 +235,8 @@ class Satellite:
     def _join_group(self, welcome: Welcome) -> None:
         if self.learner is None:
             self.learner = make_learner(self.backend, welcome.model_config, self.tensor_parallel,
-                                        self.pipeline_parallel, self.num_threads)  # fmt: skip
+                                        self.pipeline_parallel, self.num_threads,
+                                        welcome.activation_checkpointing)  # fmt: skip
         if self.learner.numel != welcome.numel:
             raise CoreUnreachable(
                 f"{self.name} built a model of {self.learner.numel:,} parameters from the core's config, the core "

@@ -23,7 +23,7 @@ import torch
 
 from gyre.config import TrainerConfig
 from gyre.errors import ConfigError
-from gyre.train import checkpoint
+from gyre.train import checkpoint, recompute
 
 
 def load_model(directory: str | Path) -> Any:
@@ -106,6 +106,8 @@ class TrainState:
             raise ConfigError("trainer.model_path is empty: name the Hugging Face model directory to train")
         self.source = Path(source)
         self.model = load_model(source)
+        if cfg.activation_checkpointing:
+            recompute.enable(self.model)
         self.flat = flatten_parameters(self.model)  # the weights members receive, one buffer
         self.named = parameters(self.model)
         self.numel = sum(p.numel() for _, p in self.named)
