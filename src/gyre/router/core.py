@@ -26,7 +26,7 @@ from gyre.router.messages import normalize_messages, offered_functions, parse_to
 from gyre.router.openai_types import ChatRequest, CompletionRequest, RouterError
 from gyre.router.pool import CallAborted, CallControl, Chunk, EnginePool, Generation, NoCapacity
 from gyre.router.render import ChatRenderer
-from gyre.router.sessions import CallGate, CallStatistics, Session, SessionStore, Turn
+from gyre.router.sessions import CallGate, CallStatistics, IdSpan, Session, SessionStore, Turn
 
 T = TypeVar("T")
 
@@ -119,7 +119,7 @@ class Router:
     async def _prepare_chat(self, session: Session, req: ChatRequest) -> tuple[Turn | None, list[int]]:
         """The earlier call this request extends (if any) and the ids to append: rendering costs the new messages.
 
-        With a parent, the input is ``parent.full_ids + ids``; without one, ``ids`` is the whole rendered input.
+        With a parent, the input is ``parent.full`` + ids; without one, ``ids`` is the whole rendered input.
         A request that cannot fit the context is refused before it is rendered; a long one renders off the loop.
         """
         self._check_model(req.model)
@@ -137,7 +137,7 @@ class Router:
                     new = normalize_messages(
                         [self._restore(session, m) for m in req.messages[at + 1 :]], at + 1
                     )
-                    chars = self._check_fits(len(parent.full_ids), new, req.tools)
+                    chars = self._check_fits(len(parent.full), new, req.tools)
                     render = self.renderer.render_extension
                     try:
                         return parent, await self._render(
@@ -215,16 +215,16 @@ class Router:
 
     async def _start_chat(self, session: Session, req: ChatRequest) -> _ChatCall:
         parent, new_ids = await self._prepare_chat(session, req)
-        input_ids = parent.full_ids + new_ids if parent is not None else new_ids
-        if self.context_length and len(input_ids) >= self.context_length:  # never shipped to an engine
-            raise RouterError(f"the request does not fit the model: it renders to {len(input_ids)} tokens; the "
+        length = len(new_ids) + (len(parent.full) if parent is not None else 0)
+        if self.context_length and length >= self.context_length:  # never shipped to an engine
+            raise RouterError(f"the request does not fit the model: it renders to {length} tokens; the "
                               f"context length is {self.context_length}", 413, param="messages")  # fmt: skip
+        # the parent's ids are shared, not copied: extending the newest call of a chain costs the new ids only
+        inputs = parent.full.extend(new_ids) if parent is not None else IdSpan.of(list(new_ids))
         max_tokens = req.max_completion_tokens or req.max_tokens or self.cfg.default_max_tokens
         top_n = (req.top_logprobs or 0) if req.logprobs else 0
         call_id = f"chatcmpl-{uuid.uuid4().hex}"
-        return _ChatCall(
-            call_id, time.time(), parent, new_ids, input_ids, self._params(req, max_tokens), top_n
-        )
+        return _ChatCall(call_id, time.time(), parent, new_ids, inputs, self._params(req, max_tokens), top_n)
 
     def _finish_chat(
         self, session: Session, req: ChatRequest, role: Role, call: _ChatCall, gen: Generation
@@ -251,7 +251,7 @@ class Router:
             list(req.messages),
             req.tools,
             reply,
-            call.input_ids + gen.output_ids,
+            call.inputs.extend(gen.output_ids),  # in place: the input's buffer ends with this call's input
             ended_with_eos,
         )
         session.remember(turn, extended=call.parent)
@@ -267,11 +267,11 @@ class Router:
             "created": int(call.submitted),
             "model": self.model_name,
             "choices": [choice],
-            "usage": _usage(len(call.input_ids), len(gen.output_ids)),
+            "usage": _usage(len(call.inputs), len(gen.output_ids)),
             "system_fingerprint": f"gyre-w{gen.weight_version}",
         }
         if req.return_token_ids:
-            body["prompt_token_ids"] = call.input_ids
+            body["prompt_token_ids"] = call.inputs.copy()  # O(history): only when the client asks
             choice["token_ids"] = gen.output_ids
         return body
 
@@ -361,7 +361,7 @@ class Router:
             "choices": [{"index": 0, "delta": {}, "finish_reason": body["choices"][0]["finish_reason"]}],
         }
         if req.return_token_ids:
-            final["prompt_token_ids"], final["token_ids"] = call.input_ids, gen.output_ids
+            final["prompt_token_ids"], final["token_ids"] = call.inputs.copy(), gen.output_ids
         yield final
         if (req.stream_options or {}).get("include_usage"):
             yield {**base, "choices": [], "usage": body["usage"]}
@@ -464,7 +464,7 @@ class Router:
             session=session.execution_id,
             role=role,
             parent_call_id=parent.call_id if parent else None,
-            prefix_len=len(parent.full_ids) if parent else 0,
+            prefix_len=len(parent.full) if parent else 0,
             new_input_ids=new_input_ids,
             output_ids=gen.output_ids,
             output_logprobs=gen.logprobs,
@@ -513,9 +513,14 @@ class _ChatCall:
     submitted: float
     parent: Turn | None
     new_ids: list[int]
-    input_ids: list[int]
+    inputs: IdSpan  # the parent's ids + new_ids; its buffer ends with them until the call is finished
     params: SamplingParams
     top_n: int
+
+    @property
+    def input_ids(self) -> list[int]:
+        """The ids for the engine, not to be changed: no copy while the call is in flight (`IdSpan.ids`)."""
+        return self.inputs.ids()
 
 
 @contextlib.contextmanager

@@ -20,19 +20,59 @@ import msgspec
 from gyre.records import ApiCallRecord, CallRecord
 
 
+@dataclass(eq=False, slots=True)
+class IdSpan:
+    """The first ``length`` ids of ``buffer``: one call's token-exact ids, sharing a buffer with the calls before it.
+
+    Buffers only grow at their end, so ``buffer[:length]`` of a span never changes. A chain of calls shares one
+    buffer: extending the span that ends at its buffer's end appends in place (cost: the new ids). Extending any
+    other span (a branch from an older turn, or a second call from the same turn) copies its ids once into a new
+    buffer. Every span ``extend`` returns is the only one ending at its buffer's end, so while a call is in flight
+    the buffer holding its input can grow only by that call's own output: the engine may hold the list meanwhile.
+    """
+
+    buffer: list[int]
+    length: int
+
+    @classmethod
+    def of(cls, ids: list[int]) -> IdSpan:
+        """A span of all of ``ids``; the list becomes the span's buffer (the caller stops changing it)."""
+        return cls(ids, len(ids))
+
+    def extend(self, ids: list[int]) -> IdSpan:
+        """The span of these ids followed by ``ids``: in place when this span ends its buffer, else a copy."""
+        if ids and self.length == len(self.buffer):
+            self.buffer.extend(ids)
+            return IdSpan(self.buffer, len(self.buffer))
+        buffer = self.buffer[: self.length]  # a branch, or nothing to append: a buffer of its own
+        buffer.extend(ids)
+        return IdSpan(buffer, len(buffer))
+
+    def ids(self) -> list[int]:
+        """The span's ids, not to be changed: its buffer itself while the span ends it (no copy), else a copy."""
+        return self.buffer if self.length == len(self.buffer) else self.buffer[: self.length]
+
+    def copy(self) -> list[int]:
+        """The span's ids in a new list."""
+        return self.buffer[: self.length]
+
+    def __len__(self) -> int:
+        return self.length
+
+
 @dataclass(eq=False)
 class Turn:
     """A finished chat call that a later request may extend token-exactly.
 
-    Only leaves are kept: once a call extends this one, the history and ids here are dropped (the records keep the
-    tokens as deltas), so a session's memory grows with its tokens, not with turns x tokens.
+    Only leaves are kept: once a call extends this one, its messages are dropped, and the ids are shared with
+    the calls on its line (`IdSpan`), so a session's memory grows with its tokens, not with turns x tokens.
     """
 
     call_id: str
     raw_messages: list[dict[str, Any]]  # the messages exactly as the client sent them
     tools: list[dict[str, Any]] | None
     reply: dict[str, Any]  # our assistant reply, normalised (what the client must echo back)
-    full_ids: list[int]  # input + output: the prefix of any call that extends this one
+    full: IdSpan  # input + output: the prefix of any call that extends this one
     ended_with_eos: bool
 
 
@@ -64,6 +104,8 @@ class Session:
             siblings = self.leaves.get(len(extended.raw_messages), [])
             if extended in siblings:
                 siblings.remove(extended)
+                if not siblings:
+                    del self.leaves[len(extended.raw_messages)]
         self.leaves.setdefault(len(turn.raw_messages), []).append(turn)
 
     def find_extended(
@@ -71,11 +113,13 @@ class Session:
     ) -> Turn | None:
         """The longest leaf call whose messages are a prefix of ``messages`` followed by our reply.
 
-        The prefix is compared as the client sent it (C-speed equality, no re-normalising the history); the reply
-        is checked by the caller after restoring tool-call payloads.
+        Looks only at the lengths that have leaves. The prefix is compared exactly, as the client sent it: a match
+        is never assumed from a digest. That comparison reads the history (C-speed equality; free for message
+        objects the caller passes again, as in-process agents do) and is the one per-call step left that grows
+        with it. The reply is checked by the caller after restoring tool-call payloads.
         """
-        for length in range(len(messages) - 1, 0, -1):
-            for turn in reversed(self.leaves.get(length, ())):
+        for length in sorted((n for n in self.leaves if n < len(messages)), reverse=True):
+            for turn in reversed(self.leaves[length]):
                 last_matches = messages[length - 1] == turn.raw_messages[-1]  # cheap test before the full one
                 if last_matches and turn.tools == tools and messages[:length] == turn.raw_messages:
                     return turn
