@@ -10,13 +10,14 @@ Each layer's attention (``gyre_context``, a Hugging Face attention function, as 
 attention): a rank's queries are its own tokens; keys and values are all-gathered from every rank (a differentiable
 all-gather: its backward reduce-scatters the keys' and values' gradients back to their owners), then each chain
 segment of the micro-step that has queries here attends to its ancestors and its own earlier tokens, as in
-``gyre.train.loss.segment_attention``. A rank holds every layer's keys and values of the whole micro-step while it
+``gyre.train.attention.segment_attention``. A rank holds every layer's keys and values of the whole micro-step while it
 computes (linear in its length: ``2 x kv_heads x head_dim`` values a token a layer), the rest of its activations for
 its own tokens only.
 
 Log-probabilities: token ``i`` is predicted from the logits at ``parents[i]``, which the rank holding the parent
-computes, so each rank scores the children of its own tokens (``logprobs_and_entropy``: zeros elsewhere) and the
-loss a rank computes (``compute_gradients``) covers those tokens only. The micro-step's loss and every gradient are
+computes, so each rank scores the children of its own tokens that carry loss weight (``logprobs_and_entropy``: zeros
+elsewhere; context tokens get no logits) and the loss a rank computes (``compute_gradients``) covers those tokens
+only. The micro-step's loss and every gradient are
 the sums over ranks (a sharded core's reduce-scatter sums them anyway); every rank calls the same collectives in the
 same order (one all-gather a layer forward, one reduce-scatter a layer backward, the reference model's forward
 too).
@@ -25,6 +26,7 @@ too).
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +37,8 @@ import torch.nn.functional as F
 
 from gyre.config import LossConfig
 from gyre.protocol import MicroStats, MicroStep
-from gyre.train.loss import chain_segments, chunked_logprobs, final_hidden, segment_attention
+from gyre.train.attention import Segment, key_ranges, segment_attention
+from gyre.train.loss import chain_segments, chunked_logprobs, final_hidden, weighted_tokens
 
 CONTEXT_ATTENTION = "gyre_context"
 
@@ -71,8 +74,8 @@ class _Layout:
     split: ContextSplit
     rank: int
     order: torch.Tensor  # global token -> its place in the gathered, rank-by-rank (padded) buffer
-    # per piece of a chain segment held here: (first, last local query + 1, keys' global indices, mask)
-    pieces: list[tuple[int, int, torch.Tensor, torch.Tensor]]
+    # per piece of a chain segment held here: (first, last local query + 1, ranges of the keys it sees, global)
+    pieces: list[Segment]
 
 
 _layout: contextvars.ContextVar[_Layout] = contextvars.ContextVar("gyre_context_layout")
@@ -95,11 +98,9 @@ def _layout_for(parents: list[int], split: ContextSplit, rank: int, group: Any, 
             while length < len(run) and run[length] == first + length:  # global, not local, runs
                 length += 1
             last = first + length  # global [first, last) is local [local[first], local[first] + length)
-            keys = visible[: ancestors + (last - a)]
-            mask = torch.ones(length, len(keys), dtype=torch.bool, device=device)
-            offset = ancestors + (first - a)  # query first sees keys up to offset (inclusive)
-            mask[:, offset:] = torch.ones(length, length, dtype=torch.bool, device=device).tril()
-            pieces.append((local[first], local[first] + length, torch.tensor(keys, device=device), mask))
+            # query j of the run sees keys up to ancestors + (first - a) + j: lower-right causal over these
+            keys = key_ranges(visible[: ancestors + (last - a)])
+            pieces.append((local[first], local[first] + length, keys))
             run = run[length:]
     return _Layout(group, split, rank, torch.tensor(place, device=device), pieces)
 
@@ -166,10 +167,16 @@ _register()
 
 
 def logprobs_and_entropy(
-    model: Any, micro: MicroStep, temperature: float, split: ContextSplit, group: Any
+    model: Any,
+    micro: MicroStep,
+    temperature: float,
+    split: ContextSplit,
+    group: Any,
+    scored: Sequence[bool] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(collective) ``token_logprobs_and_entropy`` of the micro-step for the tokens whose parent this rank holds
-    (zeros elsewhere): this rank's forward over its own tokens, attending to every rank's."""
+    """(collective) ``token_logprobs_and_entropy`` of the micro-step for the tokens ``scored`` (default: loss
+    weight > 0) whose parent this rank holds (zeros elsewhere): this rank's forward over its own tokens, attending
+    to every rank's."""
     rank = dist.get_rank(group)
     device = next(model.parameters()).device
     mine = split.owned[rank]
@@ -184,7 +191,9 @@ def logprobs_and_entropy(
         model.set_attn_implementation(previous)
         _layout.reset(token)
     local = {g: j for j, g in enumerate(mine)}
-    children = [i for i, p in enumerate(micro.parents) if p >= 0 and p in local]
+    wanted = weighted_tokens(micro) if scored is None else scored
+    # a rank with none still applies the (empty) head, so its backward runs every layer's collectives
+    children = [i for i, p in enumerate(micro.parents) if p >= 0 and wanted[i] and p in local]
     source = torch.tensor([local[micro.parents[i]] for i in children], device=device, dtype=torch.long)
     target = torch.tensor(children, device=device, dtype=torch.long)
     picked_ids = torch.tensor([micro.input_ids[i] for i in children], device=device, dtype=torch.long)

@@ -4,9 +4,9 @@ A micro-step row holds sequences whose tokens attend to their ancestors only (``
 tree for a tree-packed execution, several of either side by side. Each sequence is computed on its own. A chain uses
 the model's plain causal attention. A tree uses ancestor-only attention: it is cut into chain segments (maximal runs
 where each token follows the one before), and each segment's queries attend to the keys and values of its ancestors'
-tokens (gathered by index) plus a causal block over its own, so a tree costs the attention pairs it needs, not the
-square of its length. Position ids are depths, so a token's logits are exactly those of the same token at the end of
-its own path.
+tokens plus a causal block over its own (`gyre.train.attention`: key ranges, never a mask or a copy), so a tree costs
+the attention pairs it needs and memory linear in its length. Position ids are depths, so a token's logits are
+exactly those of the same token at the end of its own path.
 
 The losses these logprobs feed live in `gyre.train.objective`.
 
@@ -21,34 +21,50 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+
+from gyre.train.attention import Segment, key_ranges, segment_attention
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from gyre.train.step import MicroStep
 
 TREE_ATTENTION = "gyre_tree"
 
-# The segments of the tree being computed: (start, end, key/value indices, mask over those keys) per chain segment.
-_segments: contextvars.ContextVar[list[tuple[int, int, torch.Tensor, torch.Tensor]]] = contextvars.ContextVar(
-    "gyre_tree_segments"
-)
+# The segments of the tree being computed.
+_segments: contextvars.ContextVar[list[Segment]] = contextvars.ContextVar("gyre_tree_segments")
 
 
-def token_logprobs(model: Any, micro: MicroStep, temperature: float = 1.0) -> torch.Tensor:
-    """``out[i]``: log p(token i | its ancestors) under ``model`` at ``temperature`` (0 where a sequence starts)."""
-    return token_logprobs_and_entropy(model, micro, temperature)[0]
+def token_logprobs(
+    model: Any, micro: MicroStep, temperature: float = 1.0, scored: Sequence[bool] | None = None
+) -> torch.Tensor:
+    """``out[i]``: log p(token i | its ancestors) under ``model`` at ``temperature`` for the tokens ``scored``
+    (default: those with loss weight > 0, the only ones a loss reads; ``every_token(micro)`` for all), 0 elsewhere
+    and where a sequence starts. Only scored tokens' logits are computed: in a long agent execution most tokens are
+    context, and the lm head over a 152K vocabulary costs more than a small model's layers."""
+    return token_logprobs_and_entropy(model, micro, temperature, scored)[0]
 
 
 def token_logprobs_and_entropy(
-    model: Any, micro: MicroStep, temperature: float = 1.0
+    model: Any, micro: MicroStep, temperature: float = 1.0, scored: Sequence[bool] | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`token_logprobs`, and the entropy (nats, without gradient) of the distribution each token was drawn from;
-    with ``temperature``, of ``logits / temperature`` (the distribution an engine sampled from at it)."""
+    """`token_logprobs`, and the entropy (nats, without gradient) of the distribution each scored token was drawn
+    from; with ``temperature``, of ``logits / temperature`` (the distribution an engine sampled from at it)."""
+    wanted = weighted_tokens(micro) if scored is None else list(scored)
+    if len(wanted) != len(micro.input_ids):
+        raise ValueError(
+            f"scored has {len(wanted)} entries for a micro-step of {len(micro.input_ids)} tokens"
+        )
     pieces, entropies = [], []
     for start, end in sequence_bounds(micro.parents):
         parents = [p - start if p >= 0 else -1 for p in micro.parents[start:end]]
         lp, ent = _sequence_logprobs(
-            model, micro.input_ids[start:end], micro.position_ids[start:end], parents, temperature
+            model,
+            micro.input_ids[start:end],
+            micro.position_ids[start:end],
+            parents,
+            wanted[start:end],
+            temperature,
         )
         pieces.append(lp)
         entropies.append(ent)
@@ -56,6 +72,16 @@ def token_logprobs_and_entropy(
         empty = torch.zeros(0, device=next(model.parameters()).device)
         return empty, empty
     return torch.cat(pieces), torch.cat(entropies)
+
+
+def weighted_tokens(micro: MicroStep) -> list[bool]:
+    """The tokens a loss reads (loss weight > 0): what `token_logprobs` scores unless told otherwise."""
+    return [w > 0 for w in micro.weights]
+
+
+def every_token(micro: MicroStep) -> list[bool]:
+    """Every token of ``micro``, for `token_logprobs`'s ``scored`` (e.g. to compare with an engine's logprobs)."""
+    return [True] * len(micro.input_ids)
 
 
 def sequence_bounds(parents: list[int]) -> list[tuple[int, int]]:
@@ -91,45 +117,18 @@ def chain_segments(parents: list[int]) -> list[tuple[int, int, list[int]]]:
     return [(a, b, visible[s]) for s, (a, b) in enumerate(bounds)]
 
 
-def tree_segments(
-    parents: list[int], device: Any = None
-) -> list[tuple[int, int, torch.Tensor, torch.Tensor]]:
-    """What `segment_attention` takes: per chain segment, ``(start, end, key/value indices, mask over them)``."""
-    segments = []
-    for a, b, keys in chain_segments(parents):
-        n = b - a
-        mask = torch.ones(n, len(keys), dtype=torch.bool, device=device)
-        mask[:, len(keys) - n :] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
-        segments.append((a, b, torch.tensor(keys, device=device), mask))
-    return segments
-
-
-def segment_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    segments: list[tuple[int, int, torch.Tensor, torch.Tensor]],
-    scale: float | None = None,
-    dropout: float = 0.0,
-) -> torch.Tensor:
-    """Ancestor-only attention over a tree's chain segments (``[batch, heads, tokens, dim]`` in and out; key and
-    value heads already repeated to the query's): each segment's queries see its ancestors and itself."""
-    outs = [
-        F.scaled_dot_product_attention(
-            query[:, :, a:b],
-            key[:, :, keys],
-            value[:, :, keys],
-            attn_mask=mask,
-            dropout_p=dropout,
-            scale=scale,
-        )
-        for a, b, keys, mask in segments
-    ]
-    return torch.cat(outs, dim=2)
+def tree_segments(parents: list[int]) -> list[Segment]:
+    """What `segment_attention` takes: per chain segment, ``(start, end, the key ranges it sees)``."""
+    return [(a, b, key_ranges(keys)) for a, b, keys in chain_segments(parents)]
 
 
 def _sequence_logprobs(
-    model: Any, input_ids: list[int], position_ids: list[int], parents: list[int], temperature: float = 1.0
+    model: Any,
+    input_ids: list[int],
+    position_ids: list[int],
+    parents: list[int],
+    wanted: list[bool],
+    temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     device = next(model.parameters()).device
     ids = torch.tensor([input_ids], device=device)
@@ -137,7 +136,7 @@ def _sequence_logprobs(
     if all(p == i - 1 for i, p in enumerate(parents)):  # a chain: plain causal attention
         hidden = final_hidden(model, ids, positions)
     else:
-        token = _segments.set(tree_segments(parents, device))
+        token = _segments.set(tree_segments(parents))
         previous = model.config._attn_implementation
         model.set_attn_implementation(TREE_ATTENTION)
         try:
@@ -146,9 +145,10 @@ def _sequence_logprobs(
             model.set_attn_implementation(previous)
             _segments.reset(token)
     index = torch.tensor(parents, device=device)
-    has_parent = index >= 0
-    # logits only for tokens with a parent (a sequence's first has none)
-    scored = has_parent.nonzero().squeeze(-1)
+    # logits only for wanted tokens with a parent (a sequence's first has none); with none, the (empty) head still
+    # joins the loss to ``hidden``, so backward runs every layer (context parallelism's collectives need that)
+    scored = torch.tensor([w and p >= 0 for w, p in zip(wanted, parents, strict=True)], device=device)
+    scored = scored.nonzero().squeeze(-1)
     head = model.get_output_embeddings()
     picked, entropy = chunked_logprobs(
         hidden[index[scored]], head.weight, head.bias, ids[0, scored], temperature
@@ -173,36 +173,87 @@ def chunked_logprobs(
     temperature: float,
     chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p(target | hidden) under the lm head at ``temperature``, and the entropy (no gradient), computed
-    ``chunk_tokens`` at a time: each chunk's logits are recomputed in backward (checkpointed), never whole."""
-    chunk_tokens = chunk_tokens or LOGITS_CHUNK_TOKENS
-    picked, entropies = [], []
-    for a in range(0, hidden.shape[0], chunk_tokens):
-        h, t = hidden[a : a + chunk_tokens], targets[a : a + chunk_tokens]
-        if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
-            lp, entropy = checkpoint(_chunk_logprobs, h, weight, bias, t, temperature, use_reentrant=False)
-        else:
-            lp, entropy = _chunk_logprobs(h, weight, bias, t, temperature)
-        picked.append(lp)
-        entropies.append(entropy)
-    if not picked:
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, empty
-    return torch.cat(picked), torch.cat(entropies)
+    """log p(target | hidden) under the lm head ``(weight, bias)`` at ``temperature``, and the entropy (no
+    gradient), ``chunk_tokens`` at a time: no [tokens x vocab] tensor is ever whole, forward or backward. Computed
+    in ``hidden``'s dtype promoted to fp32 at least (a bf16 model's logits are upcast)."""
+    picked, entropy = _LinearLogprobs.apply(
+        hidden, weight, bias, targets, temperature, chunk_tokens or LOGITS_CHUNK_TOKENS
+    )
+    return picked, entropy
 
 
-def _chunk_logprobs(
-    h: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    targets: torch.Tensor,
-    temperature: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk's picked log-probabilities and entropies (the latter detached): one pass over its logits."""
-    source = (F.linear(h, weight, bias).float() / temperature).log_softmax(-1)
-    with torch.no_grad():
-        entropy = -(source.exp() * source).sum(-1)
-    return source.gather(-1, targets[:, None]).squeeze(-1), entropy
+class _LinearLogprobs(torch.autograd.Function):
+    """`chunked_logprobs` with a hand-written backward, so that each chunk's logits are made once forward and once
+    backward and nothing of their size is kept between the two: forward saves only ``hidden`` and the targets
+    (entropy is taken there, from the same log-probabilities); backward recomputes a chunk's softmax, turns it in
+    place into the logits' gradient ``(onehot - softmax) * grad / temperature`` and applies the two matmuls, the
+    weight's gradient accumulated across chunks in one buffer rather than one per chunk. (Autograd through
+    checkpointed chunks recomputes the entropy in backward too, makes more [tokens x vocab] intermediates (the
+    log-softmax's gradient, the gather's scatter) and sums a [vocab x hidden] gradient per chunk: ~4x the time.)"""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        targets: torch.Tensor,
+        temperature: float,
+        chunk_tokens: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype = torch.promote_types(hidden.dtype, torch.float32)
+        n = hidden.shape[0]
+        picked = torch.empty(n, dtype=dtype, device=hidden.device)
+        entropy = torch.empty(n, dtype=dtype, device=hidden.device)
+        for a in range(0, n, chunk_tokens):
+            b = min(a + chunk_tokens, n)
+            logp = _logits(hidden[a:b], weight, bias, temperature, dtype).log_softmax(-1)
+            picked[a:b] = logp.gather(-1, targets[a:b, None])[:, 0]
+            # H = -sum p log p as a batched dot product: no third [tokens x vocab] tensor
+            entropy[a:b] = torch.bmm(logp.exp()[:, None, :], logp[:, :, None])[:, 0, 0].neg_()
+            del logp
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.temperature, ctx.chunk_tokens, ctx.dtype = temperature, chunk_tokens, dtype
+        ctx.mark_non_differentiable(entropy)
+        return picked, entropy
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, _: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, bias, targets = ctx.saved_tensors
+        want_hidden, want_weight, want_bias = ctx.needs_input_grad[:3]
+        n, temperature = hidden.shape[0], ctx.temperature
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        # the weight's gradient summed over chunks in fp32 at least (a bf16 sum over hundreds of chunks drifts)
+        grad_weight = torch.zeros_like(weight, dtype=ctx.dtype) if want_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=ctx.dtype) if want_bias else None
+        for a in range(0, n, ctx.chunk_tokens):
+            b = min(a + ctx.chunk_tokens, n)
+            h, g = hidden[a:b], grad[a:b].to(ctx.dtype)
+            if temperature != 1:
+                g = g / temperature
+            # d picked / d logits = (onehot(target) - softmax) / temperature, times the incoming gradient
+            d = _logits(h, weight, bias, temperature, ctx.dtype).softmax(-1).mul_(g.neg()[:, None])
+            d[torch.arange(b - a, device=d.device), targets[a:b]] += g
+            if grad_hidden is not None:
+                grad_hidden[a:b] = torch.mm(d.to(weight.dtype), weight)
+            if grad_weight is not None:
+                grad_weight.addmm_(d.t(), h.to(ctx.dtype))
+            if grad_bias is not None:
+                grad_bias += d.sum(0)
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
+        if grad_bias is not None:
+            grad_bias = grad_bias.to(bias.dtype)
+        return grad_hidden, grad_weight, grad_bias, None, None, None
+
+
+def _logits(
+    h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, temperature: float, dtype: torch.dtype
+) -> torch.Tensor:
+    """One chunk's logits in ``dtype``, divided by ``temperature`` (a new tensor, free to change in place)."""
+    x = F.linear(h, weight, bias)
+    x = x.to(dtype) if x.dtype != dtype else x
+    return x.div_(temperature) if temperature != 1 else x
 
 
 def _tree_attention(

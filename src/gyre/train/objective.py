@@ -29,7 +29,9 @@ from gyre.protocol import MicroStats, MicroStep
 from gyre.train.loss import token_logprobs_and_entropy
 
 # (model, micro-step, temperature) -> per-token log-probabilities and entropies: the model's forward as the losses see
-# it (`gyre.train.loss` for Hugging Face models, `gyre.train.megatron.model` for Megatron-core ones)
+# it (`gyre.train.loss` for Hugging Face models, `gyre.train.megatron.model` for Megatron-core ones). It must score
+# the tokens with loss weight > 0 and may leave the others 0 (the Hugging Face forward does: their logits cost most
+# of a long execution's lm head); nothing here reads an unweighted token's log-probability or entropy.
 Forward = Callable[[Any, MicroStep, float], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -58,7 +60,8 @@ def _policy_terms(
     weights = torch.tensor(micro.weights, device=device, dtype=dtype)
     advantages = torch.tensor(micro.advantages, device=device, dtype=dtype)
     behaviour = torch.tensor(micro.behaviour_logprobs, device=device, dtype=dtype)
-    ratio = torch.exp(logprobs - behaviour)
+    # tokens without loss weight are not scored (logprob 0): ratio 1, so no inf * 0 whatever they recorded
+    ratio = torch.exp(torch.where(weights > 0, logprobs - behaviour, torch.zeros_like(logprobs)))
     raw = ratio.detach().clamp(max=1e9)  # finite however far sampler and trainer disagree (figures are JSON)
     truncated = torch.zeros_like(ratio, dtype=torch.bool)
     if cfg.tis_cap > 0:

@@ -116,7 +116,20 @@ CASES = {
         lambda: [msgspec.structs.replace(m, objective="supervised") for m in tree_micro_steps(7, 2)],
         LossConfig(),
     ),
+    "trees-context": (lambda: context_micro_steps(8, 2), LossConfig(kl_coef=0.1)),
 }
+
+
+def context_micro_steps(seed: int, count: int) -> list[MicroStep]:
+    """Trees whose loss weight is on one token in 7 of the first tree, none of the second (context only): only
+    those tokens get logits."""
+    out = []
+    for m in tree_micro_steps(seed, count):
+        second = [i for i, p in enumerate(m.parents) if p < 0][1]
+        keep = [i < second and i % 7 == 3 for i in range(len(m.weights))]
+        weights = [14 * w if k else 0.0 for k, w in zip(keep, m.weights, strict=True)]  # about the same total
+        out.append(msgspec.structs.replace(m, weights=weights))
+    return out
 
 
 def assert_same(got: dict[str, Any], want_losses: list[float], want: torch.Tensor, layout: str) -> None:

@@ -22,7 +22,7 @@ from gyre.router.core import Router
 from gyre.runtime import BuiltinAgentSpec, ExecutionResult, ExecutionSpec, Runtime
 from gyre.tasks import Task
 from gyre.train import MicroStep, Rollout, TrajectoryTree, build_step, select_paths
-from gyre.train.loss import token_logprobs
+from gyre.train.loss import every_token, token_logprobs
 from gyre.train.objective import policy_loss
 
 pytestmark = pytest.mark.slow(reason="trains the tiny model on a runtime's trees, packed and per path")
@@ -125,7 +125,7 @@ def _backward(
     total = 0.0
     by_prefix: dict[tuple[int, ...], float] = {}
     for micro in micro_steps:
-        logprobs = token_logprobs(model, micro)
+        logprobs = token_logprobs(model, micro, scored=every_token(micro))  # each token, weighted or not
         loss = policy_loss(logprobs, micro)
         loss.backward()
         total += loss.item()

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from gyre.train.loss import segment_attention, sequence_bounds, tree_segments
+from gyre.train.attention import Segment, segment_attention
+from gyre.train.loss import sequence_bounds, tree_segments
 from gyre.train.megatron.compat import import_megatron
 from gyre.train.megatron.convert import Architecture
 
@@ -36,8 +37,8 @@ if TYPE_CHECKING:
 
 
 # the chain segments of the tree the decoder is computing (None: a chain, causal attention)
-_segments: contextvars.ContextVar[list[tuple[int, int, torch.Tensor, torch.Tensor]] | None] = (
-    contextvars.ContextVar("gyre_megatron_segments", default=None)
+_segments: contextvars.ContextVar[list[Segment] | None] = contextvars.ContextVar(
+    "gyre_megatron_segments", default=None
 )
 
 
@@ -128,12 +129,16 @@ def build_model(arch: Architecture, size: int = 1, stage: int = 0, stages: int =
 def token_logprobs_and_entropy(
     model: Any, micro: MicroStep, temperature: float = 1.0
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per token of ``micro``: log p(token | its ancestors) at ``temperature`` (0 where a sequence starts) and the
-    entropy of the distribution it was drawn from (no gradient); the same contract as the torch backend's. For a
-    model of one pipeline stage; `gyre.train.megatron.learner` runs the stages of a pipelined one."""
+    """Per token of ``micro`` with loss weight > 0: log p(token | its ancestors) at ``temperature`` and the entropy
+    of the distribution it was drawn from (no gradient), 0 elsewhere and where a sequence starts; the same contract
+    as the torch backend's. For a model of one pipeline stage; `gyre.train.megatron.learner` runs the stages of a
+    pipelined one."""
     pieces, entropies = [], []
+    start = 0
     for ids, positions, parents in sequences(micro):
-        lp, ent = head(model, decode(model, ids, positions, parents), ids, parents, temperature)
+        wanted = [w > 0 for w in micro.weights[start : start + len(ids)]]
+        start += len(ids)
+        lp, ent = head(model, decode(model, ids, positions, parents), ids, parents, temperature, wanted)
         pieces.append(lp)
         entropies.append(ent)
     if not pieces:
@@ -181,7 +186,7 @@ def decode(
     else:
         model.decoder.set_input_tensor(hidden)
     chain = all(p == i - 1 for i, p in enumerate(parents))
-    token = _segments.set(None if chain else tree_segments(parents, device))
+    token = _segments.set(None if chain else tree_segments(parents))
     try:
         rotary = _rotary(model, positions)
         out: torch.Tensor = model.decoder(hidden_states=hidden, attention_mask=None, rotary_pos_emb=rotary)
@@ -191,21 +196,30 @@ def decode(
 
 
 def head(
-    model: Any, hidden: torch.Tensor, input_ids: list[int], parents: list[int], temperature: float
+    model: Any,
+    hidden: torch.Tensor,
+    input_ids: list[int],
+    parents: list[int],
+    temperature: float,
+    wanted: list[bool] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The last stage's output layer over one sequence's final hidden states: per token, its log-probability from its
-    parent's logits and that distribution's entropy (0 where the sequence starts)."""
+    """The last stage's output layer over one sequence's final hidden states: per token ``wanted`` (default: all),
+    its log-probability from its parent's logits and that distribution's entropy (0 elsewhere and where the sequence
+    starts). Logits are made for those tokens only."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     device = hidden.device
     ids = torch.tensor(input_ids, device=device)
     weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
-    logits, _ = model.output_layer(hidden, weight=weight)  # [n, 1, vocab / tp]
-    index = torch.tensor(parents, device=device)
-    has_parent = index >= 0
-    source = logits[index.clamp(min=0)].float() / temperature  # the logits each token was drawn from
-    picked = -vocab_parallel_cross_entropy(source.clone(), ids[:, None])[:, 0]
+    rows = [i for i, p in enumerate(parents) if p >= 0 and (wanted is None or wanted[i])]
+    scored = torch.tensor(rows, device=device, dtype=torch.long)
+    source_rows = torch.tensor([parents[i] for i in rows], device=device, dtype=torch.long)
+    # [rows, 1, vocab / tp]; every tensor-parallel rank has the same rows (none: empty collectives, and the loss
+    # still reaches hidden)
+    logits, _ = model.output_layer(hidden.index_select(0, source_rows), weight=weight)
+    source = logits.float() / temperature  # the logits each scored token was drawn from
+    picked = -vocab_parallel_cross_entropy(source.clone(), ids[scored, None])[:, 0]
     with torch.no_grad():
         group = parallel_state.get_tensor_model_parallel_group()
         size = parallel_state.get_tensor_model_parallel_world_size()
@@ -218,5 +232,5 @@ def head(
         if size > 1:
             torch.distributed.all_reduce(sums, group=group)
         entropy = (sums[0].log() - sums[1] / sums[0])[:, 0]  # H = log Z - E[x - max]
-    zero = torch.zeros_like(picked)
-    return torch.where(has_parent, picked, zero), torch.where(has_parent, entropy, zero.detach())
+    zero = torch.zeros(len(parents), device=device, dtype=picked.dtype)
+    return zero.index_put((scored,), picked), zero.index_put((scored,), entropy)
