@@ -19,6 +19,9 @@ is then 1); one that cannot run here is skipped, saying why.
   sharded     the sharded core's state (``ShardedState``) on a 1-rank NCCL group against the one-process
               ``TrainState`` on the same micro-steps: updates equal within 1e-6, gradients reduce-scattered and
               weights all-gathered in buckets of CUDA tensors; the rank's bytes (``benchmarks/sharded_check.py``)
+  xlong       the tiny model's training step on one chain of 700,000 tokens (``--xlong-tokens``) on one GPU (CP=1):
+              seconds and ``torch.cuda.max_memory_allocated``, beside `gyre.train.budget`'s projection (printed
+              first); issue 47's check of what the CPU only fits and projects (``benchmarks/xlong.py --parts c``)
 
 Writes DIR/gpu_check.json (default benchmarks/results) and the servers' logs beside it. ``--engine embedded`` runs
 the phases on Gyre's embedded engine instead, so that the script runs without a GPU too (gloo instead of nccl).
@@ -94,6 +97,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--engine", choices=["sglang", "embedded"], default="sglang")
     parser.add_argument("--trainer", choices=["megatron", "torch"], default="megatron")
     parser.add_argument("--preset", choices=["tiny", "small"], help="default: small (embedded: tiny)")
+    parser.add_argument("--xlong-tokens", type=int, default=700_000, help="the xlong phase's chain (tokens)")
     return parser.parse_args()
 
 
@@ -119,7 +123,7 @@ try:  # after the install phase: what it installs
     from gyre.records import CallRecord, expand_inputs
     from gyre.router.launch import launch_router
     from gyre.train.client import TrainerClient, launch_core
-    from gyre.train.loss import token_logprobs
+    from gyre.train.loss import every_token, token_logprobs
     from gyre.train.step import Rollout, build_step
 except ImportError as exc:  # nothing below can run; the install phase's error (if it ran) is above
     sys.exit(f"gpu_check: {exc}; install gyre's dependencies (pip install -e .) or drop --skip-install")
@@ -171,7 +175,7 @@ def teacher_forced(ctx: Context, path: Path, micro: MicroStep) -> list[float]:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
         ctx.models[path] = model.to("cuda" if ctx.cuda else "cpu").eval()
     with torch.no_grad():
-        return token_logprobs(ctx.models[path], micro).tolist()
+        return token_logprobs(ctx.models[path], micro, scored=every_token(micro)).tolist()
 
 
 async def check_serves(ctx: Context, client: EngineClient, version: int, path: Path) -> float:
@@ -422,6 +426,47 @@ def sharded(ctx: Context, figures: dict[str, Any]) -> None:
     require(proc.returncode == 0, f"sharded_check exited {proc.returncode}")
 
 
+def xlong(ctx: Context, figures: dict[str, Any]) -> None:
+    if not torch.cuda.is_available():
+        raise Skip("the tiny model's 700K-token step needs a CUDA device (the CPU fits and projects it: "
+                   "benchmarks/xlong.py --parts c)")  # fmt: skip
+    from gyre.config import LossConfig
+    from gyre.train.budget import FP32_LOCAL, step_budget
+    from gyre.train.objective import compute_gradients
+    from gyre.train.state import load_model
+    from xlong_ranks import chain_micro_step  # benchmarks/, beside this script
+
+    tokens, gib = ctx.args.xlong_tokens, 2**30
+    directory = init_model(ctx.work / "xlong-tiny", preset="tiny")
+    config = json.loads((directory / "config.json").read_text())
+    micro = chain_micro_step(tokens, config["vocab_size"])  # calls of 600 in + 100 sampled (scored) tokens
+    scored = sum(1 for w in micro.weights if w > 0)
+    budget = step_budget(config, tokens, precision=FP32_LOCAL, scored_tokens=scored)  # CP=1, no checkpointing
+    figures |= {"tokens": tokens, "predicted_gib": budget.memory_bytes / gib, "tflop": budget.flops / 1e12}
+    terms = ", ".join(f"{k} {v / gib:.2f}" for k, v in budget.memory.items() if v)
+    print(f"   predicted (gyre.train.budget): {budget.memory_bytes / gib:.1f} GiB ({terms}); "
+          f"{budget.flops / 1e12:,.0f} TFLOP, {100 * budget.attention_flops / budget.flops:.0f}% attention", flush=True)  # fmt: skip
+    model = load_model(directory).to("cuda")
+    try:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        started = time.monotonic()
+        stats = compute_gradients(model, micro, LossConfig(), 0)
+        torch.cuda.synchronize()
+        figures["forward_backward_s"] = time.monotonic() - started
+        torch.optim.AdamW(model.parameters(), lr=1e-5).step()
+        torch.cuda.synchronize()
+        figures["step_s"] = time.monotonic() - started
+        figures["loss"] = stats.loss
+    finally:
+        figures["max_allocated_gib"] = torch.cuda.max_memory_allocated() / gib
+        del model
+        torch.cuda.empty_cache()
+    figures["measured_over_predicted"] = figures["max_allocated_gib"] / figures["predicted_gib"]
+    print(f"   {tokens:,} tokens: {figures['step_s']:.1f} s, max allocated {figures['max_allocated_gib']:.1f} GiB",
+          flush=True)  # fmt: skip
+
+
 PhaseFn = Callable[[Context, dict[str, Any]], None]  # fills in its figures as it goes
 PHASES: list[tuple[str, PhaseFn, float]] = [  # name, phase, time limit (s)
     ("serve", serve, 300.0),
@@ -431,6 +476,7 @@ PHASES: list[tuple[str, PhaseFn, float]] = [  # name, phase, time limit (s)
     ("memory", memory, 120.0),
     ("train", train, 300.0),
     ("sharded", sharded, 240.0),
+    ("xlong", xlong, 600.0),
 ]
 
 

@@ -449,7 +449,7 @@ class Welcome(msgspec.Struct, tag="welcome", kw_only=True):
     # one pair group per rank of the core cell, each carrying that rank's range (empty: the one group above, whole)
     pairs: list[PairAddress] = []
     bucket_mib: float = 512.0  # transfers over a pair group go in pieces of this size (trainer.bucket_mib)
-    activation_checkpointing: bool = False  # members recompute decoder layers in backward (the core's [trainer])
+    activation_checkpointing: bool = False  # members recompute decoder layers in backward (core [trainer])
 
 
 class Assign(msgspec.Struct, tag="assign", kw_only=True):
