@@ -30,8 +30,8 @@ Bytes per rank (`StepBudget.memory`, by name):
 - ``keys_values`` (``cp > 1``): the whole micro-step's keys and values each rank gathers, ``2 x kv_heads x head_dim``
   values a token, for every layer (kept for backward) or for one layer (checkpointing). An implementation that
   repeats grouped heads or copies keys per segment holds more; a dense mask of queries x keys is not counted.
-- ``logits``: one chunk of fp32 logits and their gradient, ``logits_chunk_tokens`` or this rank's share of the
-  scored tokens if fewer, and this rank's final hidden states (as ``device_memory``'s ``logits``).
+- ``logits``: one chunk of fp32 logits and their gradient, ``logits_chunk_tokens`` (default: as many as
+  ``LOGITS_CHUNK_BYTES`` of logits hold) or this rank's share of the scored tokens if fewer, and this rank's final hidden states (as ``device_memory``'s ``logits``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any
 
 from gyre.train.memory import FP32, GIB, CellLayout, ModelShape, Precision, device_memory
 
-LOGITS_CHUNK_TOKENS = 1024  # as gyre.train.loss's default (not imported: this module imports no torch)
+LOGITS_CHUNK_BYTES = 128 * 2**20  # as gyre.train.loss's (not imported: this module imports no torch)
 # A process that trains in fp32 and applies its own update (a benchmark's rank, one GPU): no core's step sum
 FP32_LOCAL = Precision("fp32, local update", weight=4, gradient=4, master=0, moment=4, gradient_sum=0, wire=4,
                        activation=4)  # fmt: skip
@@ -115,7 +115,7 @@ def step_budget(
     cp: int = 1,
     precision: Precision = FP32,
     checkpointing: bool = False,
-    logits_chunk_tokens: int = LOGITS_CHUNK_TOKENS,
+    logits_chunk_tokens: int | None = None,
     scored_tokens: int | None = None,
     attention_pairs: int | None = None,
     optimizer_shards: int = 1,
@@ -130,6 +130,7 @@ def step_budget(
             f"tokens ({tokens}), cp ({cp}) and optimizer_shards ({optimizer_shards}) must be >= 1"
         )
     shape = ModelShape.from_config(config)
+    logits_chunk_tokens = logits_chunk_tokens or max(1, LOGITS_CHUNK_BYTES // (4 * shape.vocab_size))
     scored = tokens if scored_tokens is None else scored_tokens
     pairs = causal_pairs(tokens) if attention_pairs is None else attention_pairs
     # FLOPs per parameter a token: 2 forward + 4 backward (+ 2 of the forward recomputed)

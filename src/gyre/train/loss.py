@@ -162,7 +162,14 @@ def final_hidden(model: Any, ids: torch.Tensor, positions: torch.Tensor) -> torc
     return model.get_decoder()(input_ids=ids, position_ids=positions).last_hidden_state[0]
 
 
-LOGITS_CHUNK_TOKENS = 1024  # tokens whose logits exist at once: 1024 x a 152K vocabulary in fp32 is ~620 MB
+# fp32 logits of one chunk of tokens (a chunk holds two such tensors at once, forward and backward): 128 MiB is 220
+# tokens of a 152K vocabulary, and the whole micro-step for a small one
+LOGITS_CHUNK_BYTES = 128 * 2**20
+
+
+def logits_chunk_tokens(vocab: int) -> int:
+    """Tokens whose logits over ``vocab`` exist at once (`LOGITS_CHUNK_BYTES` of fp32)."""
+    return max(1, LOGITS_CHUNK_BYTES // (4 * vocab))
 
 
 def chunked_logprobs(
@@ -174,10 +181,11 @@ def chunked_logprobs(
     chunk_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(target | hidden) under the lm head ``(weight, bias)`` at ``temperature``, and the entropy (no
-    gradient), ``chunk_tokens`` at a time: no [tokens x vocab] tensor is ever whole, forward or backward. Computed
+    gradient), ``chunk_tokens`` at a time (default: `logits_chunk_tokens`): no [tokens x vocab] tensor is ever whole,
+    forward or backward. Computed
     in ``hidden``'s dtype promoted to fp32 at least (a bf16 model's logits are upcast)."""
     picked, entropy = _LinearLogprobs.apply(
-        hidden, weight, bias, targets, temperature, chunk_tokens or LOGITS_CHUNK_TOKENS
+        hidden, weight, bias, targets, temperature, chunk_tokens or logits_chunk_tokens(weight.shape[0])
     )
     return picked, entropy
 

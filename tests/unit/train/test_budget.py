@@ -83,4 +83,4 @@ def test_qwen3_8b_at_700k_on_eight_ranks_fits_only_fully_sharded_with_checkpoint
 def test_the_logits_chunk_is_the_loss_code_s() -> None:
     from gyre.train import budget, loss
 
-    assert budget.LOGITS_CHUNK_TOKENS == loss.LOGITS_CHUNK_TOKENS
+    assert budget.LOGITS_CHUNK_BYTES == loss.LOGITS_CHUNK_BYTES

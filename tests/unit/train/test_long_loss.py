@@ -67,7 +67,8 @@ def _micro_step(vocab: int) -> MicroStep:
 def test_chunked_logprobs_and_gradients_equal_the_whole_vocabulary(tmp_path, monkeypatch):
     model = AutoModelForCausalLM.from_pretrained(init_model(tmp_path / "m", "micro"), dtype=torch.float64)
     micro = _micro_step(model.config.vocab_size)
-    monkeypatch.setattr(loss, "LOGITS_CHUNK_TOKENS", 7)  # many chunks, one ragged
+    # many chunks of 7 tokens, one ragged
+    monkeypatch.setattr(loss, "LOGITS_CHUNK_BYTES", 7 * 4 * model.config.vocab_size)
     for temperature in (1.0, 0.7):
         model.zero_grad()
         expected = _whole_logprobs(model, micro, temperature)
