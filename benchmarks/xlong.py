@@ -11,7 +11,7 @@ Parts, run with ``--parts a,b,c,d,e`` (default: all):
       stage, measured beside predicted; target CP=4 / CP=1 per-rank peak <= 0.3.
   (c) the tiny model on one chain of 8K, 16K, 32K and 64K tokens (calls of 600 in + 100 sampled) with CP=1, 2, 4:
       forward+backward time and per-rank peak memory, least-squares fits time = a + b n + c n^2 and memory =
-      a + b n + c n^2, and their projection to 700K.
+      a + b n (with a quadratic fit's n^2 share as the check that it is linear), and their projection to 700K.
   (e) Qwen3-8B at 700K tokens on a cell of 8 x 80 GB (CP=8) from `gyre.train.budget`: memory per rank by term and
       step time at an assumed H100 throughput, with and without activation checkpointing, optimizer state sharded
       (ZeRO-1) or everything sharded (FSDP).
@@ -228,11 +228,12 @@ def _stage_rows(ranks: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
     return rows
 
 
-def _fit(ns: list[int], ys: list[float], at: int) -> dict[str, Any]:
-    """Least squares ``y = a + b n + c n^2`` (fewer terms with fewer points) and its value at ``at``."""
+def _fit(ns: list[int], ys: list[float], at: int, degree: int = 2) -> dict[str, Any]:
+    """Least squares ``y = a + b n + c n^2`` (``degree`` 1: ``a + b n``; fewer terms with fewer points) and its
+    value at ``at``."""
     import numpy as np
 
-    terms = min(3, len(ns))
+    terms = min(degree + 1, len(ns))
     x = np.array([[float(n) ** k for k in range(terms)] for n in ns])
     coef = np.linalg.lstsq(x, np.array(ys, dtype=float), rcond=None)[0].tolist()
     coef += [0.0] * (3 - terms)
@@ -338,9 +339,9 @@ def part_b(
     if n in ones:
         one_mb, how = ones[n], "measured"
     else:
-        fit = _fit(sorted(ones), [ones[k] for k in sorted(ones)], n)
+        fit = _fit(sorted(ones), [ones[k] for k in sorted(ones)], n, degree=1)
         sizes = ", ".join(f"{k:,}" for k in sorted(ones))
-        one_mb, how = fit["projected"], f"fitted a + b n + c n^2 at {sizes}"
+        one_mb, how = fit["projected"], f"fitted a + b n at {sizes}"
         figures["cp1_fit"] = fit
     ratio = four / one_mb
     print(f"per-rank peak CP=4 / CP=1: {four:.1f} / {one_mb:.1f} MB ({how}) = {ratio:.2f}x   target <= 0.3x")
@@ -385,13 +386,17 @@ def part_c(quick: bool) -> dict[str, Any]:
     for cp in cps:
         ns = sorted(measured[cp])
         time_fit = _fit(ns, [measured[cp][n][0] for n in ns], target)
-        mem_fit = _fit(ns, [measured[cp][n][1] for n in ns], target)
+        # memory is projected from a line; a quadratic fit's n^2 term at the largest size says how linear it is
+        mem_fit = _fit(ns, [measured[cp][n][1] for n in ns], target, degree=1)
+        curve = _fit(ns, [measured[cp][n][1] for n in ns], target)
+        mem_fit["quadratic_share"] = curve["c"] * ns[-1] ** 2 / measured[cp][ns[-1]][1]
         budget = _budget(config, target, cp)
         print(
             f"  CP={cp} time   s = {time_fit['a']:.3g} + {time_fit['b']:.3g} n + {time_fit['c']:.3g} n^2"
             f"  -> {time_fit['projected'] / 60:,.1f} min  (budget: {budget.flops_per_rank / 1e12:,.0f} TFLOP a rank)"
         )
-        print(f"  CP={cp} memory MB = {mem_fit['a']:.3g} + {mem_fit['b']:.3g} n + {mem_fit['c']:.3g} n^2"
+        print(f"  CP={cp} memory MB = {mem_fit['a']:.3g} + {mem_fit['b']:.3g} n (a quadratic fit's n^2 term at "
+              f"{ns[-1]:,}: {mem_fit['quadratic_share']:+.0%} of it)"
               f"  -> {mem_fit['projected'] / 1024:,.1f} GB  (predicted {_predicted_mb(config, target, cp)['forward+backward'] / 1024:,.1f} GB)")  # fmt: skip
         figures["measured"][str(cp)] = {
             str(n): {"seconds": s, "peak_mb": mb} for n, (s, mb) in measured[cp].items()
