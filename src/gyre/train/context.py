@@ -10,17 +10,16 @@ Each layer's attention (``gyre_context``, a Hugging Face attention function, as 
 attention): a rank's queries are its own tokens; keys and values are all-gathered from every rank (a differentiable
 all-gather: its backward reduce-scatters the keys' and values' gradients back to their owners), then each chain
 segment of the micro-step that has queries here attends to its ancestors and its own earlier tokens, as in
-``gyre.train.attention.segment_attention``. A rank holds every layer's keys and values of the whole micro-step while it
-computes (linear in its length: ``2 x kv_heads x head_dim`` values a token a layer), the rest of its activations for
-its own tokens only.
+``gyre.train.attention.segment_attention`` (over ranges of the gathered keys: no mask, no copy). A rank holds every
+layer's keys and values of the whole micro-step while it computes (linear in its length: ``2 x kv_heads x
+head_dim`` values a token a layer), the rest of its activations for its own tokens only.
 
 Log-probabilities: token ``i`` is predicted from the logits at ``parents[i]``, which the rank holding the parent
 computes, so each rank scores the children of its own tokens that carry loss weight (``logprobs_and_entropy``: zeros
 elsewhere; context tokens get no logits) and the loss a rank computes (``compute_gradients``) covers those tokens
-only. The micro-step's loss and every gradient are
-the sums over ranks (a sharded core's reduce-scatter sums them anyway); every rank calls the same collectives in the
-same order (one all-gather a layer forward, one reduce-scatter a layer backward, the reference model's forward
-too).
+only. The micro-step's loss and every gradient are the sums over ranks (a sharded core's reduce-scatter sums them
+anyway); every rank calls the same collectives in the same order (one all-gather a layer forward, one reduce-scatter
+a layer backward, the reference model's forward too).
 """
 
 from __future__ import annotations

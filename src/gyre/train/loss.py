@@ -182,8 +182,8 @@ def chunked_logprobs(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """log p(target | hidden) under the lm head ``(weight, bias)`` at ``temperature``, and the entropy (no
     gradient), ``chunk_tokens`` at a time (default: `logits_chunk_tokens`): no [tokens x vocab] tensor is ever whole,
-    forward or backward. Computed
-    in ``hidden``'s dtype promoted to fp32 at least (a bf16 model's logits are upcast)."""
+    forward or backward. Computed in ``hidden``'s dtype promoted to fp32 at least (a bf16 model's logits are
+    upcast)."""
     picked, entropy = _LinearLogprobs.apply(
         hidden, weight, bias, targets, temperature, chunk_tokens or logits_chunk_tokens(weight.shape[0])
     )
