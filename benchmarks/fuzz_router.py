@@ -154,6 +154,67 @@ class Generator:
             body["max_tokens"] = 2**40  # the engine's context bounds it
         return body
 
+    def block(self) -> Any:
+        """One Anthropic content block, often malformed."""
+        rng = self.rng
+        kind = rng.choice(["text", "tool_use", "tool_result", "image", "thinking", None, 5])
+        block: Any = {"type": kind, "text": rng.choice([rng.choice(HOSTILE_TEXT) + "hi", self.junk()])}
+        if kind == "tool_use" or rng.random() < 0.1:
+            block |= {
+                "id": rng.choice(["t1", "", 3]),
+                "name": rng.choice(["bash", "", None]),
+                "input": self.junk(),
+            }
+        if kind == "tool_result" or rng.random() < 0.1:
+            block |= {"tool_use_id": rng.choice(["t1", "", None]),
+                      "content": rng.choice([self.junk(), [{"type": "text", "text": "a"}], [{"type": "image"}]])}  # fmt: skip
+        return block if rng.random() > 0.1 else self.junk()
+
+    def anthropic_message(self) -> Any:
+        rng = self.rng
+        if rng.random() < 0.1:
+            return self.junk()
+        blocks = [self.block() for _ in range(rng.randint(0, 3))]
+        content = rng.choice([rng.choice(HOSTILE_TEXT) + "hi", blocks, self.junk()])
+        return {"role": rng.choice(["user", "assistant", "system", None]), "content": content}
+
+    def messages_body(self) -> dict[str, Any]:
+        """An Anthropic Messages request: roles, blocks, tools, tool_choice and sampling fields, right and wrong."""
+        rng = self.rng
+        body: dict[str, Any] = {
+            "model": rng.choice(["default", "default", "claude-x", 5]),
+            "messages": [self.anthropic_message() for _ in range(rng.randint(0, 4))],
+            "max_tokens": rng.choice([1, 2, 4, 8, 0, -1, 2**40, "8", None]),
+        }
+        if rng.random() < 0.3:
+            del body["max_tokens"]
+        for name in (
+            "system",
+            "tools",
+            "tool_choice",
+            "stop_sequences",
+            "temperature",
+            "top_p",
+            "top_k",
+            "stream",
+        ):
+            if rng.random() < 0.12:
+                body[name] = self.junk()
+        if rng.random() < 0.2:
+            body["stream"] = True
+        if rng.random() < 0.15:
+            body["system"] = rng.choice(
+                [rng.choice(HOSTILE_TEXT), [{"type": "text", "text": "s"}], [{"type": "x"}]]
+            )
+        if rng.random() < 0.15:
+            body["tools"] = [{"name": rng.choice(["bash", "", None]), "description": rng.choice(HOSTILE_TEXT),
+                              "input_schema": self.junk()}]  # fmt: skip
+            body["tool_choice"] = rng.choice([{"type": "auto"}, {"type": "any"}, {"type": "tool", "name": "bash"},
+                                              {"type": "tool", "name": "rm"}, {"type": "none"}, {"type": 5}])  # fmt: skip
+        if rng.random() < 0.1:
+            body["stop_sequences"] = rng.choice([["", "a"], ["<|im_end|>", "\u2028"], "x", [5]])
+        return body
+
     def completion_body(self) -> dict[str, Any]:
         rng = self.rng
         prompt = rng.choice(
@@ -200,7 +261,10 @@ class Generator:
     def agent(self) -> tuple[str, str, str, dict[str, str], bytes]:
         rng = self.rng
         path = rng.choice(
-            ["chat/completions"] * 5 + ["completions"] * 2 + ["models", "gyre/records", "nope", ""]
+            ["chat/completions"] * 5
+            + ["completions"] * 2
+            + ["messages"] * 2
+            + ["models", "gyre/records", "nope", ""]
         )
         method = "POST" if path not in ("models", "gyre/records") or rng.random() < 0.1 else "GET"
         headers: dict[str, str] = {"content-type": "application/json"}
@@ -217,10 +281,14 @@ class Generator:
             prefix = f"/s/{self.token}/{rng.choice(['sub-agent', 'wizard', '..', 'main-summary'])}/v1"
         elif kind < 0.17:
             headers["x-gyre-role"] = rng.choice(["sub-agent", "wizard", "main-x"])
+        elif kind < 0.2:  # the Anthropic clients' header
+            prefix, headers["x-api-key"] = "/v1", rng.choice(["", "x", self.token])
         if rng.random() < 0.3:
             body = self.raw()
         elif path == "completions":
             body = json.dumps(self.completion_body(), ensure_ascii=rng.random() < 0.5).encode()
+        elif path == "messages":
+            body = json.dumps(self.messages_body(), ensure_ascii=rng.random() < 0.5).encode()
         else:
             body = json.dumps(self.chat_body(), ensure_ascii=rng.random() < 0.5).encode()
         return "agent", method, f"{prefix}/{path}", headers, body

@@ -3,7 +3,9 @@
 Agent-facing (``router.host:router.port``):
   ``/s/{token}/v1/...`` or ``/v1/...`` with ``Authorization: Bearer {token}``; the role comes from
   ``/s/{token}/{role}/v1/...`` or the ``X-Gyre-Role`` header (default ``main``).
-  ``POST chat/completions``, ``POST completions``, ``GET models``, ``GET gyre/records`` (this session's only).
+  ``POST chat/completions``, ``POST completions``, ``GET models``, ``GET gyre/records`` (this session's only),
+  and the Anthropic Messages API's ``POST messages`` (`gyre.router.anthropic`; its token may also come as
+  ``x-api-key``; its errors in that API's shape).
 Admin (127.0.0.1:``router.admin_port``): sessions (and each one's calls at the gate), engines (add, drain, resume,
 remove), statistics.
 
@@ -30,6 +32,7 @@ from starlette.routing import Route
 from gyre.engine.http import sse_event
 from gyre.errors import ConfigError, EngineRequestError, GyreError
 from gyre.records import Role
+from gyre.router import anthropic
 from gyre.router.core import ROLES, Router
 from gyre.router.openai_types import (
     AddEngineRequest,
@@ -84,7 +87,7 @@ class AgentApp:
     routing four paths by hand costs a fraction of a middleware stack (benchmarks/router.py).
     """
 
-    OPS = frozenset({"chat/completions", "completions", "models", "gyre/records"})
+    OPS = frozenset({"chat/completions", "completions", "messages", "models", "gyre/records"})
 
     def __init__(self, router: Router) -> None:
         self.router = router
@@ -99,7 +102,7 @@ class AgentApp:
             return
         if scope["type"] != "http":
             return
-        reply = _Reply(send)
+        reply = _Reply(send, messages_api=scope["path"].endswith("/v1/messages"))
         try:
             await self._dispatch(scope, receive, reply)
         except Exception as exc:
@@ -113,7 +116,7 @@ class AgentApp:
             if reply.started:  # mid-stream: the status is sent; the stream ends with an error event
                 await reply.end_stream(error)
             else:  # a body left unread (too large, too slow) closes the connection
-                await reply.json(error.status, error.body(), close=error.status in (408, 413, 431))
+                await reply.json(error.status, reply.error_body(error), close=error.status in (408, 413, 431))
 
     async def _dispatch(self, scope: dict[str, Any], receive: Any, reply: _Reply) -> None:
         path: str = scope["path"]
@@ -158,6 +161,14 @@ class AgentApp:
                         )
                     await reply.json(200, await router.complete(token, creq, role, control))
                     return
+                if op == "messages":
+                    mreq = await self._decode(raw, anthropic.MessagesRequest)
+                    del raw
+                    if not mreq.stream:
+                        await reply.json(200, await anthropic.create(router, token, mreq, role, control))
+                        return
+                    await self._stream_events(reply, anthropic.stream(router, token, mreq, role, control))
+                    return
                 req = await self._decode(raw, ChatRequest)
                 del raw
                 if not req.stream:
@@ -185,6 +196,17 @@ class AgentApp:
                 await reply.event(msgspec.json.encode(chunk))
         await reply.event(b"[DONE]", last=True)
 
+    @staticmethod
+    async def _stream_events(reply: _Reply, events: AsyncIterator[anthropic.Event]) -> None:
+        """Stream named events (the Messages API's); to their end, even when the client has gone."""
+        async with contextlib.aclosing(events):  # type: ignore[type-var]  # an async generator
+            name, data = await anext(events)  # errors surface as a status code before the stream starts
+            await reply.start_stream()
+            await reply.event(msgspec.json.encode(data), name=name)
+            async for name, data in events:
+                await reply.event(msgspec.json.encode(data), name=name)
+        await reply.close_stream()
+
     def _parse(self, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[str, Role, str]:
         """``/s/{token}[/{role}]/v1/{op}`` or ``/v1/{op}`` with a bearer token -> (token, role, op)."""
         parts = path.split("/", 5)  # ['', 's', token, 'v1' | role, ...]
@@ -208,6 +230,8 @@ class AgentApp:
                 scheme, _, credential = value.decode("latin-1").partition(" ")
                 if scheme.lower() == "bearer" and credential.strip():
                     token = credential.strip()
+            elif name == b"x-api-key" and token is None and value.strip():  # the Anthropic clients' header
+                token = value.decode("latin-1").strip()
             elif name == b"x-gyre-role" and role is None:
                 role = value.decode("latin-1")
         if token is None:
@@ -257,9 +281,14 @@ class AgentApp:
 class _Reply:
     """The response side of one agent request: knows whether the response has started."""
 
-    def __init__(self, send: Any) -> None:
+    def __init__(self, send: Any, messages_api: bool = False) -> None:
         self._send = send
         self.started = False
+        self.messages_api = messages_api  # answering Anthropic's Messages API: its errors, its stream's end
+
+    def error_body(self, error: RouterError) -> dict[str, Any]:
+        """``error`` as this request's API writes errors."""
+        return anthropic.error_body(error) if self.messages_api else error.body()
 
     async def json(self, status: int, data: Any, close: bool = False) -> None:
         """A whole JSON response."""
@@ -277,13 +306,22 @@ class _Reply:
         self.started = True
         await self._send({"type": "http.response.start", "status": 200, "headers": headers})
 
-    async def event(self, payload: bytes, last: bool = False) -> None:
-        """One event (a client that went away is not an error: the server drops what is sent to it)."""
-        await self._send({"type": "http.response.body", "body": sse_event(payload), "more_body": not last})
+    async def event(self, payload: bytes, last: bool = False, name: str | None = None) -> None:
+        """One event, named or not (a client that went away is not an error: the server drops what is sent to it)."""
+        data = sse_event(payload) if name is None else b"event: " + name.encode() + b"\n" + sse_event(payload)
+        await self._send({"type": "http.response.body", "body": data, "more_body": not last})
+
+    async def close_stream(self) -> None:
+        """End a stream whose last event is sent."""
+        await self._send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def end_stream(self, error: RouterError) -> None:
-        """End a started stream with an error event, then ``[DONE]``."""
+        """End a started stream with an error event, then ``[DONE]`` (the Messages API: its ``error`` event)."""
         with contextlib.suppress(Exception):
+            if self.messages_api:
+                await self.event(msgspec.json.encode(anthropic.error_body(error)), name="error")
+                await self.close_stream()
+                return
             await self.event(msgspec.json.encode(error.body()))
             await self.event(b"[DONE]", last=True)
 
