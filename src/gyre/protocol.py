@@ -48,6 +48,23 @@ class SamplingParams(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     )
     presence_penalty: Annotated[float, msgspec.Meta(ge=0.0, le=0.0)] = 0.0
     repetition_penalty: Annotated[float, msgspec.Meta(ge=1.0, le=1.0)] = 1.0
+    # Constrained decoding (SGLang's names; at most one): the output must match a JSON schema (a JSON string), a
+    # regular expression, or an EBNF grammar in xgrammar's dialect. The embedded engine masks each step's logits with
+    # xgrammar; SGLang does the same with its grammar backend.
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """The constraint as ``(kind, text)``, kind one of ``json_schema``, ``regex``, ``ebnf``; None when unset."""
+        given = [(k, v) for k, v in (("json_schema", self.json_schema), ("regex", self.regex), ("ebnf", self.ebnf))
+                 if v is not None]  # fmt: skip
+        if len(given) > 1:
+            raise ValueError(
+                f"at most one of json_schema, regex and ebnf; got {', '.join(k for k, _ in given)}"
+            )
+        return given[0] if given else None
 
     @property
     def stop_strings(self) -> list[str]:

@@ -197,13 +197,14 @@ class BuiltinAgent:
     ) -> list[dict[str, Any]]:
         """Summarize, then start a fresh context from the summary (a new branch of the trajectory tree).
 
-        The summary request keeps the tools, so it extends the context it summarises token-exactly.
+        The summary request keeps the tools (``tool_choice`` auto: ``"none"`` would render none), so it extends the
+        context it summarises token-exactly; a tool call in its reply is dropped, its text kept.
         """
         request = [*messages, {"role": "user", "content": SUMMARY_REQUEST}]
         cfg = self.config
         seeded = {} if cfg.seed is None else {"seed": call_seed(cfg.seed, ctx, role, tally.calls)}
         try:
-            body = await ctx.client.chat(request, tools=tools, tool_choice="none", role=role,
+            body = await ctx.client.chat(request, tools=tools, role=role,
                                          temperature=cfg.temperature, max_tokens=cfg.max_tokens_per_call,
                                          **seeded)  # fmt: skip
         except ContextOverflow:  # too long even to be summarised: start again from the task alone

@@ -7,10 +7,9 @@ translation is deterministic, so a conversation that echoes back the replies it 
 The reply's text and ``<tool_call>`` blocks (parsed as for chat) become ``text`` and ``tool_use`` blocks; a
 ``tool_use`` id is the chat tool-call id, so the exact sampled arguments are restored when the client echoes it.
 
-``tool_choice``: ``none`` keeps ``<tool_call>`` text as text (as chat's ``"none"``); ``any`` and ``tool`` are passed
-to the chat path as ``required`` and a named function, and a named tool that was not offered is a 400. Whether
-the model's output is constrained to them is the chat path's business (grammar-constrained decoding), not this
-module's. Images, documents and server tools are refused (400): the router serves a text model.
+``tool_choice``: ``none`` renders no tools and keeps ``<tool_call>`` text as text (as chat's ``"none"``); ``any`` and
+``tool`` become chat's ``required`` and a named function, which the chat path enforces with a grammar
+(`gyre.router.constraints`); a named tool that was not offered is a 400. Images, documents and server tools are refused (400): the router serves a text model.
 """
 
 from __future__ import annotations

@@ -17,11 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import msgspec
+
 from gyre.config import RouterConfig
 from gyre.errors import ConfigError, EngineCapacityError, EngineRequestError
 from gyre.journal import Journal
 from gyre.protocol import SamplingParams
 from gyre.records import ROLE_PRIORITY, CallRecord, CallTiming, Role
+from gyre.router.constraints import constraint, needs_grammar, rendered_tools
 from gyre.router.messages import normalize_messages, offered_functions, parse_tool_calls
 from gyre.router.openai_types import ChatRequest, CompletionRequest, RouterError
 from gyre.router.pool import CallAborted, CallControl, Chunk, EnginePool, Generation, NoCapacity
@@ -116,20 +119,17 @@ class Router:
             raise RouterError(f"model {model!r} does not exist; this router serves {self.model_name!r}", 404,
                               "not_found_error", "model")  # fmt: skip
 
-    async def _prepare_chat(self, session: Session, req: ChatRequest) -> tuple[Turn | None, list[int]]:
+    async def _prepare_chat(
+        self, session: Session, req: ChatRequest, tools: list[dict[str, Any]] | None
+    ) -> tuple[Turn | None, list[int]]:
         """The earlier call this request extends (if any) and the ids to append: rendering costs the new messages.
 
         With a parent, the input is ``parent.full`` + ids; without one, ``ids`` is the whole rendered input.
-        A request that cannot fit the context is refused before it is rendered; a long one renders off the loop.
+        ``tools`` are those rendered (`rendered_tools`). A request that cannot fit the context is refused before it
+        is rendered; a long one renders off the loop.
         """
-        self._check_model(req.model)
-        if req.n != 1:
-            raise RouterError("only n=1 is supported", 422, param="n")
-        if not req.messages:
-            raise RouterError("messages must not be empty", 400, param="messages")
-        check_tools(req.tools)
         try:
-            parent = session.find_extended(req.messages, req.tools)
+            parent = session.find_extended(req.messages, tools)
             if parent is not None:
                 at = len(parent.raw_messages)
                 reply = normalize_messages([self._restore(session, req.messages[at])], at)[0]
@@ -137,26 +137,22 @@ class Router:
                     new = normalize_messages(
                         [self._restore(session, m) for m in req.messages[at + 1 :]], at + 1
                     )
-                    chars = self._check_fits(len(parent.full), new, req.tools)
+                    chars = self._check_fits(len(parent.full), new, tools)
                     render = self.renderer.render_extension
                     try:
-                        return parent, await self._render(
-                            chars, render, new, req.tools, parent.ended_with_eos
-                        )
+                        return parent, await self._render(chars, render, new, tools, parent.ended_with_eos)
                     except ValueError:
                         pass  # the template is not prefix-stable here: render the whole conversation
             if len(req.messages) <= INLINE_MESSAGES:
-                normalized, chars = self._normalize_and_fit(session, req.messages, req.tools)
+                normalized, chars = self._normalize_and_fit(session, req.messages, tools)
             else:  # 150,000 empty messages took the loop 0.3 s to normalise and count before their 413
-                normalized, chars = await self.off_loop(
-                    self._normalize_and_fit, session, req.messages, req.tools
-                )
+                normalized, chars = await self.off_loop(self._normalize_and_fit, session, req.messages, tools)
             if chars <= INLINE_RENDER_CHARS:
-                return None, self.renderer.render_full(normalized, req.tools)
-            key, cached = self.renderer.cached_render(normalized, req.tools)
+                return None, self.renderer.render_full(normalized, tools)
+            key, cached = self.renderer.cached_render(normalized, tools)
             if cached is not None:
                 return None, cached
-            ids = await self._render(chars, self.renderer.render_uncached, normalized, req.tools)
+            ids = await self._render(chars, self.renderer.render_uncached, normalized, tools)
             self.renderer.remember_render(key, ids)
             return None, ids
         except RouterError:
@@ -214,7 +210,16 @@ class Router:
         )
 
     async def _start_chat(self, session: Session, req: ChatRequest) -> _ChatCall:
-        parent, new_ids = await self._prepare_chat(session, req)
+        self._check_model(req.model)
+        if req.n != 1:
+            raise RouterError("only n=1 is supported", 422, param="n")
+        if not req.messages:
+            raise RouterError("messages must not be empty", 400, param="messages")
+        check_tools(req.tools)
+        # a grammar is built (and checked: a 400 for what cannot be enforced) off the loop; cached per schema
+        grammar = await self.off_loop(constraint, req) if needs_grammar(req) else constraint(req)
+        tools = rendered_tools(req)
+        parent, new_ids = await self._prepare_chat(session, req, tools)
         length = len(new_ids) + (len(parent.full) if parent is not None else 0)
         if self.context_length and length >= self.context_length:  # never shipped to an engine
             raise RouterError(f"the request does not fit the model: it renders to {length} tokens; the "
@@ -224,7 +229,8 @@ class Router:
         max_tokens = req.max_completion_tokens or req.max_tokens or self.cfg.default_max_tokens
         top_n = (req.top_logprobs or 0) if req.logprobs else 0
         call_id = f"chatcmpl-{uuid.uuid4().hex}"
-        return _ChatCall(call_id, time.time(), parent, new_ids, inputs, self._params(req, max_tokens), top_n)
+        params = msgspec.structs.replace(self._params(req, max_tokens), **grammar)
+        return _ChatCall(call_id, time.time(), parent, new_ids, inputs, params, top_n, tools)
 
     def _finish_chat(
         self, session: Session, req: ChatRequest, role: Role, call: _ChatCall, gen: Generation
@@ -233,7 +239,7 @@ class Router:
         text = _before_stop(self.renderer.reply_text(gen.output_ids), gen)  # OpenAI: without the stop string
         calls: list[dict[str, Any]] = []
         if _parses_tools(req):
-            offered = None if self.cfg.forward_unknown_tools else offered_functions(req.tools)
+            offered = None if self.cfg.forward_unknown_tools else offered_functions(call.tools)
             parsed = parse_tool_calls(text, offered)
             calls, content = parsed.tool_calls, parsed.content
         else:  # OpenAI, SGLang and vLLM alike: a request without tools gets the model's text, whatever it holds
@@ -249,7 +255,7 @@ class Router:
         turn = Turn(
             call.call_id,
             list(req.messages),
-            req.tools,
+            call.tools,
             reply,
             call.inputs.extend(gen.output_ids),  # in place: the input's buffer ends with this call's input
             ended_with_eos,
@@ -516,6 +522,7 @@ class _ChatCall:
     inputs: IdSpan  # the parent's ids + new_ids; its buffer ends with them until the call is finished
     params: SamplingParams
     top_n: int
+    tools: list[dict[str, Any]] | None  # as rendered: none for tool_choice "none"
 
     @property
     def input_ids(self) -> list[int]:

@@ -47,6 +47,7 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     logprobs: bool = False
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
     parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
     user: str | None = None
     return_token_ids: bool = False  # Gyre extension: prompt_token_ids and token_ids in the response
 
