@@ -4,8 +4,9 @@
 # test (chaos, kills and resumes, Megatron, real NL2RepoBench tasks, the short quickstart, containers): what CI runs.
 # The tiers are pytest markers (`slow`, declared in pyproject.toml); both run on two pytest-xdist workers, a
 # module's tests on one worker (they share its engine and model fixtures).
-# Each creates .venv and installs what it needs (scripts/setup.sh).
-.PHONY: setup run lint test test-all bench
+# Each creates .venv and installs what it needs (scripts/setup.sh). `make docs` builds the manual (docs/, mkdocs.yml)
+# into site/ with every warning an error; CI builds it too.
+.PHONY: setup run lint test test-all bench docs
 VENV := .venv/bin
 PYTEST := $(VENV)/python -m pytest -q -n 2 --dist loadscope --durations=25
 
@@ -16,8 +17,8 @@ run: setup
 	$(VENV)/gyre quickstart
 
 lint: setup
-	$(VENV)/ruff check src tests benchmarks examples
-	$(VENV)/ruff format --check src tests benchmarks examples
+	$(VENV)/ruff check src tests benchmarks examples docs/hooks.py
+	$(VENV)/ruff format --check src tests benchmarks examples docs/hooks.py
 	$(VENV)/mypy
 
 test: lint
@@ -28,3 +29,6 @@ test-all: lint
 
 bench: setup
 	$(VENV)/python benchmarks/engine.py
+
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/mkdocs build --strict --site-dir site
