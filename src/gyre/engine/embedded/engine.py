@@ -28,6 +28,7 @@ import torch
 from gyre.config import EngineConfig
 from gyre.engine import weight_sync
 from gyre.engine.embedded.device import auto_threads, keep_freed_memory_in_heap, resolve_device
+from gyre.engine.embedded.grammar import Grammars
 from gyre.engine.embedded.model import ModelSpec, TransformerLM
 from gyre.engine.embedded.scheduler import Request, Scheduler
 from gyre.errors import ConfigError, EngineCapacityError, EngineError, EngineRequestError, ProtocolError
@@ -129,6 +130,12 @@ class EmbeddedEngine:
             decode_text=self._decode if self.tokenizer is not None else None,
             lane_positions=lane_slots * 2 // 3,
         )
+        self.grammars = (  # xgrammar is imported at the first constrained request
+            Grammars(self.tokenizer, self.spec.vocab_size, self.spec.eos_token_ids)
+            if self.tokenizer is not None
+            else None
+        )
+        self.scheduler.grammars = self.grammars
         self.weight_version: int = cfg.weight_version  # SGLang's API carries it as a (decimal) string
         self._weights_source = (cfg.model_path, self.weight_version)  # what a memory resume reloads
         self._released: set[str] = set()
@@ -242,6 +249,14 @@ class EmbeddedEngine:
             raise EngineRequestError("sampling_params.min_new_tokens must not exceed max_new_tokens")
         if params.stop_strings and self.tokenizer is None:
             raise EngineRequestError("stop strings need a tokenizer; this model directory has none")
+        try:
+            grammar = params.grammar
+        except ValueError as exc:
+            raise EngineRequestError(f"sampling_params: {exc}") from None
+        if grammar is not None and self.grammars is None:
+            raise EngineRequestError(
+                f"sampling_params.{grammar[0]} needs a tokenizer; this model directory has none"
+            )
         if 0 <= body.logprob_start_len < len(ids):
             raise EngineRequestError("input token logprobs are not supported: leave logprob_start_len at -1")
         rid = body.rid or uuid.uuid4().hex
@@ -269,6 +284,9 @@ class EmbeddedEngine:
         """Yield a cumulative response at every step that brings new tokens, the last one finished."""
         self._bind_loop()
         req = self._prepare(body)
+        if (grammar := body.sampling_params.grammar) is not None and self.grammars is not None:
+            # compiled on a worker thread (not the loop, not the engine thread); a bad constraint is a 400 here
+            req.matcher = await asyncio.to_thread(self.grammars.matcher, *grammar)
         while self._update_done is not None:  # a weight update is waiting for the requests before it
             await self._update_done.wait()
         if self._torn:  # the last update broke off: some weights are its version's, some the one before

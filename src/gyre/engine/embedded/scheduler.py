@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from gyre.engine.embedded.cache import DecodeLanes, RadixCache, SlotPool, _Node
+from gyre.engine.embedded.grammar import Grammars
 from gyre.engine.embedded.model import ForwardBatch, TransformerLM
 from gyre.protocol import SamplingParams
 
@@ -46,6 +47,7 @@ class Request:
     generator: torch.Generator | None = None
     stop_ids: frozenset[int] = frozenset()
     sink: Any = None  # the asyncio-side handle; the scheduler only passes it through
+    matcher: Any = None  # xgrammar.GrammarMatcher of a constrained request; it has accepted the output ids
 
     @property
     def output_ids(self) -> list[int]:
@@ -95,6 +97,7 @@ class Scheduler:
         self.enable_prefix_cache = enable_prefix_cache
         self.decode_text = decode_text
         self.eos_ids = frozenset(model.spec.eos_token_ids)
+        self.grammars: Grammars | None = None  # set by the engine; masks the rows of constrained requests
         self.generator = torch.Generator(device=model.device).manual_seed(seed)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -275,7 +278,8 @@ class Scheduler:
         for req in sampled:
             if req.first_token_s is None:
                 req.first_token_s = now
-            self._check_finish(req)
+            if req.finish is None:  # sampling may have ended it (a grammar refused its token)
+                self._check_finish(req)
             if req.finish is not None:
                 self.running.remove(req)
                 self._release(req)
@@ -363,15 +367,24 @@ class Scheduler:
             lane_v=self.lanes.v if nl else None,
         )
 
+    @torch.inference_mode()  # the logits are an inference tensor: edits in place (bans, masks) need the mode
     def _sample(self, reqs: list[Request], logits: torch.Tensor) -> None:
-        """Pick each request's next token; record its behaviour logprob (temperature-scaled distribution)."""
+        """Pick each request's next token; record its behaviour logprob (temperature-scaled distribution, renormalised
+        over the tokens a constrained request's grammar allows: see `grammar`)."""
         if not reqs:
             return
         dev = logits.device
+        constrained = [i for i, r in enumerate(reqs) if r.matcher is not None]
+        if constrained:  # first: every later step (bans, temperature, top-p) sees only allowed tokens
+            assert self.grammars is not None
+            self.grammars.mask(logits, constrained, [reqs[i].matcher for i in constrained])
         for i, req in enumerate(reqs):  # end-of-sequence is not allowed before min_new_tokens
             if req.params.min_new_tokens and req.n_output < req.params.min_new_tokens:
                 banned = list(req.stop_ids | (frozenset() if req.params.ignore_eos else self.eos_ids))
+                kept = logits[i, banned].clone() if req.matcher is not None else None
                 logits[i, banned] = float("-inf")
+                if kept is not None and bool(torch.isinf(logits[i]).all()):  # a complete match may only end
+                    logits[i, banned] = kept
         temps = torch.tensor([r.params.temperature for r in reqs], device=dev)
         greedy = temps < 1e-6  # as SGLang: a temperature this small means greedy
         scaled = logits / torch.where(greedy, torch.ones_like(temps), temps)[:, None]
@@ -393,7 +406,8 @@ class Scheduler:
         picked = logprobs.gather(1, choice[:, None]).squeeze(1)
         top_k = max(r.top_logprobs_num for r in reqs)
         tops = torch.topk(logprobs, min(top_k, logprobs.shape[1])) if top_k else None
-        for i, (req, token, lp) in enumerate(zip(reqs, choice.tolist(), picked.tolist(), strict=True)):
+        tokens = choice.tolist()
+        for i, (req, token, lp) in enumerate(zip(reqs, tokens, picked.tolist(), strict=True)):
             req.ids.append(token)
             if req.return_logprob:
                 req.logprobs.append(lp)
@@ -401,6 +415,15 @@ class Scheduler:
                     k = req.top_logprobs_num
                     vals, idx = tops.values[i, :k].tolist(), tops.indices[i, :k].tolist()
                     req.top_logprobs.append(list(zip(vals, idx, strict=True)))
+        if constrained:
+            matchers = [reqs[i].matcher for i in constrained]
+            accepted = Grammars.accept(matchers, [tokens[i] for i in constrained])
+            for i, ok in zip(constrained, accepted, strict=True):
+                if not ok:  # the mask allowed it, so this is a bug: end the request, not the engine
+                    reqs[i].finish = {
+                        "type": "abort",
+                        "message": f"the grammar refused sampled token {tokens[i]} (constrained decoding bug)",
+                    }
 
     @staticmethod
     def _filter(reqs: list[Request], scaled: torch.Tensor) -> torch.Tensor:
@@ -425,6 +448,9 @@ class Scheduler:
         p = req.params
         token = req.ids[-1]
         n_out = req.n_output
+        if req.matcher is not None and req.matcher.is_terminated():  # the grammar ended it (even ignore_eos)
+            req.finish = {"type": "stop", "matched": token}
+            return
         if (
             not p.ignore_eos and token in self.eos_ids
         ) or token in req.stop_ids:  # banned before min_new_tokens
