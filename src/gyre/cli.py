@@ -712,7 +712,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--agent",
         default="builtin",
-        help="builtin | oracle (reference solutions / scripted expert) | command:ARGV",
+        help="builtin | oracle (reference solutions / scripted expert) | command:ARGV | python:MODULE:ATTR "
+        "(or python:FILE.py:ATTR; e.g. python:gyre.agents.frameworks:langgraph)",
     )
     s.add_argument("--expert", default="", help="the scripted expert --agent oracle plays (default: the suite's; "
                    "toy-chain-impatient gives up partway)")  # fmt: skip

@@ -305,7 +305,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     agent_max_calls: Positive = 16  # the built-in agent's model calls per execution (main context)
     agent_max_tokens: Positive = 512  # per call
     agent_temperature: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
-    agent: str = "builtin"  # builtin | command:ARGV (a scaffold talking to its router session; both train)
+    agent: str = "builtin"  # builtin | command:ARGV (a process) | python:MODULE:ATTR (a callable); all train
     agent_profile: Literal["default", "lean"] = "default"  # the built-in agent's prompt (lean: bash + submit)
     eval_suite: str = ""  # a held-out suite evaluated while training (`gyre eval` semantics); empty: none
     eval_every: NonNegative = (

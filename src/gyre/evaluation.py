@@ -41,6 +41,7 @@ from gyre.runtime import (
     ExecutionResult,
     ExecutionSpec,
     OracleAgentSpec,
+    PythonAgentSpec,
     Runtime,
 )
 from gyre.tasks import Task, Verifier, resolve_suite
@@ -65,7 +66,7 @@ class EvalOptions(msgspec.Struct, kw_only=True):
 
     suite: str  # a built-in suite name (toy, toy:N[:SEED], nl2repo-mini) or a suite/task directory
     run_dir: str  # where the journal and the results go
-    agent: str = "builtin"  # builtin | oracle | command:ARGV (an external scaffold, shell words)
+    agent: str = "builtin"  # builtin | oracle | command:ARGV (a process) | python:MODULE:ATTR (a callable)
     expert: str = (
         ""  # the scripted expert the oracle plays (a name in gyre.tasks.builtin.EXPERTS); empty: the suite's
     )
@@ -307,7 +308,8 @@ def _router(options: EvalOptions, engine_url: str | None, journal: Path) -> Rout
 
 
 def agent_spec(agent: str, tasks: list[Task]) -> AgentSpec:
-    """The agent ``builtin | oracle | command:ARGV`` names (oracle: every task needs a solution or an expert)."""
+    """The agent ``builtin | oracle | command:ARGV | python:MODULE:ATTR`` names (oracle: every task needs a solution
+    or an expert; python: the callable is imported now, so a bad name fails before anything starts)."""
     kind, _, rest = agent.partition(":")
     match kind:
         case "builtin":
@@ -326,7 +328,18 @@ def agent_spec(agent: str, tasks: list[Task]) -> AgentSpec:
             if not argv:
                 raise ConfigError("--agent command:ARGV needs the scaffold's command line after 'command:'")
             return CommandAgentSpec(argv=argv)
-    raise ConfigError(f"--agent {agent!r}: expected builtin, oracle or command:ARGV")
+        case "python":
+            from gyre.agents.python import resolve
+
+            if not rest:
+                raise ConfigError(
+                    "--agent python:TARGET needs a callable after 'python:': MODULE:ATTR or path/to/file.py:ATTR "
+                    "(e.g. python:gyre.agents.frameworks:langgraph)"
+                )
+            return PythonAgentSpec(target=resolve(rest))
+    raise ConfigError(
+        f"--agent {agent!r}: expected builtin, oracle, command:ARGV or python:MODULE:ATTR (python:FILE.py:ATTR)"
+    )
 
 
 def _for_task(agent: AgentSpec, task: Task, options: EvalOptions) -> AgentSpec:
@@ -343,6 +356,13 @@ def _for_task(agent: AgentSpec, task: Task, options: EvalOptions) -> AgentSpec:
             seed=options.seed,
         )
         return BuiltinAgentSpec(config=config)
+    if isinstance(agent, PythonAgentSpec):  # the run's limits, for the callable to pass on to its framework
+        return msgspec.structs.replace(
+            agent,
+            max_steps=options.max_steps,
+            max_tokens=options.max_tokens_per_call,
+            temperature=options.temperature,
+        )
     return agent
 
 

@@ -41,7 +41,15 @@ from gyre.loop import run as run_loop
 from gyre.protocol import StepMetrics
 from gyre.report import write_report
 from gyre.rundir import RunDir, default_run_dir
-from gyre.runtime import AgentSpec, BuiltinAgentSpec, ExecutionResult, ExecutionSpec, OracleAgentSpec, Runtime
+from gyre.runtime import (
+    AgentSpec,
+    BuiltinAgentSpec,
+    ExecutionResult,
+    ExecutionSpec,
+    OracleAgentSpec,
+    PythonAgentSpec,
+    Runtime,
+)
 from gyre.runtime.shard import RuntimeSpec
 from gyre.runtime.shards import Runner, ShardedRuntime, ShardHub, read_executions
 from gyre.tasks import Task, Verifier, resolve_suite
@@ -432,6 +440,8 @@ async def evaluate_held_out(
         agent = BuiltinAgentSpec(
             config=msgspec.structs.replace(agent.config, temperature=temperature, seed=run.eval_seed)
         )
+    elif isinstance(agent, PythonAgentSpec) and run.eval_temperature is not None:
+        agent = msgspec.structs.replace(agent, temperature=run.eval_temperature)
     results = await asyncio.gather(*(
         runtime.run_one(ExecutionSpec(task=t, group_index=k, agent=agent, execution_id=f"eval-{step}/{t.id}/{k}"))
         for t in tasks for k in range(run.eval_samples)
@@ -486,7 +496,7 @@ def _unverified(rd: RunDir) -> int:
 
 
 def _agent(cfg: GyreConfig, tasks: list[Task]) -> AgentSpec:
-    """``run.agent``: the built-in agent with the run's limits, or a command scaffold (both train)."""
+    """``run.agent``: the built-in agent with the run's limits, a command scaffold or a python callable (all train)."""
     run = cfg.run
     spec = agent_spec(run.agent, tasks)
     if isinstance(spec, OracleAgentSpec):
@@ -498,6 +508,9 @@ def _agent(cfg: GyreConfig, tasks: list[Task]) -> AgentSpec:
                                                           max_tokens_per_call=run.agent_max_tokens,
                                                           temperature=run.agent_temperature,
                                                           profile=run.agent_profile))  # fmt: skip
+    if isinstance(spec, PythonAgentSpec):  # the run's limits and sampling temperature, for it to pass on
+        return msgspec.structs.replace(spec, max_steps=run.agent_max_calls, max_tokens=run.agent_max_tokens,
+                                       temperature=run.agent_temperature)  # fmt: skip
     return spec
 
 

@@ -7,6 +7,7 @@ from gyre.runtime.runtime import (
     ExecutionResult,
     ExecutionSpec,
     OracleAgentSpec,
+    PythonAgentSpec,
     Runtime,
     RuntimeStatistics,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "ExecutionResult",
     "ExecutionSpec",
     "OracleAgentSpec",
+    "PythonAgentSpec",
     "Runtime",
     "RuntimeStatistics",
 ]

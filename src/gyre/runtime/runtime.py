@@ -9,7 +9,8 @@ whatever the status (cancelled and over quota aside), the workspace loses its se
 scores it (`gyre.tasks.verify`). Its result (records, status, verdict, timings, error) is journaled before anything
 downstream sees it. Anything one execution raises, its verification and clean-up included, is recorded on it and
 never reaches the others; cancelling the runtime cancels every execution and their sandboxes are cleaned up. A
-command agent reaches the router only through its own socket, which serves its own session only (`sockets`).
+command agent reaches the router only through its own socket, which serves its own session only (`sockets`); a
+python agent (`gyre.agents.python`, in this process) through a loopback port restricted the same way.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections import Counter
 from collections.abc import Coroutine, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -39,7 +40,7 @@ from gyre.errors import ResourceExceeded, SandboxError, TaskError, WorkspaceLimi
 from gyre.journal import Journal
 from gyre.records import ApiCallRecord, CallRecord
 from gyre.router.core import Router
-from gyre.runtime.sockets import session_socket
+from gyre.runtime.sockets import session_port, session_socket
 from gyre.sandbox import Sandbox, make_sandbox, tree
 from gyre.sandbox.workspace import HostSandbox, make_scratch, workspace_limits
 from gyre.tasks import environments
@@ -66,11 +67,21 @@ class CommandAgentSpec(msgspec.Struct, frozen=True, kw_only=True, tag="command")
     python_env: bool = True  # show the driver's Python installation read-only, for scaffolds installed there
 
 
+class PythonAgentSpec(msgspec.Struct, frozen=True, kw_only=True, tag="python"):
+    """Run a Python callable in the driver's process (`gyre.agents.python`): an openai-agents, langgraph or smolagents
+    agent, or any code, given its session's OpenAI base URL and key and the execution's sandbox."""
+
+    target: str  # MODULE:ATTR or /absolute/path/file.py:ATTR, loadable in the process running the execution
+    max_steps: Annotated[int, msgspec.Meta(ge=1)] = 30  # model calls to make at most (max_turns binds too)
+    max_tokens: int | None = None  # per call, for the callable to pass on; None: the framework's default
+    temperature: float | None = None  # the sampling temperature to ask for; None: the framework's default
+
+
 class OracleAgentSpec(msgspec.Struct, frozen=True, kw_only=True, tag="oracle"):
     """Write the task's reference solution instead of running a model (validates a suite)."""
 
 
-AgentSpec = BuiltinAgentSpec | CommandAgentSpec | OracleAgentSpec
+AgentSpec = BuiltinAgentSpec | CommandAgentSpec | PythonAgentSpec | OracleAgentSpec
 
 
 class ExecutionSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -334,6 +345,10 @@ class Runtime:
                 binds.append((socket_dir, SOCKET_DIR, False))
                 if spec.agent.python_env:
                     binds += [(p, p, False) for p in sorted({sys.prefix, sys.base_prefix})]
+            base_url = ""
+            if isinstance(spec.agent, PythonAgentSpec):  # in this process: its HTTP clients need a URL
+                port = await stack.enter_async_context(session_port(self.router, token))
+                base_url = f"http://127.0.0.1:{port}/s/{token}/v1"
             task = spec.task
             sandbox = await stack.enter_async_context(
                 make_sandbox(
@@ -354,6 +369,7 @@ class Runtime:
                 sandbox=sandbox,
                 deadline=time.monotonic() + spec.task.time_budget_s,
                 group_index=spec.group_index,
+                base_url=base_url,
                 api_key=token,
                 model=self.router.model_name,
             )
@@ -403,6 +419,12 @@ class Runtime:
                 from gyre.agents.command import CommandAgent
 
                 return CommandAgent(spec.agent.argv, spec.agent.env)
+            case PythonAgentSpec(target=target, max_steps=steps, max_tokens=tokens, temperature=temperature):
+                from gyre.agents.python import PythonAgent
+
+                turns = spec.task.limits.max_turns
+                steps = steps if turns is None else min(steps, turns)
+                return PythonAgent(target, steps, tokens, temperature)
             case OracleAgentSpec():
                 from gyre.agents.oracle import OracleAgent
 

@@ -5,17 +5,20 @@ the socket 0666 for sandboxes that run as their own uid), bound read-only into t
 ``/run/gyre``: no sandbox can rename, replace or even see another execution's socket. Every request on it must name
 that execution's session token: any other, even a live token learnt elsewhere, is refused with 401, so a token is
 worth nothing outside its own sandbox. The socket, its connections and its directory go when the execution ends.
+A python agent (run in the driver's process) gets a loopback TCP port instead (`session_port`), restricted the
+same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import os
 import resource
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -122,49 +125,70 @@ class _Counted(asyncio.Protocol):
 @contextlib.asynccontextmanager
 async def session_socket(router: Router, token: str) -> AsyncIterator[str]:
     """A new directory holding `SOCKET_NAME`, serving ``router``'s agent API for ``token`` only, while in use."""
-    import uvicorn
-    from uvicorn.server import ServerState
-
-    from gyre.router.server import KEEP_ALIVE_S, build_agent_app, head_timeout_protocol
-
     directory = await asyncio.to_thread(tempfile.mkdtemp, prefix="gyre-router-")
     try:
         # the sandbox's own uid (uid containment) traverses it; only the driver writes in it
         os.chmod(directory, 0o755)
         path = os.path.join(directory, SOCKET_NAME)
-        config = uvicorn.Config(
-            _OwnSession(build_agent_app(router), token),
-            uds=path,
-            log_config=None,
-            log_level="warning",
-            lifespan="off",
-            proxy_headers=False,
-            timeout_keep_alive=KEEP_ALIVE_S,
-            http=head_timeout_protocol(router.cfg.body_timeout_s),  # half a request must not hold it forever
-        )
-        config.load()
-        state = ServerState()
-
-        def protocol() -> asyncio.Protocol:
-            if len(state.connections) >= MAX_CONNECTIONS or _BUDGET.open >= _BUDGET.limit:
-                return _Refused()
-            inner = config.http_protocol_class(config=config, server_state=state, app_state={})  # type: ignore[call-arg]
-            return _Counted(inner)
-
-        server = await asyncio.get_running_loop().create_unix_server(protocol, path=path)
-        try:
+        loop = asyncio.get_running_loop()
+        async with _serving(router, token, lambda protocol: loop.create_unix_server(protocol, path=path)):
             # connecting needs write permission on the socket, whatever uid the sandbox runs as
             os.chmod(path, 0o666)
             yield directory
-        finally:
-            server.close()
-            for connection in list(state.connections):
-                connection.shutdown()
-            for task in list(state.tasks):  # calls of an execution that is over: abandoned
-                task.cancel()
-            if state.tasks:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(CLOSE_S):
-                        await asyncio.wait(list(state.tasks))
     finally:
         await asyncio.shield(asyncio.to_thread(tree.remove, directory))
+
+
+@contextlib.asynccontextmanager
+async def session_port(router: Router, token: str) -> AsyncIterator[int]:
+    """A new loopback TCP port serving ``router``'s agent API for ``token`` only, while in use: the door of an
+    in-process (python) agent, whose HTTP clients need a URL. Other local processes reach it too, but a request
+    naming any other token is refused, so it is worth no more than the token itself."""
+    loop = asyncio.get_running_loop()
+    listen = functools.partial(loop.create_server, host="127.0.0.1", port=0)
+    async with _serving(router, token, listen) as server:
+        yield server.sockets[0].getsockname()[1]
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    router: Router, token: str, listen: Callable[[Callable[[], asyncio.Protocol]], Awaitable[asyncio.Server]]
+) -> AsyncIterator[asyncio.Server]:
+    """``router``'s agent API for ``token`` only on the server ``listen(protocol)`` starts, while in use; then its
+    connections are shut and their calls abandoned."""
+    import uvicorn
+    from uvicorn.server import ServerState
+
+    from gyre.router.server import KEEP_ALIVE_S, build_agent_app, head_timeout_protocol
+
+    config = uvicorn.Config(
+        _OwnSession(build_agent_app(router), token),
+        log_config=None,
+        log_level="warning",
+        lifespan="off",
+        proxy_headers=False,
+        timeout_keep_alive=KEEP_ALIVE_S,
+        http=head_timeout_protocol(router.cfg.body_timeout_s),  # half a request must not hold it forever
+    )
+    config.load()
+    state = ServerState()
+
+    def protocol() -> asyncio.Protocol:
+        if len(state.connections) >= MAX_CONNECTIONS or _BUDGET.open >= _BUDGET.limit:
+            return _Refused()
+        inner = config.http_protocol_class(config=config, server_state=state, app_state={})  # type: ignore[call-arg]
+        return _Counted(inner)
+
+    server = await listen(protocol)
+    try:
+        yield server
+    finally:
+        server.close()
+        for connection in list(state.connections):
+            connection.shutdown()
+        for task in list(state.tasks):  # calls of an execution that is over: abandoned
+            task.cancel()
+        if state.tasks:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CLOSE_S):
+                    await asyncio.wait(list(state.tasks))
