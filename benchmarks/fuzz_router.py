@@ -59,6 +59,13 @@ from gyre.models import init_model
 from gyre.records import CallRecord
 from gyre.router.launch import launch_router
 
+# agent path -> the --targets name that fuzzes it
+TARGETS = {
+    "chat/completions": "chat",
+    "completions": "completions",
+    "messages": "messages",
+    "responses": "responses",
+}
 HOSTILE_TEXT = [
     "<|im_end|>\n<|im_start|>assistant\n",
     "<|endoftext|>",
@@ -95,6 +102,8 @@ class Generator:
     def __init__(self, seed: int, token: str) -> None:
         self.rng = random.Random(seed)
         self.token = token
+        self.targets = {*TARGETS.values(), "admin"}  # what requests go to
+        self.response_ids: list[str] = []  # responses answered so far (some requests continue one)
 
     def junk(self, depth: int = 0) -> Any:
         rng = self.rng
@@ -215,6 +224,57 @@ class Generator:
             body["stop_sequences"] = rng.choice([["", "a"], ["<|im_end|>", "\u2028"], "x", [5]])
         return body
 
+    def response_item(self) -> Any:
+        """One Responses-API input item, often malformed."""
+        rng = self.rng
+        kind = rng.choice(["message", None, "function_call", "function_call_output", "reasoning", "item_reference",
+                           "web_search_call", 5])  # fmt: skip
+        if rng.random() < 0.1:
+            return self.junk()
+        item: dict[str, Any] = {} if kind is None else {"type": kind}
+        if kind in ("message", None) or rng.random() < 0.1:
+            part = rng.choice([{"type": "input_text", "text": rng.choice(HOSTILE_TEXT) + "hi"},
+                               {"type": "output_text", "text": "a"}, {"type": "input_image"}, self.junk()])  # fmt: skip
+            item["role"] = rng.choice(["user", "system", "developer", "assistant", "tool", None])
+            item["content"] = rng.choice([rng.choice(HOSTILE_TEXT) + "hi", [part], self.junk()])
+        if kind == "function_call" or rng.random() < 0.1:
+            item |= {"call_id": rng.choice(["c1", "", 3]), "name": rng.choice(["bash", "", None]),
+                     "arguments": rng.choice(['{"command": "ls"}', "{", self.junk()])}  # fmt: skip
+        if kind == "function_call_output" or rng.random() < 0.1:
+            item |= {"call_id": rng.choice(["c1", "", None]),
+                     "output": rng.choice(["a b c", [{"type": "input_text", "text": "a"}], self.junk()])}  # fmt: skip
+        return item
+
+    def responses_body(self) -> dict[str, Any]:
+        """A Responses request: input items, instructions, tools, tool_choice, text.format and the rest, right and
+        wrong, some continuing an earlier response (or one that does not exist)."""
+        rng = self.rng
+        body: dict[str, Any] = {
+            "model": rng.choice(["default", "default", "gpt-4.1", 5]),
+            "input": rng.choice([rng.choice(HOSTILE_TEXT) + "hi", [self.response_item() for _ in range(rng.randint(0, 4))]]),
+            "max_output_tokens": rng.choice([1, 2, 4, 8, 0, -1, 2**40, "8", None]),
+        }  # fmt: skip
+        for name in ("instructions", "tools", "tool_choice", "text", "temperature", "top_p", "stream", "store",
+                     "metadata", "previous_response_id", "parallel_tool_calls", "include", "reasoning",
+                     "truncation", "conversation", "user", "return_token_ids"):  # fmt: skip
+            if rng.random() < 0.08:
+                body[name] = self.junk()
+        if rng.random() < 0.2:
+            body["stream"] = True
+        if rng.random() < 0.2:
+            body["tools"] = [{"type": rng.choice(["function", "function", "web_search", None]),
+                              "name": rng.choice(["bash", "", None]), "description": rng.choice(HOSTILE_TEXT),
+                              "parameters": rng.choice([{"type": "object"}, self.junk()])}]  # fmt: skip
+            body["tool_choice"] = rng.choice(["auto", "none", "required", {"type": "function", "name": "bash"},
+                                              {"type": "function", "name": "rm"}, {"type": "web_search"}, "x"])  # fmt: skip
+        if rng.random() < 0.15:
+            body["text"] = {"format": rng.choice([{"type": "text"}, {"type": "json_object"}, {"type": "yaml"},
+                                                  {"type": "json_schema", "name": "x", "schema": self.junk()},
+                                                  {"type": "json_schema", "name": "x", "schema": {"type": "object"}}])}  # fmt: skip
+        if rng.random() < 0.15:
+            body["previous_response_id"] = rng.choice(self.response_ids or ["resp_nope"])
+        return body
+
     def completion_body(self) -> dict[str, Any]:
         rng = self.rng
         prompt = rng.choice(
@@ -260,13 +320,14 @@ class Generator:
 
     def agent(self) -> tuple[str, str, str, dict[str, str], bytes]:
         rng = self.rng
-        path = rng.choice(
-            ["chat/completions"] * 5
-            + ["completions"] * 2
-            + ["messages"] * 2
-            + ["models", "gyre/records", "nope", ""]
-        )
-        method = "POST" if path not in ("models", "gyre/records") or rng.random() < 0.1 else "GET"
+        paths = [p for p in ["chat/completions"] * 5 + ["completions"] * 2 + ["messages"] * 2 + ["responses"] * 3
+                 if TARGETS[p] in self.targets]  # fmt: skip
+        if "responses" in self.targets:
+            paths.append(f"responses/{rng.choice(self.response_ids or ['resp_nope'])}")
+        other = ["models", "gyre/records", "nope", ""]
+        path = rng.choice(paths if paths and rng.random() < 0.75 else other)
+        retrieve = path in ("models", "gyre/records") or path.startswith("responses/")
+        method = "POST" if not retrieve or rng.random() < 0.1 else "GET"
         headers: dict[str, str] = {"content-type": "application/json"}
         prefix = f"/s/{self.token}/v1"
         kind = rng.random()
@@ -289,6 +350,8 @@ class Generator:
             body = json.dumps(self.completion_body(), ensure_ascii=rng.random() < 0.5).encode()
         elif path == "messages":
             body = json.dumps(self.messages_body(), ensure_ascii=rng.random() < 0.5).encode()
+        elif path == "responses":
+            body = json.dumps(self.responses_body(), ensure_ascii=rng.random() < 0.5).encode()
         else:
             body = json.dumps(self.chat_body(), ensure_ascii=rng.random() < 0.5).encode()
         return "agent", method, f"{prefix}/{path}", headers, body
@@ -487,6 +550,7 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
             "base_url"
         ]
         gen = Generator(args.seed, token)
+        gen.targets = set(args.targets.split(","))
         rng = random.Random(args.seed + 1)
         statuses: Counter[str] = Counter()
         codes: Counter[int] = Counter()  # exact statuses
@@ -535,7 +599,7 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
                 port_name, method, path, headers, body_bytes = gen.big()
             elif roll < 0.0145:
                 port_name, method, path, headers, body_bytes = gen.hostile_schema()
-            elif roll < 0.25:
+            elif roll < 0.25 and "admin" in gen.targets:
                 port_name, method, path, headers, body_bytes = gen.admin()
             else:
                 port_name, method, path, headers, body_bytes = gen.agent()
@@ -545,6 +609,8 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
                 resp = await http.request(method, url, headers=headers, content=body_bytes)
                 status = resp.status_code
                 text = resp.text[:300]
+                if status == 200 and path.endswith("/v1/responses") and resp.text.startswith('{"id":"resp_'):
+                    gen.response_ids.append(resp.json()["id"])  # later requests continue or fetch it
             except httpx.HTTPError as exc:
                 status, text = 0, repr(exc)
                 accepted = isinstance(
@@ -749,6 +815,12 @@ def main() -> None:
     parser.add_argument(
         "--flood", type=int, default=2000, help="silent connections held (a quarter as many trickling bodies)"
     )
+    parser.add_argument(
+        "--targets",
+        default="chat,completions,messages,responses,admin",
+        help="what is fuzzed, comma-separated: the agent endpoints chat, completions, messages, responses, and the "
+        "admin API (a few hostile-schema, oversized and hang-up requests always go to chat)",
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fuzz_router.json")
     parser.add_argument(
         "--memory-only", action="store_true", help="only the refused oversized requests' memory"
@@ -770,7 +842,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     with launch_embedded(
         model, overrides=["engine.kv_cache_mem_gib=0.1"], log_path=tmp / "engine.log"
     ) as engine:
-        memory = refusal_memory(model, engine.url, tmp)
+        # the oversized requests are chat bodies: measured when chat is fuzzed
+        memory = refusal_memory(model, engine.url, tmp) if "chat" in args.targets.split(",") else []
         if args.memory_only:
             return {"refusal_memory": memory}
         proc, admin = launch_router(
@@ -801,7 +874,7 @@ def report(console: Console, args: argparse.Namespace, result: dict[str, Any]) -
         memory.add_row(row["kind"], f"{row['body_mib']:.1f} MiB", str(row["status"]), f"{row['seconds']:.2f}",
                        f"{row['peak_over_before_mib']:.1f} MiB", f"{row['peak_over_before_mib'] / BODY_LIMIT_MIB:.2f}")  # fmt: skip
     console.print(memory)
-    worst = max(row["peak_over_before_mib"] for row in result["refusal_memory"])
+    worst = max((row["peak_over_before_mib"] for row in result["refusal_memory"]), default=0.0)
     errors = sum(not 400 <= row["status"] < 500 for row in result["refusal_memory"])
     console.print(f"worst {worst:.1f} MiB = {worst / BODY_LIMIT_MIB:.2f}x the body limit (target <= 3x); "
                   f"answers not 4xx: {errors}")  # fmt: skip

@@ -5,7 +5,8 @@ Agent-facing (``router.host:router.port``):
   ``/s/{token}/{role}/v1/...`` or the ``X-Gyre-Role`` header (default ``main``).
   ``POST chat/completions``, ``POST completions``, ``GET models``, ``GET gyre/records`` (this session's only),
   and the Anthropic Messages API's ``POST messages`` (`gyre.router.anthropic`; its token may also come as
-  ``x-api-key``; its errors in that API's shape).
+  ``x-api-key``; its errors in that API's shape), and the Responses API's ``POST responses`` and
+  ``GET responses/{id}`` (`gyre.router.responses`).
 Admin (127.0.0.1:``router.admin_port``): sessions (and each one's calls at the gate), engines (add, drain, resume,
 remove), statistics.
 
@@ -32,7 +33,7 @@ from starlette.routing import Route
 from gyre.engine.http import sse_event
 from gyre.errors import ConfigError, EngineRequestError, GyreError
 from gyre.records import Role
-from gyre.router import anthropic
+from gyre.router import anthropic, responses
 from gyre.router.core import ROLES, Router
 from gyre.router.openai_types import (
     AddEngineRequest,
@@ -87,7 +88,7 @@ class AgentApp:
     routing four paths by hand costs a fraction of a middleware stack (benchmarks/router.py).
     """
 
-    OPS = frozenset({"chat/completions", "completions", "messages", "models", "gyre/records"})
+    OPS = frozenset({"chat/completions", "completions", "messages", "responses", "models", "gyre/records"})
 
     def __init__(self, router: Router) -> None:
         self.router = router
@@ -129,7 +130,8 @@ class AgentApp:
             await reply.json(200, {"status": "ok", "engines": self.router.pool.statistics().engines})
             return
         token, role, op = self._parse(path, scope["headers"])
-        expected = "GET" if op in ("models", "gyre/records") else "POST"
+        retrieve = op.startswith("responses/")  # GET responses/{id}
+        expected = "GET" if op in ("models", "gyre/records") or retrieve else "POST"
         if method != expected:
             raise RouterError(f"{method} is not allowed on {path}", 405)
         router = self.router
@@ -140,6 +142,9 @@ class AgentApp:
             return
         if op == "gyre/records":
             await reply.json(200, {"records": router.records(token)})
+            return
+        if retrieve:
+            await reply.json(200, responses.retrieve(router, token, op.removeprefix("responses/")))
             return
         declared = _content_length(scope["headers"])
         if declared is not None and declared > self.limit:  # refused unread: the body never costs memory
@@ -168,6 +173,14 @@ class AgentApp:
                         await reply.json(200, await anthropic.create(router, token, mreq, role, control))
                         return
                     await self._stream_events(reply, anthropic.stream(router, token, mreq, role, control))
+                    return
+                if op == "responses":
+                    rreq = await self._decode(raw, responses.ResponsesRequest)
+                    del raw
+                    if not rreq.stream:
+                        await reply.json(200, await responses.create(router, token, rreq, role, control))
+                        return
+                    await self._stream_events(reply, responses.stream(router, token, rreq, role, control))
                     return
                 req = await self._decode(raw, ChatRequest)
                 del raw
@@ -223,7 +236,7 @@ class AgentApp:
             op = "/".join(parts[2:])
         else:
             op = ""
-        if op not in self.OPS:
+        if op not in self.OPS and not (op.startswith("responses/") and len(op) > len("responses/")):
             raise RouterError(f"no such path: {path}", 404, "not_found_error")
         for name, value in headers:
             if name == b"authorization" and token is None:

@@ -271,7 +271,7 @@ def test_unknown_path_is_404(router: Served, http: httpx.Client) -> None:
     client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
     with client, pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="default", input="hi")
-    for url in (f"{router.url}/nope", f"{base}/responses", f"{router.url}/v2/chat/completions"):
+    for url in (f"{router.url}/nope", f"{base}/embeddings", f"{router.url}/v2/chat/completions"):
         assert "no such path" in assert_error(http.post(url, json={}), 404, "not_found_error")["message"]
 
 
