@@ -2,12 +2,13 @@
 execution's sandbox, and a submit tool that ends the run) and the task's instruction as its prompt::
 
     gyre eval --suite toy --agent python:gyre.agents.frameworks:openai_agents
+    gyre eval --suite toy --agent python:gyre.agents.frameworks:openai_agents_responses  # its default model
     gyre eval --suite toy --agent python:gyre.agents.frameworks:langgraph
     gyre eval --suite toy --agent python:gyre.agents.frameworks:smolagents
     # gyre train: [run] agent = "python:gyre.agents.frameworks:langgraph"
 
-Each talks to its router session through ``/v1/chat/completions`` with the official ``openai`` client underneath,
-asks for the run's temperature and per-call token limit, stops after ``max_steps`` model calls, and makes no retries
+Each talks to its router session through ``/v1/chat/completions`` (``openai_agents_responses``, openai-agents'
+default model: ``/v1/responses``) with the official ``openai`` client underneath, asks for the run's temperature and per-call token limit, stops after ``max_steps`` model calls, and makes no retries
 of its own (the router retries engines; a failed call is the execution's outcome). Calls time out at the deadline.
 The frameworks are imported when an agent runs (they are heavy, and optional: ``pip install openai-agents``,
 ``langgraph langchain-openai``, ``smolagents[openai]``).
@@ -38,10 +39,20 @@ def _timeout_s(ctx: ScaffoldContext) -> float:
 
 async def openai_agents(ctx: ScaffoldContext) -> AgentResult | str | None:
     """An openai-agents ``Agent`` run by ``Runner`` on its chat-completions model, tracing off."""
+    return await _openai_agents(ctx, responses=False)
+
+
+async def openai_agents_responses(ctx: ScaffoldContext) -> AgentResult | str | None:
+    """The same agent on openai-agents' default model, ``OpenAIResponsesModel`` (the router's ``/v1/responses``)."""
+    return await _openai_agents(ctx, responses=True)
+
+
+async def _openai_agents(ctx: ScaffoldContext, responses: bool) -> AgentResult | str | None:
     from agents import (
         Agent,
         ModelSettings,
         OpenAIChatCompletionsModel,
+        OpenAIResponsesModel,
         RunConfig,
         Runner,
         StopAtTools,
@@ -63,7 +74,9 @@ async def openai_agents(ctx: ScaffoldContext) -> AgentResult | str | None:
         name="gyre",
         instructions=SYSTEM.format(submit="submit"),
         tools=[bash, submit],
-        model=OpenAIChatCompletionsModel(model=ctx.model, openai_client=client),
+        model=(OpenAIResponsesModel if responses else OpenAIChatCompletionsModel)(
+            model=ctx.model, openai_client=client
+        ),
         model_settings=ModelSettings(temperature=ctx.temperature, max_tokens=ctx.max_tokens),
         tool_use_behavior=StopAtTools(stop_at_tool_names=["submit"]),
     )

@@ -20,10 +20,10 @@ import pytest
 from fakes import ScriptedEngine
 from gyre.agents.python import load
 from gyre.config import RouterConfig, SandboxConfig
+from gyre.driver.evaluation import agent_spec
+from gyre.engine.models import load_tokenizer
 from gyre.errors import AgentError, ConfigError
-from gyre.evaluation import agent_spec
-from gyre.models import load_tokenizer
-from gyre.records import expand_inputs
+from gyre.journal.records import expand_inputs
 from gyre.router.core import Router
 from gyre.runtime import ExecutionResult, ExecutionSpec, PythonAgentSpec, Runtime
 from gyre.tasks import Task
@@ -65,6 +65,7 @@ def run(tiny_model: Path, engine_url: str, specs: list[ExecutionSpec]) -> list[E
     ("target", "submit"),
     [
         ("gyre.agents.frameworks:openai_agents", ("submit", "summary")),
+        ("gyre.agents.frameworks:openai_agents_responses", ("submit", "summary")),  # its default model
         ("gyre.agents.frameworks:langgraph", ("submit", "summary")),
         ("gyre.agents.frameworks:smolagents", ("final_answer", "answer")),  # smolagents' own, ending its run
         (f"{EXAMPLES}/openai_agents_agent.py:agent", ("submit", "summary")),
@@ -73,6 +74,7 @@ def run(tiny_model: Path, engine_url: str, specs: list[ExecutionSpec]) -> list[E
     ],
     ids=[
         "openai-agents",
+        "openai-agents-responses",
         "langgraph",
         "smolagents",
         "example-openai-agents",
