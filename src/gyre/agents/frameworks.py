@@ -8,10 +8,11 @@ execution's sandbox, and a submit tool that ends the run) and the task's instruc
     # gyre train: [run] agent = "python:gyre.agents.frameworks:langgraph"
 
 Each talks to its router session through ``/v1/chat/completions`` (``openai_agents_responses``, openai-agents'
-default model: ``/v1/responses``) with the official ``openai`` client underneath, asks for the run's temperature and per-call token limit, stops after ``max_steps`` model calls, and makes no retries
-of its own (the router retries engines; a failed call is the execution's outcome). Calls time out at the deadline.
-The frameworks are imported when an agent runs (they are heavy, and optional: ``pip install openai-agents``,
-``langgraph langchain-openai``, ``smolagents[openai]``).
+default model: ``/v1/responses``) with the official ``openai`` client underneath, asks for the run's temperature and
+per-call token limit, stops after ``max_steps`` model calls, and makes no retries of its own (the router retries
+engines; a failed call is the execution's outcome). Calls time out at the deadline. The frameworks are imported when
+an agent runs (they are heavy, and optional: ``pip install openai-agents``, ``langgraph langchain-openai``,
+``smolagents[openai]``).
 """
 
 from __future__ import annotations
