@@ -45,11 +45,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from gyre.driver.training import Resume, StepRecord, execution_index
 from gyre.journal import read_journal
+from gyre.journal.records import CallRecord, expand_inputs
 from gyre.protocol import SwitchRecord
-from gyre.records import CallRecord, expand_inputs
 from gyre.runtime.runtime import ExecutionResult
-from gyre.training import Resume, StepRecord, execution_index
 
 console = Console(width=180)
 PY = sys.executable
@@ -766,7 +766,7 @@ def table(rows: list[Row]) -> Table:
 
 
 async def main_async(args: argparse.Namespace) -> list[Row]:
-    from gyre.models import init_model
+    from gyre.engine.models import init_model
 
     out = Path(args.out or tempfile.mkdtemp(prefix="gyre-chaos-"))
     model = Path(args.model) if args.model else init_model(out / "tiny", preset="tiny", seed=0)

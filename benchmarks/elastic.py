@@ -38,7 +38,7 @@ from gyre.config import ControllerConfig, load_config
 from gyre.control.books import Books
 from gyre.control.cluster import Cluster
 from gyre.control.loop import ElasticLoop, LoopResult, group_micro_steps
-from gyre.models import init_model
+from gyre.engine.models import init_model
 from gyre.protocol import MicroStep
 from gyre.runtime.runtime import BuiltinAgentSpec, ExecutionSpec, Runtime
 from gyre.sim import Cluster as SimCluster

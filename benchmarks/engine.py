@@ -35,7 +35,7 @@ from rich.table import Table
 from gyre.config import EngineConfig
 from gyre.engine.embedded.engine import EmbeddedEngine
 from gyre.engine.embedded.grammar import Grammars
-from gyre.models import init_model
+from gyre.engine.models import init_model
 from gyre.protocol import GenerateRequest, SamplingParams
 
 

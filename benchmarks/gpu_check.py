@@ -118,9 +118,9 @@ try:  # after the install phase: what it installs
     from gyre.engine import weight_sync
     from gyre.engine.client import EngineClient
     from gyre.engine.launch import free_port, launch_embedded, launch_sglang
-    from gyre.models import count_parameters, init_model
+    from gyre.engine.models import count_parameters, init_model
+    from gyre.journal.records import CallRecord, expand_inputs
     from gyre.protocol import MicroStep, SamplingParams
-    from gyre.records import CallRecord, expand_inputs
     from gyre.router.launch import launch_router
     from gyre.train.client import TrainerClient, launch_core
     from gyre.train.loss import every_token, token_logprobs

@@ -25,7 +25,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from gyre.models import count_parameters, init_model
+from gyre.engine.models import count_parameters, init_model
 from gyre.protocol import MicroStep
 
 WORKER = """

@@ -391,7 +391,7 @@ def main() -> None:
     if not args.no_measure:
         import torch
 
-        from gyre.models import init_model
+        from gyre.engine.models import init_model
 
         result["torch"] = torch.__version__
         with tempfile.TemporaryDirectory() as tmp_dir, Progress(console=console, transient=True) as progress:

@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from gyre.agents.builtin import LEAN_SYSTEM_PROMPT, LEAN_TOOLS, SYSTEM_PROMPT, TOOLS
-from gyre.models import init_model, load_tokenizer
-from gyre.sft import Window
+from gyre.driver.sft import Window
+from gyre.engine.models import init_model, load_tokenizer
 from gyre.tasks import toy
 from gyre.tasks.toy import END, START, TRAIL, make_task
 from gyre.train.state import load_model

@@ -33,7 +33,7 @@ from rich.table import Table
 
 from gyre.config import RouterConfig
 from gyre.engine.launch import ServerProcess, free_port
-from gyre.models import init_model
+from gyre.engine.models import init_model
 from gyre.router.core import Router
 from gyre.router.openai_types import ChatRequest
 from gyre.router.pool import EnginePool, Generation

@@ -9,7 +9,7 @@ runs, a monitor measures the event loop's lag (how late a 20 ms sleep wakes up) 
 full collections; driver memory per execution is the resident-set growth at the burst's peak divided by the
 burst's executions, and by those running (started, not finished) at that moment. Side by side in the same run: the
 time of ``true`` through a sandbox's command server, in a bubblewrap of its own, and as a plain subprocess. The
-driver's loop and collector are those of ``gyre train`` (`gyre.loop`: uvloop, `Governor`); ``--loop asyncio`` and
+driver's loop and collector are those of ``gyre train`` (`gyre.driver.eventloop`: uvloop, `Governor`); ``--loop asyncio`` and
 ``--gc plain`` compare. Writes ``benchmarks/results/runtime.json``.
 """
 
@@ -35,9 +35,9 @@ from rich.table import Table
 
 from gyre.agents.builtin import BuiltinAgentConfig
 from gyre.config import RouterConfig, SandboxConfig
+from gyre.driver.eventloop import Governor, freeze_heap
 from gyre.engine.launch import free_port
-from gyre.loop import Governor, freeze_heap
-from gyre.models import init_model, load_tokenizer
+from gyre.engine.models import init_model, load_tokenizer
 from gyre.router.core import Router
 from gyre.runtime import BuiltinAgentSpec, ExecutionSpec, Runtime
 from gyre.sandbox import make_sandbox
@@ -158,7 +158,7 @@ def main() -> None:
         "--gc",
         choices=["governor", "plain"],
         default="governor",
-        help="the collector as the drivers run it (gyre.loop.Governor), or Python's own",
+        help="the collector as the drivers run it (gyre.driver.eventloop.Governor), or Python's own",
     )
     parser.add_argument(
         "--nice",
@@ -190,7 +190,7 @@ def main() -> None:
         async def run_all() -> dict[str, float]:
             router = Router(RouterConfig(model_path=str(model), engines=[f"http://127.0.0.1:{port}"]))
             runtime = Runtime(router, sandbox_cfg)
-            freeze_heap()  # as the drivers do (gyre.loop)
+            freeze_heap()  # as the drivers do (gyre.driver.eventloop)
             if args.gc == "governor":
                 Governor().install()
             overhead = await command_overhead(sandbox_cfg, args.overhead_runs)

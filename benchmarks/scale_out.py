@@ -42,10 +42,10 @@ from rich.table import Table
 
 from gyre.agents.builtin import BuiltinAgentConfig
 from gyre.config import GyreConfig, RouterConfig, SandboxConfig, ShardsConfig
+from gyre.driver.eventloop import run as run_loop
 from gyre.engine.launch import free_port
-from gyre.loop import run as run_loop
-from gyre.models import init_model, load_tokenizer
-from gyre.records import CallRecord, CallTiming
+from gyre.engine.models import init_model, load_tokenizer
+from gyre.journal.records import CallRecord, CallTiming
 from gyre.router.core import Router
 from gyre.runtime import BuiltinAgentSpec, ExecutionResult, ExecutionSpec, Runtime
 from gyre.runtime.shard import RuntimeSpec, ShardMessage, ShardResult

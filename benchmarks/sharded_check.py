@@ -38,7 +38,7 @@ def check(device: str) -> dict[str, Any]:
 
     from gyre.config import TrainerConfig
     from gyre.engine.launch import free_port
-    from gyre.models import init_model
+    from gyre.engine.models import init_model
     from gyre.train.sharded import ShardedState
     from gyre.train.state import TrainState, flat_gradient, load_model, lr_at
 

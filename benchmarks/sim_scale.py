@@ -305,7 +305,7 @@ async def router_bookkeeping(cells: int, sessions: int, calls: int, seed: int = 
 def router_call_ms() -> float:
     """The router's whole in-process chat call at turn 10 (ms), engine time excluded."""
     sys.path.insert(0, str(HERE))
-    from gyre.models import init_model
+    from gyre.engine.models import init_model
     from router import turn_costs  # type: ignore[import-not-found]
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -356,10 +356,10 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from gyre import loop
+    from gyre.driver import eventloop
 
     console = Console()
-    plane = loop.run(control_plane(args.cells, args.heartbeat_s, args.window_s))
+    plane = eventloop.run(control_plane(args.cells, args.heartbeat_s, args.window_s))
     table = Table(title=f"Control plane: the real controller, {args.cells} cells over TCP, "
                         f"heartbeat {args.heartbeat_s:g} s, {args.window_s:g} s measured")  # fmt: skip
     for col in ("all joined", "beats in/s", "pings out/s", "driver CPU", "CPU per message", "loop lag p50/p99",
@@ -393,7 +393,7 @@ def main() -> None:
                       f"{d['mean_us']:.0f} µs", f"{d['p50_us']:.0f} µs", f"{d['p99_us']:.0f} µs")  # fmt: skip
     console.print(table)
 
-    books_router = loop.run(router_bookkeeping(args.cells, args.executions, 100_000))
+    books_router = eventloop.run(router_bookkeeping(args.cells, args.executions, 100_000))
     call_ms = router_call_ms()
     table = Table(title=f"Router per call: {books_router['sessions']:,} sessions, {args.cells:,} engines")
     for col in ("session lookup", "sticky pick", "least-loaded pick", "whole call (in-process, turn 10)"):

@@ -2,7 +2,7 @@
 
     python benchmarks/train_phases.py [--steps 3] [--tasks 4] [--group 2] [--cells 2] [--bare]
 
-Runs `gyre.training.train` on the tiny model and the ``toy`` suite (the built-in agent, a few short calls each) with
+Runs `gyre.driver.training.train` on the tiny model and the ``toy`` suite (the built-in agent, a few short calls each) with
 the same cells in each mode, on modelled devices by default (each engine step lasts ``--step-s``, each trainer
 computes at most ``--train-tps`` tokens a second, each weight push takes ``--push-s``: cells then do not compete for
 this machine's 2 cores, as separate accelerators would not; ``--bare`` turns them off). Then reads each run directory:
@@ -34,11 +34,11 @@ from rich.table import Table
 
 from gyre.config import load_config
 from gyre.control.loop import LoopSample
+from gyre.driver.rundir import RunDir
+from gyre.driver.training import TrainSummary, train
+from gyre.engine.models import init_model
 from gyre.journal import read_journal
-from gyre.models import init_model
-from gyre.rundir import RunDir
 from gyre.runtime.runtime import ExecutionResult
-from gyre.training import TrainSummary, train
 
 RESULTS = Path(__file__).parent / "results"
 MODES = ("elastic", "async", "colocate")

@@ -32,7 +32,7 @@ from rich.table import Table
 
 from gyre.engine import weight_sync
 from gyre.engine.launch import free_port, launch_embedded
-from gyre.models import count_parameters, init_model
+from gyre.engine.models import count_parameters, init_model
 from gyre.protocol import MicroStep
 from gyre.train.client import TrainerClient, launch_core, launch_satellite
 from gyre.train.satellite import Satellite, SatelliteSummary

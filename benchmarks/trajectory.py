@@ -50,8 +50,8 @@ from rich.console import Console
 from rich.table import Table
 
 import gyre.train
-from gyre.models import init_model
-from gyre.records import CallRecord, CallTiming, Role, decode_record
+from gyre.engine.models import init_model
+from gyre.journal.records import CallRecord, CallTiming, Role, decode_record
 from gyre.train.loss import chain_segments, token_logprobs
 from gyre.train.objective import policy_loss
 from gyre.train.step import MicroStep, Packing, Rollout, StepData, build_step

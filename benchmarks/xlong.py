@@ -52,7 +52,7 @@ def _measure(fn: Callable[[], T]) -> tuple[T, float, float]:
 
 def synthetic_records(calls: int, new_in: int, out: int, session: str = "s0") -> list[Any]:
     """One execution of ``calls`` chained calls, each adding ``new_in`` input and ``out`` sampled tokens."""
-    from gyre.records import CallRecord, CallTiming
+    from gyre.journal.records import CallRecord, CallTiming
 
     records: list[CallRecord] = []
     prefix = 0
@@ -83,7 +83,7 @@ def synthetic_records(calls: int, new_in: int, out: int, session: str = "s0") ->
 def part_a(quick: bool) -> dict[str, Any]:
     """Records -> journal -> tree -> micro-steps of one long execution."""
     from gyre.journal import Journal, read_journal
-    from gyre.records import CallRecord
+    from gyre.journal.records import CallRecord
     from gyre.train.step import Rollout, build_step
     from gyre.train.tree import TrajectoryTree
 
@@ -140,7 +140,7 @@ async def _part_d(quick: bool, model_dir: Path | None) -> dict[str, Any]:
     import msgspec
 
     from gyre.config import RouterConfig
-    from gyre.models import init_model
+    from gyre.engine.models import init_model
     from gyre.protocol import GenerateRequest
     from gyre.router.core import Router
     from gyre.router.openai_types import ChatRequest
@@ -277,7 +277,7 @@ def part_b(
 
     from rich.progress import Progress
 
-    from gyre.models import init_model
+    from gyre.engine.models import init_model
     from gyre.train.step import Rollout, build_step
     from xlong_ranks import run_group
 
@@ -353,7 +353,7 @@ def part_c(quick: bool) -> dict[str, Any]:
     """The tiny model at growing chain lengths and CP sizes: time and per-rank memory, fitted and projected."""
     from rich.progress import Progress
 
-    from gyre.models import init_model
+    from gyre.engine.models import init_model
     from xlong_ranks import chain_micro_step, run_group
 
     sizes = (1_024, 2_048) if quick else (8_192, 16_384, 32_768, 65_536)

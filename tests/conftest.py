@@ -11,7 +11,7 @@ import pytest
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A freshly initialised tiny Qwen3 model directory."""
-    from gyre.models import init_model
+    from gyre.engine.models import init_model
 
     return init_model(tmp_path_factory.mktemp("models") / "tiny", preset="tiny", seed=0)
 
@@ -19,7 +19,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A second tiny model with other weights (for weight updates)."""
-    from gyre.models import init_model
+    from gyre.engine.models import init_model
 
     return init_model(tmp_path_factory.mktemp("models") / "tiny-b", preset="tiny", seed=1)
 

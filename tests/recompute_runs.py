@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from context_ranks import tree_micro_step
 from gyre.config import LossConfig
-from gyre.models import PRESETS
+from gyre.engine.models import PRESETS
 
 
 def model(preset: str, vocab: int, layers: int | None = None, seed: int = 0) -> Any:

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from gyre.errors import ConfigError
-from gyre.records import RecordSource
+from gyre.journal.records import RecordSource
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
@@ -315,7 +315,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     eval_samples: Positive = 1  # executions per eval task
     eval_temperature: Annotated[float, msgspec.Meta(ge=0.0)] | None = None  # None: agent_temperature
     # the held-out executions' sampling seed: every evaluation point draws the same random numbers for the same
-    # task, so two points compare pairwise (`gyre.evaluation.paired_difference`); None: unseeded
+    # task, so two points compare pairwise (`gyre.driver.evaluation.paired_difference`); None: unseeded
     eval_seed: int | None = 0
 
     @property
@@ -325,7 +325,7 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class SftConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """`gyre sft`: a supervised warm start on demonstration call records (``gyre.sft``).
+    """`gyre sft`: a supervised warm start on demonstration call records (``gyre.driver.sft``).
 
     AdamW's other settings (betas, eps, weight decay, gradient clipping, ``lr_min_ratio``) and the torch threads
     come from ``[trainer]``; the loss is the plain negative log-likelihood of the demonstrated output tokens. With

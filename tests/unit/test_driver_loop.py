@@ -1,4 +1,4 @@
-"""The driver's collector (`gyre.loop`): full collections skip what survived the last one, and a periodic one that
+"""The driver's collector (`gyre.driver.eventloop`): full collections skip what survived the last one, and a periodic one that
 walks everything still reclaims garbage cycles among old objects."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 
-from gyre.loop import Governor, run
+from gyre.driver.eventloop import Governor, run
 
 
 class Node:

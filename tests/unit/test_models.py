@@ -1,4 +1,4 @@
-"""gyre.models: the tiny Qwen3 model directory, its byte-level tokenizer and its ChatML chat template."""
+"""gyre.engine.models: the tiny Qwen3 model directory, its byte-level tokenizer and its ChatML chat template."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from gyre.engine.models import ADDED_TOKENS, SPECIAL_TOKENS, count_parameters, init_model, load_tokenizer
 from gyre.errors import ConfigError
-from gyre.models import ADDED_TOKENS, SPECIAL_TOKENS, count_parameters, init_model, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +18,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_importing_does_not_import_torch() -> None:
-    code = "import sys, gyre.models; sys.exit('torch' in sys.modules or 'transformers' in sys.modules)"
+    code = "import sys, gyre.engine.models; sys.exit('torch' in sys.modules or 'transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -23,7 +23,7 @@ import msgspec
 
 from gyre.agents.base import AgentContext, AgentResult, AgentStatus
 from gyre.errors import ContextOverflow, SandboxError
-from gyre.records import Role
+from gyre.journal.records import Role
 
 SYSTEM_PROMPT = """You are an autonomous software engineer working in a sandboxed Linux workspace (your current \
 directory). Use the tools to inspect and change files and run commands. When the task is complete, call `submit` \

@@ -12,7 +12,7 @@ import httpx
 import msgspec
 
 from gyre.errors import AgentError, ContextOverflow
-from gyre.records import Role
+from gyre.journal.records import Role
 from gyre.router.core import Router
 from gyre.router.openai_types import ChatRequest, RouterError
 

@@ -45,6 +45,7 @@ import zmq.asyncio
 from gyre.config import ChaosConfig, ControllerConfig
 from gyre.control.chaos import FaultyLink
 from gyre.control.policy import Action, CellView, ToServe, ToTrain
+from gyre.control.silence import StallClock, credit
 from gyre.errors import SwitchFailed
 from gyre.journal import Journal
 from gyre.protocol import (
@@ -63,7 +64,6 @@ from gyre.protocol import (
     SwitchRecord,
 )
 from gyre.router.pool import PoolStatistics
-from gyre.silence import StallClock, credit
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
-from gyre.records import Role
+from gyre.journal.records import Role
 from gyre.router.core import INLINE_MESSAGES, _hold_stops, _mapped, _parses_tools, check_tools
 from gyre.router.openai_types import ChatRequest, MaxTokens, RouterError, TopP
 from gyre.router.pool import CallControl, Generation

@@ -22,8 +22,8 @@ import msgspec
 from gyre.config import RouterConfig
 from gyre.errors import ConfigError, EngineCapacityError, EngineRequestError
 from gyre.journal import Journal
+from gyre.journal.records import ROLE_PRIORITY, CallRecord, CallTiming, Role
 from gyre.protocol import SamplingParams
-from gyre.records import ROLE_PRIORITY, CallRecord, CallTiming, Role
 from gyre.router.constraints import constraint, needs_grammar, rendered_tools
 from gyre.router.messages import normalize_messages, offered_functions, parse_tool_calls
 from gyre.router.openai_types import ChatRequest, CompletionRequest, RouterError

@@ -40,8 +40,8 @@ from gyre.errors import (
     EngineUnavailable,
     ProtocolError,
 )
+from gyre.journal.records import RecordSource
 from gyre.protocol import GenerateResponse, SamplingParams, parse_weight_version
-from gyre.records import RecordSource
 
 if TYPE_CHECKING:
     from gyre.config import RouterConfig

@@ -131,7 +131,7 @@ class ChatRenderer:
     @classmethod
     def from_model_dir(cls, path: str | Path) -> ChatRenderer:
         """A renderer for the tokenizer saved in a local model directory."""
-        from gyre.models import load_tokenizer
+        from gyre.engine.models import load_tokenizer
 
         return cls(load_tokenizer(path))
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from gyre.records import Role
+from gyre.journal.records import Role
 from gyre.router.core import INLINE_MESSAGES, check_tools
 from gyre.router.openai_types import ChatRequest, MaxTokens, RouterError, Temperature, TopP
 from gyre.router.pool import CallControl

@@ -32,7 +32,7 @@ from starlette.routing import Route
 
 from gyre.engine.http import sse_event
 from gyre.errors import ConfigError, EngineRequestError, GyreError
-from gyre.records import Role
+from gyre.journal.records import Role
 from gyre.router import anthropic, responses
 from gyre.router.core import ROLES, Router
 from gyre.router.openai_types import (

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from gyre.records import ApiCallRecord, CallRecord
+from gyre.journal.records import ApiCallRecord, CallRecord
 
 
 @dataclass(eq=False, slots=True)

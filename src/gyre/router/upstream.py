@@ -20,7 +20,7 @@ import msgspec
 
 from gyre.config import RouterConfig
 from gyre.journal import Journal
-from gyre.records import ApiCallRecord, CallTiming, Role
+from gyre.journal.records import ApiCallRecord, CallTiming, Role
 from gyre.router.core import Router
 from gyre.router.openai_types import ChatRequest, CompletionRequest, RouterError
 from gyre.router.pool import CallControl, EnginePool

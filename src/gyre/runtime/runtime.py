@@ -38,7 +38,7 @@ from gyre.agents.command import SOCKET_DIR
 from gyre.config import SandboxConfig
 from gyre.errors import ResourceExceeded, SandboxError, TaskError, WorkspaceLimitExceeded
 from gyre.journal import Journal
-from gyre.records import ApiCallRecord, CallRecord
+from gyre.journal.records import ApiCallRecord, CallRecord
 from gyre.router.core import Router
 from gyre.runtime.sockets import session_port, session_socket
 from gyre.sandbox import Sandbox, make_sandbox, tree

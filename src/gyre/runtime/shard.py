@@ -390,6 +390,6 @@ class Shard:
 
 def run_shard(cfg: GyreConfig, name: str, hub: str, node: str = "") -> None:
     """``gyre shard``'s entry: serve the hub at ``hub`` until it says stop."""
-    from gyre.loop import run
+    from gyre.driver.eventloop import run
 
     run(Shard(cfg, name, hub, node).serve())

@@ -5,7 +5,7 @@ A shard (`gyre.runtime.shard`) is a process with a runtime and a router of its o
 Ray (`gyre.control.placement`), on another. Shards share no state: an execution (its router session) belongs to one
 shard, chosen by a rendezvous hash of its id among the live shards (a lost shard moves only its own executions), and
 journals there, under ``journal/shards/NAME/`` (readers merge every shard's journal:
-`gyre.rundir.execution_journals`). Each shard sends its counters in one report every ``shards.report_s``; the
+`gyre.driver.rundir.execution_journals`). Each shard sends its counters in one report every ``shards.report_s``; the
 controller sees cells and shard totals, never sessions.
 
 A shard silent for ``shards.timeout_s`` (its process or machine died, or froze) is lost for the rest of the run: each
@@ -41,10 +41,11 @@ import zmq.asyncio
 
 from gyre.config import GyreConfig, dump_config
 from gyre.control.placement import Launcher, LocalLauncher, Process
+from gyre.control.silence import StallClock, credit
+from gyre.driver.rundir import execution_journals
 from gyre.errors import CoreLost, GyreError, TaskError
 from gyre.journal import Journal, read_journal
 from gyre.router.pool import EngineState, PoolStatistics
-from gyre.rundir import execution_journals
 from gyre.runtime.runtime import ExecutionResult, ExecutionSpec, RuntimeStatistics
 from gyre.runtime.shard import (
     EngineAction,
@@ -61,7 +62,6 @@ from gyre.runtime.shard import (
     ShardWelcome,
     encoder,
 )
-from gyre.silence import StallClock, credit
 from gyre.tasks.verify import Verdict
 
 log = logging.getLogger(__name__)

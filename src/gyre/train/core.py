@@ -63,6 +63,7 @@ import torch
 import zmq
 
 from gyre.config import TrainerConfig
+from gyre.control.silence import StallClock, credit
 from gyre.engine import weight_sync
 from gyre.engine.launch import free_port
 from gyre.errors import EngineUnavailable, GyreError
@@ -100,7 +101,6 @@ from gyre.protocol import (
     Wake,
     Welcome,
 )
-from gyre.silence import StallClock, credit
 from gyre.train import cell
 from gyre.train.layout import check_run_layout
 from gyre.train.learner import Learner, TorchLearner, make_learner

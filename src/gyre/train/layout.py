@@ -13,7 +13,7 @@ AdamW's moments are split (the torch backend's sharded core, `gyre.train.sharded
 - on GPUs, cannot hold the sharded core's state: projected with `gyre.train.memory.device_memory`, at least what
   `SHARDED_TORCH` says a rank keeps (activations not counted, so only a layout that can never fit is refused).
 
-`gyre train` (`gyre.training.train`) and ``gyre trainer core`` call it first; no torch is imported unless the
+`gyre train` (`gyre.driver.training.train`) and ``gyre trainer core`` call it first; no torch is imported unless the
 collective is nccl or the backend Megatron.
 """
 

@@ -29,8 +29,8 @@ from typing import Literal
 import msgspec
 
 from gyre.config import TrajectoryConfig
+from gyre.journal.records import CallRecord
 from gyre.protocol import MicroStep, Objective
-from gyre.records import CallRecord
 from gyre.train.tree import Node, TrajectoryTree, select_paths
 
 Packing = Literal["tree", "path"]

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Sequence
 
-from gyre.records import ROLE_PRIORITY, CallRecord, Role
+from gyre.journal.records import ROLE_PRIORITY, CallRecord, Role
 
 
 class Node:

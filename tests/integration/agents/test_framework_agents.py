@@ -20,10 +20,10 @@ import pytest
 from fakes import ScriptedEngine
 from gyre.agents.python import load
 from gyre.config import RouterConfig, SandboxConfig
+from gyre.driver.evaluation import agent_spec
+from gyre.engine.models import load_tokenizer
 from gyre.errors import AgentError, ConfigError
-from gyre.evaluation import agent_spec
-from gyre.models import load_tokenizer
-from gyre.records import expand_inputs
+from gyre.journal.records import expand_inputs
 from gyre.router.core import Router
 from gyre.runtime import ExecutionResult, ExecutionSpec, PythonAgentSpec, Runtime
 from gyre.tasks import Task

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from gyre.cli import main
+from gyre.driver.rundir import RunDir
+from gyre.driver.training import Resume, StepRecord, execution_index
 from gyre.journal import read_journal
 from gyre.protocol import SwitchRecord
-from gyre.rundir import RunDir
 from gyre.runtime.runtime import ExecutionResult
-from gyre.training import Resume, StepRecord, execution_index
 
 pytestmark = pytest.mark.slow(
     reason="kills the core of a live gyre train, waits out the cell timeout, resumes the run"

@@ -14,10 +14,10 @@ import msgspec
 import pytest
 
 from gyre.cli import main
+from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
 from gyre.protocol import SwitchRecord
 from gyre.runtime.runtime import ExecutionResult
-from gyre.training import StepRecord, TrainSummary
 
 pytestmark = pytest.mark.slow(reason="a live gyre train with a memory hog killed in its sandbox")
 CONFIG = """

@@ -13,8 +13,8 @@ import pytest
 
 from fakes import ScriptedEngine
 from gyre.cli import main
+from gyre.engine.models import load_tokenizer
 from gyre.journal import read_journal
-from gyre.models import load_tokenizer
 from gyre.runtime.runtime import ExecutionResult
 
 LS = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'

@@ -14,9 +14,9 @@ import msgspec
 import pytest
 
 from gyre.cli import main
+from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
 from gyre.runtime.runtime import ExecutionResult
-from gyre.training import StepRecord, TrainSummary
 
 STAGES = 16  # the task allows STAGES + 11 calls of ~800 tokens each (a stage's log and the call's own tokens)
 CONFIG = f"""
@@ -53,7 +53,7 @@ heartbeat_s = 0.25
 @pytest.fixture(scope="module")
 def micro_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A freshly initialised micro model (1 layer, 1 head of 16, 1M positions, Qwen's vocabulary)."""
-    from gyre.models import init_model
+    from gyre.engine.models import init_model
 
     return init_model(tmp_path_factory.mktemp("models") / "micro", preset="micro", seed=0)
 

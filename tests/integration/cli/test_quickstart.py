@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gyre.cli import main
-from gyre.pretrain import shipped_model
+from gyre.driver.pretrain import shipped_model
 
 pytestmark = pytest.mark.slow(
     reason="the whole quickstart recipe: demonstrations, SFT, RL and three held-out evaluations"

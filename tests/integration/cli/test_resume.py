@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from gyre.cli import main
+from gyre.driver.rundir import RunDir
+from gyre.driver.training import Resume, StepRecord, Trainer, execution_index
 from gyre.journal import read_journal
-from gyre.rundir import RunDir
 from gyre.runtime.runtime import ExecutionResult
-from gyre.training import Resume, StepRecord, Trainer, execution_index
 
 pytestmark = pytest.mark.slow(reason="kills a live gyre train at three moments and resumes each run")
 STEPS, BATCH = 2, 4

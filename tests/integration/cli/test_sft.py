@@ -15,9 +15,9 @@ import torch
 
 from gyre.cli import main
 from gyre.config import TrainerConfig
+from gyre.driver.sft import SftStep, SftSummary
 from gyre.journal import Journal, read_journal
-from gyre.records import CallRecord, CallTiming, expand_inputs
-from gyre.sft import SftStep, SftSummary
+from gyre.journal.records import CallRecord, CallTiming, expand_inputs
 from gyre.train.state import TrainState, load_model
 
 TIMING = CallTiming(submitted_s=0.0, first_token_s=None, finished_s=0.0)

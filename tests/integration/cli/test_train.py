@@ -10,10 +10,10 @@ import msgspec
 import pytest
 
 from gyre.cli import main
+from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
 from gyre.protocol import SwitchRecord
 from gyre.runtime.runtime import ExecutionResult
-from gyre.training import StepRecord, TrainSummary
 
 OTHER_MODES = pytest.mark.slow(reason="gyre train in a further mode; the fast tier runs elastic")
 CONFIG = """
@@ -131,7 +131,7 @@ def test_a_command_scaffold_trains_and_a_held_out_suite_is_evaluated_with_interv
     import shlex
     import sys
 
-    from gyre.training import EvalPoint
+    from gyre.driver.training import EvalPoint
 
     config = tmp_path / "run.toml"
     config.write_text(CONFIG)

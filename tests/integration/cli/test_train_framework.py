@@ -14,9 +14,9 @@ import msgspec
 import pytest
 
 from gyre.cli import main
+from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
 from gyre.runtime.runtime import ExecutionResult
-from gyre.training import StepRecord, TrainSummary
 
 CONFIG = """
 [trajectory]

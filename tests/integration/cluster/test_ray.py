@@ -20,10 +20,10 @@ import pytest
 
 from frozen_shards import FROZEN_TIMEOUT_S, assert_each_execution_ended_once, freeze_and_thaw
 from gyre.config import GyreConfig, RayConfig, RouterConfig, ShardsConfig
+from gyre.driver.rundir import execution_journals
+from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
-from gyre.rundir import execution_journals
 from gyre.runtime.runtime import ExecutionResult
-from gyre.training import StepRecord, TrainSummary
 
 pytestmark = pytest.mark.slow(reason="a local Ray cluster of five nodes and gyre train runs on it")
 CONFIG = """

@@ -16,7 +16,7 @@ import uvicorn
 from gyre.config import load_config
 from gyre.control.cluster import Cluster
 from gyre.engine.launch import free_port
-from gyre.records import CallRecord, expand_inputs
+from gyre.journal.records import CallRecord, expand_inputs
 from gyre.router.server import KEEP_ALIVE_S, build_agent_app
 from gyre.train.client import TrainerClient
 from gyre.train.step import Rollout

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import ConsoleMessage, sync_playwright
 
-from gyre.report import write_report
+from gyre.driver.runreport import write_report
 from unit.report.runs import EVAL_AFTER, PLOTS, write_run
 
 STEPS = 6

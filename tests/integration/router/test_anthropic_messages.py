@@ -18,8 +18,8 @@ import pytest
 
 from fakes import ScriptedEngine
 from gyre.engine.launch import launch_embedded
-from gyre.models import load_tokenizer
-from gyre.records import CallRecord
+from gyre.engine.models import load_tokenizer
+from gyre.journal.records import CallRecord
 from gyre.router.launch import launch_router
 
 TOOLS: Any = [

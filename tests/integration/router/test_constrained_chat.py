@@ -22,7 +22,7 @@ import pydantic
 import pytest
 
 from gyre.engine.launch import launch_embedded
-from gyre.records import CallRecord
+from gyre.journal.records import CallRecord
 from gyre.router.launch import launch_router
 
 SEEDS = range(4)

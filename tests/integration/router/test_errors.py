@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from fakes import ScriptedEngine
 from gyre.engine.launch import ServerProcess, free_port, launch_embedded
-from gyre.models import load_tokenizer
+from gyre.engine.models import load_tokenizer
 from gyre.router.launch import launch_router
 from gyre.router.openai_types import ChatRequest, CompletionRequest
 

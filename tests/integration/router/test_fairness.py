@@ -37,7 +37,7 @@ SPREAD = 6.0  # a late agent's first answer arrives within this many of the busy
 ENGINE = """
 import sys, time
 from gyre.engine.scripted import ScriptedEngine
-from gyre.models import load_tokenizer
+from gyre.engine.models import load_tokenizer
 with ScriptedEngine(load_tokenizer(sys.argv[1]), lambda ids: "ok") as engine:
     print(engine.url, flush=True)
     time.sleep(600)

@@ -25,9 +25,9 @@ import pytest
 
 from fakes import ScriptedEngine
 from gyre.engine.launch import ServerProcess, launch_embedded
+from gyre.engine.models import load_tokenizer
 from gyre.journal import read_journal
-from gyre.models import load_tokenizer
-from gyre.records import CallRecord
+from gyre.journal.records import CallRecord
 from gyre.router.launch import launch_router
 
 BODY_TIMEOUT_S = 1.0

@@ -17,9 +17,9 @@ import pytest
 from fakes import ScriptedEngine
 from gyre.config import RouterConfig
 from gyre.engine.launch import ServerProcess, launch_embedded
+from gyre.engine.models import load_tokenizer
 from gyre.journal import read_journal
-from gyre.models import load_tokenizer
-from gyre.records import CallRecord, expand_inputs
+from gyre.journal.records import CallRecord, expand_inputs
 from gyre.router.core import Router
 from gyre.router.launch import launch_router
 from gyre.router.openai_types import ChatRequest

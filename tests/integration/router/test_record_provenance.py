@@ -16,9 +16,9 @@ from fakes import ScriptedEngine
 from gyre.config import RouterConfig
 from gyre.engine.client import EngineClient
 from gyre.engine.launch import ServerProcess, launch_embedded
+from gyre.engine.models import load_tokenizer
 from gyre.journal import read_journal
-from gyre.models import load_tokenizer
-from gyre.records import CallRecord
+from gyre.journal.records import CallRecord
 from gyre.router.core import Router
 from gyre.router.openai_types import ChatRequest, RouterError
 from gyre.train.tree import TrajectoryTree

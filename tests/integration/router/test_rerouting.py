@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from gyre.engine.launch import ServerProcess, free_port, launch_embedded
-from gyre.records import CallRecord, expand_inputs
+from gyre.journal.records import CallRecord, expand_inputs
 from gyre.router.launch import launch_router
 from reference import hf_logprobs
 

@@ -20,8 +20,8 @@ import openai
 import pytest
 
 from fakes import ScriptedEngine
-from gyre.models import load_tokenizer
-from gyre.records import CallRecord
+from gyre.engine.models import load_tokenizer
+from gyre.journal.records import CallRecord
 from gyre.router.launch import launch_router
 
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")  # openai-agents never tries the network

@@ -19,7 +19,7 @@ import pytest
 import xgrammar
 
 from fakes import ScriptedEngine
-from gyre.models import load_tokenizer
+from gyre.engine.models import load_tokenizer
 from gyre.router.launch import launch_router
 
 WEATHER: Any = {

@@ -9,8 +9,8 @@ from typing import Any
 
 from fakes import ScriptedEngine
 from gyre.config import RouterConfig
-from gyre.models import load_tokenizer
-from gyre.records import CallRecord, expand_inputs
+from gyre.engine.models import load_tokenizer
+from gyre.journal.records import CallRecord, expand_inputs
 from gyre.router.core import Router
 from gyre.router.openai_types import ChatRequest
 

@@ -13,7 +13,7 @@ import pytest
 
 from fakes import ScriptedEngine
 from gyre.config import RouterConfig, SandboxConfig
-from gyre.models import load_tokenizer
+from gyre.engine.models import load_tokenizer
 from gyre.router.core import Router
 from gyre.runtime import CommandAgentSpec, ExecutionResult, ExecutionSpec, Runtime
 from gyre.runtime import runtime as runtime_module

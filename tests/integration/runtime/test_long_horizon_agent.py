@@ -13,7 +13,7 @@ import msgspec
 from fakes import ScriptedEngine
 from gyre.agents.builtin import NUDGE, BuiltinAgentConfig
 from gyre.config import RouterConfig, SandboxConfig
-from gyre.models import load_tokenizer
+from gyre.engine.models import load_tokenizer
 from gyre.router.core import Router
 from gyre.runtime import BuiltinAgentSpec, ExecutionResult, ExecutionSpec, Runtime
 from gyre.tasks import long

@@ -13,8 +13,8 @@ import pytest
 from fakes import ScriptedEngine
 from gyre.agents.builtin import SUMMARY_REQUEST, BuiltinAgentConfig
 from gyre.config import RouterConfig, SandboxConfig
+from gyre.engine.models import load_tokenizer
 from gyre.journal import read_journal
-from gyre.models import load_tokenizer
 from gyre.router.core import Router
 from gyre.runtime import BuiltinAgentSpec, CommandAgentSpec, ExecutionResult, ExecutionSpec, Runtime
 from gyre.tasks import Task, TaskLimits

@@ -18,11 +18,11 @@ import pytest
 from frozen_shards import FROZEN_TIMEOUT_S, assert_each_execution_ended_once, freeze_and_thaw
 from gyre.cli import main
 from gyre.config import GyreConfig, RouterConfig, ShardsConfig, load_config
+from gyre.driver.rundir import execution_journals
+from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
-from gyre.rundir import execution_journals
 from gyre.runtime.runtime import ExecutionResult
 from gyre.runtime.shards import owner
-from gyre.training import StepRecord, TrainSummary
 
 CONFIG = """
 [trajectory]

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from gyre.config import SandboxConfig
+from gyre.driver.evaluation import EvalOptions, run_eval
 from gyre.errors import SandboxError
-from gyre.evaluation import EvalOptions, run_eval
 from gyre.sandbox import WORKSPACE, ContainerSandbox, ExecResult, check_backend, make_sandbox
 from gyre.sandbox.container import LABEL, Runtime, client_env, find_runtime
 from gyre.sandbox.workspace import SYSTEM_PATH

@@ -15,10 +15,10 @@ import pytest
 
 from fakes import ScriptedEngine
 from gyre.cli import EXIT_NOT_CLEAN, main
-from gyre.evaluation import EvalOptions, run_eval
+from gyre.driver.evaluation import EvalOptions, run_eval
+from gyre.engine.models import load_tokenizer
 from gyre.journal import read_journal
-from gyre.models import load_tokenizer
-from gyre.records import ApiCallRecord
+from gyre.journal.records import ApiCallRecord
 from gyre.router.launch import launch_router
 from gyre.tasks import toy
 
@@ -203,7 +203,7 @@ def test_the_summary_table_is_never_cut_on_a_narrow_console(
 ) -> None:
     """Without a terminal rich drew 80 columns, and the table's twelve columns were cut: a pipe or a log file gets
     the whole table, one line a row, whatever COLUMNS says."""
-    from gyre.evaluation import EvalSummary, print_summary
+    from gyre.driver.evaluation import EvalSummary, print_summary
 
     suite = tmp_path / "suite"
     gyre_task(suite, "right", "42", f"commands = [{json.dumps(CHECK_42)}]")
@@ -221,7 +221,7 @@ def test_the_default_model_is_never_created_quietly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Issue 32: without --model-path, `gyre eval` created models/tiny in the working directory without a word."""
-    from gyre.evaluation import _ensure_model
+    from gyre.driver.evaluation import _ensure_model
 
     monkeypatch.chdir(tmp_path)
     _ensure_model("models/tiny")

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from gyre.agents.builtin import CONTEXT_BUDGET_KEY, IDLE_COMMAND_KEY
+from gyre.engine.models import load_tokenizer
 from gyre.errors import TaskError
-from gyre.models import load_tokenizer
 from gyre.tasks import Verifier, long, resolve_suite
 
 

@@ -16,10 +16,10 @@ import pytest
 
 from fakes import ScriptedEngine
 from gyre.config import RouterConfig, SandboxConfig
-from gyre.evaluation import EvalOptions, run_eval
+from gyre.driver.evaluation import EvalOptions, run_eval
+from gyre.engine.models import load_tokenizer
 from gyre.journal import read_journal
-from gyre.models import load_tokenizer
-from gyre.records import CallRecord
+from gyre.journal.records import CallRecord
 from gyre.router.core import Router
 from gyre.runtime import ExecutionResult, ExecutionSpec, OracleAgentSpec, Runtime
 from gyre.tasks import Task, Verdict, Verifier, resolve_suite, toy
@@ -167,8 +167,8 @@ def test_eval_oracle_runs_the_toy_expert_through_the_real_pipeline(tmp_path: Pat
 def test_the_lean_profile_prompts_with_two_tools_and_the_expert_still_solves_the_chain(
     tmp_path: Path, tiny_model: Path
 ) -> None:
-    from gyre.models import load_tokenizer
-    from gyre.records import expand_inputs
+    from gyre.engine.models import load_tokenizer
+    from gyre.journal.records import expand_inputs
 
     lean = run_eval(eval_options(tmp_path, tiny_model, "toy:4", agent="oracle", agent_profile="lean"))
     assert lean.mean_score == 1.0 and lean.pass_rate == 1.0

@@ -16,8 +16,8 @@ import torch
 from fakes import ScriptedEngine
 from gyre.agents.builtin import SUMMARY_REQUEST, BuiltinAgentConfig
 from gyre.config import RouterConfig, SandboxConfig
-from gyre.models import load_tokenizer
-from gyre.records import CallRecord, expand_inputs
+from gyre.engine.models import load_tokenizer
+from gyre.journal.records import CallRecord, expand_inputs
 from gyre.router.core import Router
 from gyre.runtime import BuiltinAgentSpec, ExecutionResult, ExecutionSpec, Runtime
 from gyre.tasks import Task

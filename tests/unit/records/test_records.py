@@ -1,4 +1,4 @@
-"""gyre.records: a CallRecord survives its journal line token for token; output ids and logprobs stay paired."""
+"""gyre.journal.records: a CallRecord survives its journal line token for token; output ids and logprobs stay paired."""
 
 from __future__ import annotations
 
@@ -7,7 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gyre.records import ApiCallRecord, CallRecord, CallTiming, decode_record, encode_record, expand_inputs
+from gyre.journal.records import (
+    ApiCallRecord,
+    CallRecord,
+    CallTiming,
+    decode_record,
+    encode_record,
+    expand_inputs,
+)
 
 
 def _record(**changes: object) -> CallRecord:

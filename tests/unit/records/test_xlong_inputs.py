@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gyre.records import CallRecord, CallTiming, expand_inputs, input_tails
+from gyre.journal.records import CallRecord, CallTiming, expand_inputs, input_tails
 
 _TIMING = CallTiming(submitted_s=0.0, first_token_s=None, finished_s=0.0)
 

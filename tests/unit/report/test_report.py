@@ -10,10 +10,10 @@ import msgspec
 import pytest
 
 from gyre.cli import main
+from gyre.driver.runreport import scores_by_step, write_report
+from gyre.driver.training import StepRecord
 from gyre.journal import Journal
 from gyre.protocol import SwitchRecord
-from gyre.report import scores_by_step, write_report
-from gyre.training import StepRecord
 from unit.report.runs import EVAL_AFTER, PLOTS, metrics, write_run
 
 

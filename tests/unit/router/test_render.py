@@ -10,8 +10,15 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from gyre.engine.models import (
+    ADDED_TOKENS,
+    CHAT_TEMPLATE,
+    IM_END,
+    SPECIAL_TOKENS,
+    build_tokenizer,
+    init_model,
+)
 from gyre.errors import ConfigError
-from gyre.models import ADDED_TOKENS, CHAT_TEMPLATE, IM_END, SPECIAL_TOKENS, build_tokenizer, init_model
 from gyre.router.messages import normalize_messages
 from gyre.router.render import ChatRenderer
 

@@ -8,10 +8,10 @@ import msgspec
 import pytest
 
 from gyre.config import load_config
+from gyre.driver.sft import batches, journal_file, load_demonstrations
 from gyre.errors import ConfigError
 from gyre.journal import Journal
-from gyre.records import ApiCallRecord, CallRecord, CallTiming, RecordSource
-from gyre.sft import batches, journal_file, load_demonstrations
+from gyre.journal.records import ApiCallRecord, CallRecord, CallTiming, RecordSource
 
 TIMING = CallTiming(submitted_s=0.0, first_token_s=None, finished_s=0.0)
 ALL: list[str] = ["policy", "scripted", "upstream"]

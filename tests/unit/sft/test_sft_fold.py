@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from test_sft_demonstrations import chain
 
-from gyre.records import CallRecord, expand_inputs
-from gyre.sft import fold
+from gyre.driver.sft import fold
+from gyre.journal.records import CallRecord, expand_inputs
 from gyre.train.loss import token_logprobs
 from gyre.train.tree import TrajectoryTree
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 from test_sft_demonstrations import chain
 
-from gyre.records import expand_inputs
-from gyre.sft import Window, copied_spans, cut_windows, pad_windows, window_batches, window_gradients
+from gyre.driver.sft import Window, copied_spans, cut_windows, pad_windows, window_batches, window_gradients
+from gyre.journal.records import expand_inputs
 
 PROMPT = list(range(30, 60))
 SESSIONS = [

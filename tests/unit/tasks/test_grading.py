@@ -12,7 +12,8 @@ from pathlib import Path
 
 import msgspec
 
-from gyre.evaluation import EvalOptions, summarize
+from gyre.driver.evaluation import EvalOptions, summarize
+from gyre.driver.training import is_tampered, step_record
 from gyre.protocol import StepMetrics
 from gyre.runtime import ExecutionResult
 from gyre.tasks import Task, Verdict
@@ -28,7 +29,6 @@ from gyre.tasks.grading import (
 )
 from gyre.tasks.verify import Outcome
 from gyre.train.step import Rollout
-from gyre.training import is_tampered, step_record
 
 KEY = b"k" * 32
 PASSING = [

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gyre.evaluation import EvalOptions, _log_refusals, markdown, summarize
-from gyre.rundir import RunDir
+from gyre.driver.evaluation import EvalOptions, _log_refusals, markdown, summarize
+from gyre.driver.rundir import RunDir
 
 
 def test_a_long_multiline_refusal_is_one_line_in_the_results_and_whole_in_its_log(tmp_path: Path) -> None:

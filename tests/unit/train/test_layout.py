@@ -12,10 +12,10 @@ import pytest
 
 from gyre.cli import main
 from gyre.config import TrainerConfig, load_config
+from gyre.driver.training import Trainer
 from gyre.errors import ConfigError
 from gyre.train.layout import check_layout, describe_layout
 from gyre.train.memory import GIB
-from gyre.training import Trainer
 
 QWEN3_8B = {  # Qwen/Qwen3-8B config.json
     "model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from gyre.config import LossConfig
-from gyre.models import init_model, load_tokenizer
+from gyre.engine.models import init_model, load_tokenizer
 from gyre.protocol import MicroStep
 from gyre.train import loss
 from gyre.train.objective import compute_gradients, policy_loss

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.models import count_parameters, init_model
+from gyre.engine.models import count_parameters, init_model
 from gyre.train.memory import (
     ASSUMPTIONS,
     BF16,

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from gyre.config import LossConfig
+from gyre.journal.records import CallRecord, CallTiming
 from gyre.protocol import MicroStep
-from gyre.records import CallRecord, CallTiming
 from gyre.train import Rollout, build_step, group_advantages
 from gyre.train.objective import policy_loss, supervised_loss
 

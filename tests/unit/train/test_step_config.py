@@ -8,7 +8,7 @@ import pytest
 
 from gyre.config import load_config
 from gyre.errors import ConfigError
-from gyre.records import CallRecord, CallTiming
+from gyre.journal.records import CallRecord, CallTiming
 from gyre.train import Rollout, build_step_from_config, group_advantages
 
 TIMING = CallTiming(submitted_s=0.0, first_token_s=None, finished_s=0.0)

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gyre.records import ROLE_PRIORITY, CallRecord, CallTiming, Role, expand_inputs
+from gyre.journal.records import ROLE_PRIORITY, CallRecord, CallTiming, Role, expand_inputs
 from gyre.train.step import MicroStep, Normalization, Packing, Rollout, build_step, group_advantages
 from gyre.train.tree import Node, TrajectoryTree, select_paths
 

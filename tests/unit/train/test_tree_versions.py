@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gyre.records import CallRecord, CallTiming
+from gyre.journal.records import CallRecord, CallTiming
 from gyre.train.tree import TrajectoryTree
 
 TIMING = CallTiming(submitted_s=0.0, first_token_s=None, finished_s=0.0)

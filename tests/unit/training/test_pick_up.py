@@ -11,13 +11,21 @@ import msgspec
 import pytest
 
 from gyre.config import load_config
+from gyre.driver.evaluation import bootstrap_ci
+from gyre.driver.rundir import RunDir
+from gyre.driver.training import (
+    Resume,
+    StepRecord,
+    execution_id,
+    execution_index,
+    pick_up,
+    step_record,
+    train,
+)
 from gyre.errors import ConfigError
-from gyre.evaluation import bootstrap_ci
 from gyre.journal import Journal, read_journal, repair_journal
-from gyre.rundir import RunDir
 from gyre.tasks import Task
 from gyre.train.step import Rollout
-from gyre.training import Resume, StepRecord, execution_id, execution_index, pick_up, step_record, train
 from unit.report.runs import execution, metrics
 
 BATCH = 4

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gyre.quickstart import EVAL_SUITE, recipe
+from gyre.driver.quickstart import EVAL_SUITE, recipe
 
 
 def test_the_recipe_configures_a_window_stage_and_lean_elastic_rl(tmp_path: Path) -> None:

@@ -7,9 +7,9 @@ import random
 
 from gyre.agents.base import AgentContext
 from gyre.agents.builtin import call_seed
-from gyre.evaluation import paired_difference
-from gyre.pretrain import session
-from gyre.quickstart import Gain, Point, first_call_floor, judge
+from gyre.driver.evaluation import paired_difference
+from gyre.driver.pretrain import session
+from gyre.driver.quickstart import Gain, Point, first_call_floor, judge
 from gyre.tasks.toy import make_task
 
 

@@ -9,8 +9,8 @@ from rich.console import Console
 from gyre.config import ControllerConfig
 from gyre.control.books import Books
 from gyre.control.controller import Controller, _Cell
+from gyre.driver.view import render
 from gyre.router.pool import EnginePool
-from gyre.view import render
 
 
 def test_a_frame_shows_cells_water_level_and_step() -> None:

@@ -21,9 +21,9 @@ from typing import Any
 
 import msgspec
 
+from gyre.driver.rundir import RunDir, execution_journals
 from gyre.journal import read_journal
 from gyre.protocol import StepMetrics, SwitchRecord
-from gyre.rundir import RunDir, execution_journals
 
 ROLE_COLOURS = {"serving": "#4c78a8", "training": "#f58518", "switching": "#bab0ac"}
 

@@ -1,7 +1,9 @@
-"""The run's append-only journal: one JSON line per record, written before anything downstream sees it.
+"""What a run journals: the append-only journal files (here), and the token-exact call records (`records`).
 
-A line is flushed to the OS before ``append`` returns, so a crash of the process loses nothing that was
-acknowledged; with ``fsync`` a power loss does not either.
+The journal is one JSON line per record, written before anything downstream sees it. A line is flushed to the OS
+before ``append`` returns, so a crash of the process loses nothing that was acknowledged; with ``fsync`` a power loss
+does not either. The router and the runtime write journals; the driver (`gyre.driver`: resume, report, SFT) and the
+trainer's trajectory processor (`gyre.train.tree`) read them.
 """
 
 from __future__ import annotations

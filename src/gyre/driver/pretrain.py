@@ -30,7 +30,7 @@ from typing import Any
 
 from gyre.errors import ConfigError, GyreError
 
-ASSET = Path(__file__).parent / "assets" / "tiny-shell.safetensors"
+ASSET = Path(__file__).parents[1] / "assets" / "tiny-shell.safetensors"
 SHIPPED_DIR = Path("models/tiny-shell")
 DIGITS = "123456789"
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -129,7 +129,7 @@ def pretrain(directory: str | Path, seed: int = 0, steps: int = 1500, rows: int 
     import torch
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from gyre.models import init_model, load_tokenizer
+    from gyre.engine.models import init_model, load_tokenizer
     from gyre.train.state import load_model
 
     torch.manual_seed(seed)
@@ -196,7 +196,7 @@ def shipped_model(directory: str | Path = SHIPPED_DIR) -> Path:
     import torch
     from safetensors.torch import load_file, save_file
 
-    from gyre.models import init_model
+    from gyre.engine.models import init_model
 
     path = Path(directory)
     if (path / "config.json").exists() and (path / "model.safetensors").exists():

@@ -3,7 +3,7 @@
 The recipe, every phase a real Gyre command on the ``toy`` suite and the built-in agent's lean profile (bash and
 submit, a one-line prompt) throughout, so demonstrations, evaluations and training see one prompt:
 
-0. the starting model: the tiny model pretrained on shell sessions (`gyre.pretrain`: it can copy a name a command
+0. the starting model: the tiny model pretrained on shell sessions (`gyre.driver.pretrain`: it can copy a name a command
    printed into the next command, as a pretrained LLM can; it has never seen a tool call). Shipped with Gyre, made
    by a committed script (`gyre pretrain`); its SFT and RL are what the quickstart shows;
 1. demonstrations: the scripted expert solves ``demo_suite(seed)`` through the real stack (`gyre eval --agent
@@ -15,7 +15,7 @@ submit, a one-line prompt) throughout, so demonstrations, evaluations and traini
 
 All three evaluations run the same tasks with the same sampling seed (``run.eval_seed``): each execution draws the
 same random numbers under each phase's weights, so each phase is compared with the one before pairwise, execution by
-execution (`gyre.evaluation.paired_difference`), with a 95% interval of the mean difference. The verdict: learned
+execution (`gyre.driver.evaluation.paired_difference`), with a 95% interval of the mean difference. The verdict: learned
 when SFT beat the starting model and RL beat SFT beyond their intervals, else which phase failed and the likeliest
 reason (`judge`). ``--seed`` varies everything after the shipped checkpoint: the demonstrated tasks, SFT's order,
 RL's tasks and sampling, the held-out sampling.
@@ -34,14 +34,14 @@ from pathlib import Path
 import msgspec
 
 from gyre.config import GyreConfig, load_config
-from gyre.evaluation import EvalOptions, Paired, paired_difference, run_eval, scores_by_execution
+from gyre.driver.evaluation import EvalOptions, Paired, paired_difference, run_eval, scores_by_execution
+from gyre.driver.eventloop import run as run_loop
+from gyre.driver.rundir import RunDir, default_run_dir, execution_journals
+from gyre.driver.sft import run_sft
+from gyre.driver.training import EvalPoint, StepRecord, train
 from gyre.journal import read_journal
-from gyre.loop import run as run_loop
-from gyre.rundir import RunDir, default_run_dir, execution_journals
 from gyre.runtime.runtime import ExecutionResult
-from gyre.sft import run_sft
 from gyre.tasks.builtin import resolve_suite
-from gyre.training import EvalPoint, StepRecord, train
 
 EVAL_SUITE = "toy:64:7"  # the held-out set: 64 tasks no phase trains on
 TRAIN_SUITE = "toy:256:1"
@@ -142,7 +142,7 @@ def quickstart(run_dir: str | Path | None = None, model_path: str | None = None,
                progress: bool = True, seed: int = 0) -> QuickstartSummary:  # fmt: skip
     """Run the recipe (see the module) into ``run_dir``; returns the three evaluations, the gains and the verdict.
     ``model_path``: the starting model (default: the shipped pretrained tiny model, written to ``models/``)."""
-    from gyre.pretrain import shipped_model
+    from gyre.driver.pretrain import shipped_model
 
     root = Path(run_dir or default_run_dir("quickstart", "toy")).absolute()
     root.mkdir(parents=True, exist_ok=True)
@@ -216,7 +216,7 @@ def _gain(before: str, after: str, paired: Paired) -> Gain:
 
 
 def _tokenizer(model: str):  # type: ignore[no-untyped-def]
-    from gyre.models import load_tokenizer
+    from gyre.engine.models import load_tokenizer
 
     return load_tokenizer(model)
 

@@ -31,9 +31,9 @@ import msgspec
 
 from gyre.agents.builtin import BuiltinAgentConfig
 from gyre.config import RayConfig, RouterConfig, SandboxConfig, ShardsConfig
+from gyre.driver.rundir import RunDir
 from gyre.errors import ConfigError, TaskError
 from gyre.router.core import Router
-from gyre.rundir import RunDir
 from gyre.runtime import (
     AgentSpec,
     BuiltinAgentSpec,
@@ -157,9 +157,9 @@ class EvalSummary(msgspec.Struct, frozen=True, kw_only=True):
 
 def run_eval(options: EvalOptions) -> EvalSummary:
     """Run the evaluation (blocking: owns its event loop) and write the results; see the module."""
-    from gyre import loop
+    from gyre.driver import eventloop
 
-    return loop.run(evaluate(options))
+    return eventloop.run(evaluate(options))
 
 
 async def evaluate(options: EvalOptions) -> EvalSummary:
@@ -377,8 +377,8 @@ async def _serving(options: EvalOptions, tasks: list[Task]) -> AsyncIterator[str
     if options.agent == "oracle":
         if len(experts) > 1:
             raise ConfigError(f"--agent oracle: one scripted expert per run, the suite has {experts}")
+        from gyre.engine.models import load_tokenizer
         from gyre.engine.scripted import ScriptedEngine
-        from gyre.models import load_tokenizer
         from gyre.tasks.builtin import expert
 
         _ensure_model(options.model_path)
@@ -412,7 +412,7 @@ def _ensure_model(path: str) -> None:
     if (Path(path) / "config.json").exists():
         return
     if Path(path) == Path("models/tiny"):
-        from gyre.models import init_model
+        from gyre.engine.models import init_model
 
         init_model(path, preset="tiny")
         print(

@@ -48,8 +48,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from gyre.config import GyreConfig, LossConfig, SftConfig, dump_config
 from gyre.errors import ConfigError
 from gyre.journal import Journal, read_journal
+from gyre.journal.records import ApiCallRecord, CallRecord, decode_record, input_tails
 from gyre.protocol import MicroStats, MicroStep
-from gyre.records import ApiCallRecord, CallRecord, decode_record, input_tails
 from gyre.train.step import Rollout, build_step
 from gyre.train.tree import TrajectoryTree
 

@@ -2,7 +2,7 @@
 elastic trainer -> new weights -> serving, for ``run.steps`` steps, in the mode ``[controller]`` names.
 
 The whole loop is `train` below; every piece it composes lives in its own module. Everything lands in one run
-directory (layout: `gyre.rundir`). A driver killed at any moment is continued by ``train(cfg, resume=True)``
+directory (layout: `gyre.driver.rundir`). A driver killed at any moment is continued by ``train(cfg, resume=True)``
 (`gyre train --resume RUN_DIR`, see `pick_up`): each finished execution trains exactly once, in the step its index
 names, and the step in progress trains again from the last checkpoint with the same data plus the executions that
 had not finished.
@@ -25,7 +25,6 @@ from typing import Any
 
 import msgspec
 
-from gyre import view
 from gyre.agents.builtin import BuiltinAgentConfig
 from gyre.config import GyreConfig, load_config
 from gyre.control.books import Books
@@ -34,13 +33,14 @@ from gyre.control.cluster import Cluster
 from gyre.control.loop import ElasticLoop, LoopResult, group_micro_steps
 from gyre.control.placement import Launcher, LocalLauncher, RayLauncher, ray_config
 from gyre.control.policy import ToServe
+from gyre.driver import view
+from gyre.driver.evaluation import agent_spec, bootstrap_ci
+from gyre.driver.eventloop import run as run_loop
+from gyre.driver.rundir import RunDir, default_run_dir
+from gyre.driver.runreport import write_report
 from gyre.errors import ConfigError, CoreLost
-from gyre.evaluation import agent_spec, bootstrap_ci
 from gyre.journal import Journal, read_journal
-from gyre.loop import run as run_loop
 from gyre.protocol import StepMetrics
-from gyre.report import write_report
-from gyre.rundir import RunDir, default_run_dir
 from gyre.runtime import (
     AgentSpec,
     BuiltinAgentSpec,
@@ -317,7 +317,7 @@ class Trainer:
         self.cfg = cfg
 
     def run(self, live: bool = False) -> TrainSummary:
-        """Train ``cfg.run.steps`` steps; the run directory holds everything (see `gyre.rundir`)."""
+        """Train ``cfg.run.steps`` steps; the run directory holds everything (see `gyre.driver.rundir`)."""
         return run_loop(train(self.cfg, live=live))
 
     @classmethod
