@@ -169,7 +169,7 @@ class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The trainer processes (``gyre.train.elastic``): one core, any number of satellites."""
+    """The trainer processes (``gyre.train.core``, ``.satellite``): one core, any number of satellites."""
 
     model_path: str = ""  # Hugging Face model directory the core starts from (or a Gyre checkpoint)
     resume_from: str = ""  # a checkpoint directory (weights + optimizer + step); empty: fresh optimizer

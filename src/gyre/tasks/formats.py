@@ -125,7 +125,7 @@ class _GyreToml(msgspec.Struct, kw_only=True):
     verifier: VerifierSpec
     limits: TaskLimits = msgspec.field(default_factory=TaskLimits)
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
-    expert: str | None = None  # a scripted expert that solves it (gyre.tasks.experts)
+    expert: str | None = None  # a scripted expert that solves it (gyre.tasks.builtin.EXPERTS)
 
 
 def _load_gyre(root: Path) -> Task:
