@@ -63,7 +63,7 @@ def test_gyre_eval_rejects_bad_options(tmp_path: Path) -> None:
     for args, message in (
         (["--suite", "no-such-suite"], "neither a built-in suite"),
         (["--suite", "toy:zero"], "toy:COUNT"),
-        (["--suite", "toy:2", "--agent", "robot"], "expected builtin, oracle or command"),
+        (["--suite", "toy:2", "--agent", "robot"], "expected builtin, oracle, command:ARGV or python"),
         (["--suite", "toy:2", "--concurrency", "0"], "concurrency"),
     ):
         argv = [
