@@ -276,8 +276,8 @@ def test_a_sandbox_flooding_its_router_socket_cannot_take_the_drivers_descriptor
         sorted(peak)[len(peak) * 9 // 10] - baseline
     )  # while the flood holds its connections (4 s of the run)
     # was ~3,000; besides the 64 held, connections refused but not yet closed (one loop turn each: more of them on
-    # a loaded machine, 171 seen in a full run of the fast tier)
-    assert held < 4 * MAX_CONNECTIONS, (held, max(peak) - baseline)
+    # a loaded machine: 171 seen in a full run of the fast tier, 316 with two full suites sharing the 2 cores)
+    assert held < 8 * MAX_CONNECTIONS, (held, max(peak) - baseline)
     assert max(peak) - baseline < 1000, (
         max(peak) - baseline
     )  # refused connections are closed one loop turn later
