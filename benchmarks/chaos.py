@@ -49,7 +49,7 @@ from gyre.driver.training import Resume, StepRecord, execution_index
 from gyre.journal import read_journal
 from gyre.journal.records import CallRecord, expand_inputs
 from gyre.protocol import SwitchRecord
-from gyre.runtime.runtime import ExecutionResult
+from gyre.runtime.dispatch import ExecutionResult
 
 console = Console(width=180)
 PY = sys.executable
@@ -192,7 +192,7 @@ class TrainRun:
 
 
 def _free_port() -> int:
-    from gyre.engine.launch import free_port
+    from gyre.engine.launcher import free_port
 
     return free_port()
 
@@ -661,7 +661,7 @@ async def switches(root: Path, model: Path, exact: TokenExactness, count: int, a
 
     from gyre.config import load_config
     from gyre.control.cluster import Cluster
-    from gyre.router.server import KEEP_ALIVE_S, build_agent_app
+    from gyre.router.app import KEEP_ALIVE_S, build_agent_app
 
     row = Row(f"{count} switches, {agents} agents", recovery="slowest switch", twice="-", never="-")
     overrides = ["cells.count=2", "cells.standalone=1", "cells.engine_overrides=['engine.kv_cache_mem_gib=0.1']",

@@ -33,14 +33,14 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from gyre.agents.builtin import BuiltinAgentConfig
+from gyre.agents.toolagent import BuiltinAgentConfig
 from gyre.config import ControllerConfig, load_config
 from gyre.control.books import Books
 from gyre.control.cluster import Cluster
 from gyre.control.loop import ElasticLoop, LoopResult, group_micro_steps
 from gyre.engine.models import init_model
 from gyre.protocol import MicroStep
-from gyre.runtime.runtime import BuiltinAgentSpec, ExecutionSpec, Runtime
+from gyre.runtime.dispatch import BuiltinAgentSpec, ExecutionSpec, Runtime
 from gyre.sim import Cluster as SimCluster
 from gyre.sim import SimResult, Tasks, Trace, Workload, simulate
 from gyre.tasks.toy import toy_suite

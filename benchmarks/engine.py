@@ -33,7 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gyre.config import EngineConfig
-from gyre.engine.embedded.engine import EmbeddedEngine
+from gyre.engine.embedded.asyncengine import EmbeddedEngine
 from gyre.engine.embedded.grammar import Grammars
 from gyre.engine.models import init_model
 from gyre.protocol import GenerateRequest, SamplingParams

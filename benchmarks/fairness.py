@@ -28,9 +28,9 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
-from gyre.engine.launch import launch_embedded
+from gyre.engine.launcher import launch_embedded
 from gyre.engine.models import init_model
-from gyre.router.launch import launch_router
+from gyre.router.spawn import launch_router
 
 UNLIMITED = 1_000_000  # router.max_calls_per_session that never binds
 

@@ -53,11 +53,11 @@ import openai
 from rich.console import Console
 from rich.table import Table
 
-from gyre.engine.launch import launch_embedded
+from gyre.engine.launcher import launch_embedded
 from gyre.engine.models import init_model
 from gyre.journal import read_journal
 from gyre.journal.records import CallRecord
-from gyre.router.launch import launch_router
+from gyre.router.spawn import launch_router
 
 # agent path -> the --targets name that fuzzes it
 TARGETS = {

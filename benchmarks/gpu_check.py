@@ -116,15 +116,15 @@ try:  # after the install phase: what it installs
 
     from gyre.config import TrainerConfig
     from gyre.engine import weight_sync
-    from gyre.engine.client import EngineClient
-    from gyre.engine.launch import free_port, launch_embedded, launch_sglang
+    from gyre.engine.engineclient import EngineClient
+    from gyre.engine.launcher import free_port, launch_embedded, launch_sglang
     from gyre.engine.models import count_parameters, init_model
     from gyre.journal.records import CallRecord, expand_inputs
     from gyre.protocol import MicroStep, SamplingParams
-    from gyre.router.launch import launch_router
-    from gyre.train.client import TrainerClient, launch_core
+    from gyre.router.spawn import launch_router
     from gyre.train.loss import every_token, token_logprobs
     from gyre.train.step import Rollout, build_step
+    from gyre.train.trainerclient import TrainerClient, launch_core
 except ImportError as exc:  # nothing below can run; the install phase's error (if it ran) is above
     sys.exit(f"gpu_check: {exc}; install gyre's dependencies (pip install -e .) or drop --skip-install")
 
@@ -148,7 +148,7 @@ class Context:
     collective: str = "gloo"  # torch.distributed backend of weight transfers: nccl with CUDA
     model: Path | None = None
     model_b: Path | None = None  # the weights pushed
-    engine: Any = None  # gyre.engine.launch.ServerProcess
+    engine: Any = None  # gyre.engine.launcher.ServerProcess
     admin: str = ""  # the router's admin URL
     atol: float = 1e-3  # |engine logprob - teacher-forced fp32 logprob| allowed; bf16 engines on GPU: 0.1
     rollouts: list[Rollout] = field(default_factory=list)  # the tokens phase's conversations

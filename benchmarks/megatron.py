@@ -43,7 +43,7 @@ if backend == "torch":
     learner = TorchLearner(hf)
     load_s = 0.0
 else:
-    from gyre.train.megatron.learner import MegatronLearner
+    from gyre.train.megatron.member import MegatronLearner
     learner = MegatronLearner(json.load(open(model + "/config.json")), tensor, pipeline, threads)
     learner.weights().copy_(flatten_parameters(hf))
     started = time.perf_counter()

@@ -1,7 +1,7 @@
 """A sharded core cell measured for ``benchmarks/memory.py``: N ranks, each its own process over gloo, each holding
 a ``ShardedState`` (1/N of the fp32 master weights, float64 gradient sum and AdamW moments, a whole replica).
 
-A step, on every rank, as the wired core's rounds do (``gyre.train.cell.compute_round``): ``micro_per_rank`` rounds,
+A step, on every rank, as the wired core's rounds do (``gyre.train.corecell.compute_round``): ``micro_per_rank`` rounds,
 in each one micro-step of ``tokens`` tokens computed by the real objective (``compute_gradients``) and its whole fp32
 gradient reduce-scattered into the owners' sums at once (``ShardedState.reduce_scatter``: no whole-model float64 sum
 on any rank), then ``apply`` (global norm, AdamW on the shard, weights all-gathered into every replica).
@@ -110,7 +110,7 @@ def run_cell(
 
     import torch.multiprocessing as mp
 
-    from gyre.engine.launch import free_port
+    from gyre.engine.launcher import free_port
 
     with tempfile.TemporaryDirectory() as out:
         args = (world, free_port(), str(model_dir), micro_per_rank, tokens, steps, bucket_mib, out)

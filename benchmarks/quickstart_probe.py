@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from gyre.agents.builtin import LEAN_SYSTEM_PROMPT, LEAN_TOOLS, SYSTEM_PROMPT, TOOLS
+from gyre.agents.toolagent import LEAN_SYSTEM_PROMPT, LEAN_TOOLS, SYSTEM_PROMPT, TOOLS
 from gyre.driver.sft import Window
 from gyre.engine.models import init_model, load_tokenizer
 from gyre.tasks import toy

@@ -32,11 +32,11 @@ from rich.console import Console
 from rich.table import Table
 
 from gyre.config import RouterConfig
-from gyre.engine.launch import ServerProcess, free_port
+from gyre.engine.launcher import ServerProcess, free_port
 from gyre.engine.models import init_model
-from gyre.router.core import Router
 from gyre.router.openai_types import ChatRequest
 from gyre.router.pool import EnginePool, Generation
+from gyre.router.routing import Router
 
 UPSTREAM = str(Path(__file__).with_name("upstream.py"))  # the engine stand-in, run as its own process
 

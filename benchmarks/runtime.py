@@ -33,12 +33,12 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from gyre.agents.builtin import BuiltinAgentConfig
+from gyre.agents.toolagent import BuiltinAgentConfig
 from gyre.config import RouterConfig, SandboxConfig
 from gyre.driver.eventloop import Governor, freeze_heap
-from gyre.engine.launch import free_port
+from gyre.engine.launcher import free_port
 from gyre.engine.models import init_model, load_tokenizer
-from gyre.router.core import Router
+from gyre.router.routing import Router
 from gyre.runtime import BuiltinAgentSpec, ExecutionSpec, Runtime
 from gyre.sandbox import make_sandbox
 from gyre.sandbox.process import spawn

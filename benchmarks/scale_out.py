@@ -40,13 +40,13 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from gyre.agents.builtin import BuiltinAgentConfig
+from gyre.agents.toolagent import BuiltinAgentConfig
 from gyre.config import GyreConfig, RouterConfig, SandboxConfig, ShardsConfig
 from gyre.driver.eventloop import run as run_loop
-from gyre.engine.launch import free_port
+from gyre.engine.launcher import free_port
 from gyre.engine.models import init_model, load_tokenizer
 from gyre.journal.records import CallRecord, CallTiming
-from gyre.router.core import Router
+from gyre.router.routing import Router
 from gyre.runtime import BuiltinAgentSpec, ExecutionResult, ExecutionSpec, Runtime
 from gyre.runtime.shard import RuntimeSpec, ShardMessage, ShardResult
 from gyre.runtime.shards import ShardedRuntime, ShardHub

@@ -37,7 +37,7 @@ def check(device: str) -> dict[str, Any]:
     from transformers.utils import logging as hf_logging
 
     from gyre.config import TrainerConfig
-    from gyre.engine.launch import free_port
+    from gyre.engine.launcher import free_port
     from gyre.engine.models import init_model
     from gyre.train.sharded import ShardedState
     from gyre.train.state import TrainState, flat_gradient, load_model, lr_at

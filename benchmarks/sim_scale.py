@@ -5,7 +5,7 @@
 Real code throughout, modelled only where a machine is missing:
 - **control plane**: the real `Controller` (its ZeroMQ ROUTER, heartbeats, state machines, the router's pool of
   managed engines) in this process on the driver's loop; ``--cells`` cells in a child process, each its own DEALER
-  over TCP, saying Hello (serving) and then beating every ``controller.heartbeat_s`` as `gyre.control.cell` does.
+  over TCP, saying Hello (serving) and then beating every ``controller.heartbeat_s`` as `gyre.control.cellprocess` does.
   Measured: messages per second each way, this process's CPU (loop and ZeroMQ's I/O thread) and its loop lag.
 - **codec**: the controller's and the cells' own msgspec encoders and decoders on the real structs.
 - **decisions**: what `ElasticLoop` does per decision (the controller's `cell_views`, `Books.observation`, the policy's
@@ -38,7 +38,7 @@ import msgspec
 import zmq
 
 from gyre.config import ControllerConfig
-from gyre.control import cell as cell_module
+from gyre.control import cellprocess
 from gyre.control import controller as controller_module
 from gyre.control.books import Books
 from gyre.control.controller import Controller, _Cell
@@ -199,8 +199,8 @@ def codec() -> dict[str, float]:
     }  # fmt: skip
     for name, message in samples.items():
         to_controller = name in ("CellBeat", "CellHello", "SwitchDone")
-        encoder = cell_module._encoder if to_controller else controller_module._encoder
-        decoder = controller_module._decoder if to_controller else cell_module._decoder
+        encoder = cellprocess._encoder if to_controller else controller_module._encoder
+        decoder = controller_module._decoder if to_controller else cellprocess._decoder
         n = 20000
         start = time.perf_counter()
         for _ in range(n):

@@ -38,7 +38,7 @@ from gyre.driver.rundir import RunDir
 from gyre.driver.training import TrainSummary, train
 from gyre.engine.models import init_model
 from gyre.journal import read_journal
-from gyre.runtime.runtime import ExecutionResult
+from gyre.runtime.dispatch import ExecutionResult
 
 RESULTS = Path(__file__).parent / "results"
 MODES = ("elastic", "async", "colocate")

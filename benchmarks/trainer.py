@@ -31,11 +31,11 @@ from rich.console import Console
 from rich.table import Table
 
 from gyre.engine import weight_sync
-from gyre.engine.launch import free_port, launch_embedded
+from gyre.engine.launcher import free_port, launch_embedded
 from gyre.engine.models import count_parameters, init_model
 from gyre.protocol import MicroStep
-from gyre.train.client import TrainerClient, launch_core, launch_satellite
 from gyre.train.satellite import Satellite, SatelliteSummary
+from gyre.train.trainerclient import TrainerClient, launch_core, launch_satellite
 
 
 def micro_steps(count: int, tokens: int, seed: int = 0, vocab: int = 260) -> list[MicroStep]:

@@ -54,8 +54,8 @@ from gyre.engine.models import init_model
 from gyre.journal.records import CallRecord, CallTiming, Role, decode_record
 from gyre.train.loss import chain_segments, token_logprobs
 from gyre.train.objective import policy_loss
+from gyre.train.prefixtree import TrajectoryTree
 from gyre.train.step import MicroStep, Packing, Rollout, StepData, build_step
-from gyre.train.tree import TrajectoryTree
 
 JMAXES: tuple[int | None, ...] = (1, 5, None)
 PACKINGS: tuple[Packing, ...] = ("tree", "path")

@@ -84,8 +84,8 @@ def part_a(quick: bool) -> dict[str, Any]:
     """Records -> journal -> tree -> micro-steps of one long execution."""
     from gyre.journal import Journal, read_journal
     from gyre.journal.records import CallRecord
+    from gyre.train.prefixtree import TrajectoryTree
     from gyre.train.step import Rollout, build_step
-    from gyre.train.tree import TrajectoryTree
 
     calls, new_in, out = (100, 600, 100) if quick else (1000, 600, 100)
     rows: list[tuple[str, float, float]] = []
@@ -142,10 +142,10 @@ async def _part_d(quick: bool, model_dir: Path | None) -> dict[str, Any]:
     from gyre.config import RouterConfig
     from gyre.engine.models import init_model
     from gyre.protocol import GenerateRequest
-    from gyre.router.core import Router
     from gyre.router.openai_types import ChatRequest
     from gyre.router.pool import Generation
     from gyre.router.render import ChatRenderer
+    from gyre.router.routing import Router
 
     histories = (7_000, 70_000) if quick else (7_000, 70_000, 700_000)
     reps = 5 if quick else 10

@@ -108,7 +108,7 @@ def run_group(model_dir: Path, micro: Any, world: int, optimizer: bool) -> list[
     import msgspec
     import torch.multiprocessing as mp
 
-    from gyre.engine.launch import free_port
+    from gyre.engine.launcher import free_port
 
     with tempfile.TemporaryDirectory() as out:
         path = Path(out, "micro.msgpack")

@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 
 from gyre.config import RouterConfig, SandboxConfig
-from gyre.engine.launch import launch_embedded
-from gyre.router.core import Router
+from gyre.engine.launcher import launch_embedded
+from gyre.router.routing import Router
 from gyre.runtime import CommandAgentSpec, ExecutionResult, ExecutionSpec, Runtime
 from gyre.tasks import Task
 

@@ -19,7 +19,7 @@ fi
 # System packages, each installed with apt-get when missing and we are root (one apt-get update for all). Never fatal:
 # - bubblewrap, the default sandbox backend (gyre.sandbox): without it Gyre refuses to start sandboxes and says what
 #   to do (install it, or choose sandbox.backend = "local").
-# - chromium-headless-shell, the real browser tests/integration/report opens report.html in (playwright drives it
+# - chromium-headless-shell, the real browser tests/integration/driver opens report.html in (playwright drives it
 #   through executable_path; playwright's own browser download is not used); without it that test is skipped.
 # - podman (rootful), the container runtime of tasks that name an image (gyre.sandbox.container), with runc and
 #   catatonit (`--init`); runc goes first so that it, not crun, fills podman's "crun | runc": crun cannot start

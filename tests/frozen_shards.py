@@ -15,7 +15,7 @@ from gyre.config import GyreConfig
 from gyre.control.placement import Launcher
 from gyre.driver.rundir import execution_journals
 from gyre.journal import read_journal
-from gyre.runtime.runtime import CommandAgentSpec, ExecutionResult, ExecutionSpec
+from gyre.runtime.dispatch import CommandAgentSpec, ExecutionResult, ExecutionSpec
 from gyre.runtime.shard import RuntimeSpec
 from gyre.runtime.shards import ShardHub, ShardStatistics, owner
 from gyre.tasks import resolve_suite

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gyre.engine.client import EngineClient
+from gyre.engine.engineclient import EngineClient
 
 
 async def wait_generating(client: EngineClient, tokens: int = 1, timeout_s: float = 60.0) -> None:

@@ -115,7 +115,7 @@ class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         2.0  # seconds between usage checks while an agent runs
     )
     copy_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0  # wall clock of one copy of a workspace out
-    # bubblewrap: one long-lived sandbox per execution runs its commands (gyre.sandbox.server); false: a new
+    # bubblewrap: one long-lived sandbox per execution runs its commands (gyre.sandbox.commandserver); false: a new
     # bubblewrap per command (about 5 ms more each). The server stops after this many seconds without a command.
     command_server: bool = True
     server_idle_s: Annotated[float, msgspec.Meta(gt=0)] = 60.0
@@ -169,7 +169,7 @@ class LossConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The trainer processes (``gyre.train.core``, ``.satellite``): one core, any number of satellites."""
+    """The trainer processes (``gyre.train.coretrainer``, ``.satellite``): one core, any number of satellites."""
 
     model_path: str = ""  # Hugging Face model directory the core starts from (or a Gyre checkpoint)
     resume_from: str = ""  # a checkpoint directory (weights + optimizer + step); empty: fresh optimizer

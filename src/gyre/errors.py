@@ -84,7 +84,7 @@ class WorkspaceLimitExceeded(SandboxError):
 
 class ResourceExceeded(SandboxError):
     """A command agent's processes passed one of their sandbox's limits (``resource``: one of
-    `gyre.sandbox.base.RESOURCES`) and were killed inside it; recorded on its execution (``resource_exceeded``)."""
+    `gyre.sandbox.interface.RESOURCES`) and were killed inside it; recorded on its execution (``resource_exceeded``)."""
 
     def __init__(self, message: str, resource: str) -> None:
         super().__init__(message)

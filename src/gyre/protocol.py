@@ -239,7 +239,7 @@ def format_weight_version(version: int) -> str:
 
 # ---- trainer channel: satellites and the driver <-> the core trainer (ZeroMQ DEALER -> ROUTER, msgpack) ----------
 # Tensors never travel here: weights and gradients go over each member's torch.distributed pair group with the
-# core (gyre.train.core). Every pair-group transfer is announced by a message on this channel first, from the side
+# core (gyre.train.coretrainer). Every pair-group transfer is announced by a message on this channel first, from the side
 # that starts it, so both ends issue their collectives in the same order.
 
 Objective = Literal["policy", "supervised"]

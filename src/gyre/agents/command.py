@@ -12,7 +12,7 @@ quota.
 
 from __future__ import annotations
 
-from gyre.agents.base import AgentContext, AgentResult, AgentStatus
+from gyre.agents.contract import AgentContext, AgentResult, AgentStatus
 from gyre.errors import ResourceExceeded
 
 SOCKET_DIR = "/run/gyre"  # inside the sandbox

@@ -20,7 +20,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from gyre.agents.base import AgentResult
+from gyre.agents.contract import AgentResult
 from gyre.agents.python import ScaffoldContext
 
 SYSTEM = (

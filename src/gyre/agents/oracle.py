@@ -1,12 +1,12 @@
 """The oracle: writes the task's reference solution into the workspace instead of asking a model.
 
 It validates a suite (`gyre eval --agent oracle`): a task whose oracle scores below 1 is a broken task. Tasks solved
-by a scripted expert instead run the built-in agent against the expert (`gyre.tasks.builtin.EXPERTS`).
+by a scripted expert instead run the built-in agent against the expert (`gyre.tasks.catalog.EXPERTS`).
 """
 
 from __future__ import annotations
 
-from gyre.agents.base import AgentContext, AgentResult
+from gyre.agents.contract import AgentContext, AgentResult
 from gyre.errors import AgentError
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from gyre.agents.base import AgentContext, AgentResult
+from gyre.agents.contract import AgentContext, AgentResult
 from gyre.errors import AgentError, ConfigError
 
 if TYPE_CHECKING:

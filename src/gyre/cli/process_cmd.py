@@ -14,7 +14,7 @@ from gyre.errors import ConfigError
 def cmd_trainer_core(args: argparse.Namespace) -> int:
     """Run the core trainer process (authoritative weights, optimizer, micro-step queue)."""
     from gyre.config import load_config
-    from gyre.train.core import run_core
+    from gyre.train.coretrainer import run_core
     from gyre.train.layout import check_run_layout
 
     overrides = list(args.set or [])
@@ -56,7 +56,7 @@ def cmd_trainer_satellite(args: argparse.Namespace) -> int:
 def cmd_cell(args: argparse.Namespace) -> int:
     """Run one cell: its engine (and on the core cell the core trainer), switching roles on the controller's word."""
     from gyre.config import load_config
-    from gyre.control.cell import CellSpec, run_cell
+    from gyre.control.cellprocess import CellSpec, run_cell
 
     overrides = list(args.set or [])
     if args.host:

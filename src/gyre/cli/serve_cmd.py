@@ -28,7 +28,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
 
 def cmd_serve_engine(args: argparse.Namespace) -> int:
     """Serve the embedded engine over SGLang's HTTP API."""
-    from gyre.engine.embedded.server import run_engine_server
+    from gyre.engine.embedded.api import run_engine_server
 
     cfg = _engine_config(args)
     print(f"gyre engine: loading {cfg.model_path}; serving on http://{cfg.host}:{cfg.port}", file=sys.stderr)
@@ -38,8 +38,8 @@ def cmd_serve_engine(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Send one chat generation to an engine (started here on --model when no --url is given)."""
-    from gyre.engine.client import EngineClient
-    from gyre.engine.launch import launch_embedded
+    from gyre.engine.engineclient import EngineClient
+    from gyre.engine.launcher import launch_embedded
     from gyre.engine.models import load_tokenizer
     from gyre.protocol import SamplingParams
 
@@ -78,8 +78,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_router(args: argparse.Namespace) -> int:
     """Serve the OpenAI-compatible router in front of running engines."""
     from gyre.config import load_config
-    from gyre.router.core import Router
-    from gyre.router.server import serve_router
+    from gyre.router.app import serve_router
+    from gyre.router.routing import Router
 
     overrides = list(args.set or [])
     if args.engines:

@@ -73,7 +73,7 @@ SubmitFate = Literal["deliver", "lose_request", "lose_answer", "duplicate"]
 
 
 class FaultySubmits:
-    """The fate of each of the driver's ``SubmitMicroSteps`` (`gyre.train.client.TrainerClient` carries it out)."""
+    """The fate of each of the driver's ``SubmitMicroSteps`` (`gyre.train.trainerclient.TrainerClient` carries it out)."""
 
     def __init__(self, cfg: ChaosConfig, side: str = "driver") -> None:
         self.cfg = cfg

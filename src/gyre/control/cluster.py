@@ -17,12 +17,12 @@ from pathlib import Path
 import msgspec
 
 from gyre.config import GyreConfig, dump_config
-from gyre.control.cell import CellSpec, cell_command, cell_specs
+from gyre.control.cellprocess import CellSpec, cell_command, cell_specs
 from gyre.control.controller import ControlledPool, Controller
 from gyre.control.placement import Launcher, LocalLauncher, Process
 from gyre.errors import CellError
-from gyre.router.core import Router
 from gyre.router.pool import EnginePool
+from gyre.router.routing import Router
 
 SHUTDOWN_S = 30.0  # how long cells may take to stop once told; then they are killed (a gone one at once)
 

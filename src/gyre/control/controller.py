@@ -8,7 +8,7 @@ weights, is drained before the cell trains, and takes calls again only after the
 Switches (DESIGN section 4), each timed per phase and journaled to ``switches.jsonl``:
 - serve -> train: the router sends the cell no new calls and moves the calls in flight there, from the tokens
   generated so far, to the capacity reserved for them (a standalone server first, else the serving cell that will
-  serve longest: the last in training order) (``drain``); then the cell's own phases (see `gyre.control.cell`).
+  serve longest: the last in training order) (``drain``); then the cell's own phases (see `gyre.control.cellprocess`).
 - train -> serve: the cell's phases, then the router sends it calls again (``route``).
 
 Heartbeats both ways: a cell silent for ``cell_timeout_s`` is gone (the router stops routing to it and continues its

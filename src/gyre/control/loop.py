@@ -25,8 +25,8 @@ from gyre.control.controller import Controller
 from gyre.control.policy import CellView, Dispatch, ToServe, ToTrain, decide
 from gyre.errors import CoreLost, SwitchFailed, TrainerError
 from gyre.protocol import MicroStep, StepMetrics, SwitchRecord
-from gyre.train.client import TrainerClient
 from gyre.train.step import Rollout, build_step_from_config
+from gyre.train.trainerclient import TrainerClient
 
 log = logging.getLogger(__name__)
 Execute = Callable[[int], Awaitable[Rollout]]  # execution index -> what it produced (its ``group``: the task)

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import msgspec
 
 from gyre.config import GyreConfig
-from gyre.engine.launch import exit_with_parent
+from gyre.engine.launcher import exit_with_parent
 from gyre.errors import ConfigError
 from gyre.journal import Journal
 

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 import msgspec
 
-from gyre.agents.builtin import BuiltinAgentConfig
+from gyre.agents.toolagent import BuiltinAgentConfig
 from gyre.config import RayConfig, RouterConfig, SandboxConfig, ShardsConfig
 from gyre.driver.rundir import RunDir
 from gyre.errors import ConfigError, TaskError
-from gyre.router.core import Router
+from gyre.router.routing import Router
 from gyre.runtime import (
     AgentSpec,
     BuiltinAgentSpec,
@@ -68,7 +68,7 @@ class EvalOptions(msgspec.Struct, kw_only=True):
     run_dir: str  # where the journal and the results go
     agent: str = "builtin"  # builtin | oracle | command:ARGV (a process) | python:MODULE:ATTR (a callable)
     expert: str = (
-        ""  # the scripted expert the oracle plays (a name in gyre.tasks.builtin.EXPERTS); empty: the suite's
+        ""  # the scripted expert the oracle plays (a name in gyre.tasks.catalog.EXPERTS); empty: the suite's
     )
     model_path: str = "models/tiny"  # tokenizer and chat template (and the weights, for the embedded engine)
     model_name: str = ""  # what agents pass as `model`; empty: the model directory's name
@@ -379,7 +379,7 @@ async def _serving(options: EvalOptions, tasks: list[Task]) -> AsyncIterator[str
             raise ConfigError(f"--agent oracle: one scripted expert per run, the suite has {experts}")
         from gyre.engine.models import load_tokenizer
         from gyre.engine.scripted import ScriptedEngine
-        from gyre.tasks.builtin import expert
+        from gyre.tasks.catalog import expert
 
         _ensure_model(options.model_path)
         tokenizer = load_tokenizer(options.model_path)
@@ -390,7 +390,7 @@ async def _serving(options: EvalOptions, tasks: list[Task]) -> AsyncIterator[str
     if options.engine_url or options.base_url:
         yield options.engine_url or None
         return
-    from gyre.engine.launch import launch_embedded
+    from gyre.engine.launcher import launch_embedded
 
     _ensure_model(options.model_path)
     log = Path(options.run_dir) / "engine.log"

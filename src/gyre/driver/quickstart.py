@@ -40,8 +40,8 @@ from gyre.driver.rundir import RunDir, default_run_dir, execution_journals
 from gyre.driver.sft import run_sft
 from gyre.driver.training import EvalPoint, StepRecord, train
 from gyre.journal import read_journal
-from gyre.runtime.runtime import ExecutionResult
-from gyre.tasks.builtin import resolve_suite
+from gyre.runtime.dispatch import ExecutionResult
+from gyre.tasks.catalog import resolve_suite
 
 EVAL_SUITE = "toy:64:7"  # the held-out set: 64 tasks no phase trains on
 TRAIN_SUITE = "toy:256:1"

@@ -4,7 +4,7 @@ Demonstrations are `CallRecord`s from run journals (``calls.jsonl``) whose ``sou
 ``sft.sources`` (by default ``scripted``: a scripted expert's, e.g. ``gyre eval --agent oracle`` on the toy
 suite). A record stores its input as a delta on its parent; a record whose parent was left out (another
 source, too long, missing) is left out with it, so every kept call's full input is known. Each optimizer step
-takes ``batch_sessions`` sessions and folds them into prefix trees (`gyre.train.tree`) of at most
+takes ``batch_sessions`` sessions and folds them into prefix trees (`gyre.train.prefixtree`) of at most
 ``micro_step_tokens`` tokens, so the prompt the sessions share, and each session's history, are computed once.
 Only output tokens are trained (inputs are context), each weighing ``1 / (trained tokens of the step)``: a
 step's loss is the mean negative log-likelihood per demonstrated token, in nats. An output token that several
@@ -50,8 +50,8 @@ from gyre.errors import ConfigError
 from gyre.journal import Journal, read_journal
 from gyre.journal.records import ApiCallRecord, CallRecord, decode_record, input_tails
 from gyre.protocol import MicroStats, MicroStep
+from gyre.train.prefixtree import TrajectoryTree
 from gyre.train.step import Rollout, build_step
-from gyre.train.tree import TrajectoryTree
 
 if TYPE_CHECKING:
     import torch

@@ -25,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from gyre.agents.builtin import BuiltinAgentConfig
+from gyre.agents.toolagent import BuiltinAgentConfig
 from gyre.config import GyreConfig, load_config
 from gyre.control.books import Books
 from gyre.control.chaos import FaultyStarts

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gyre.engine.launch import free_port
+from gyre.engine.launcher import free_port
 
 Script = Callable[[list[int]], str]  # input ids -> the reply text
 

@@ -24,7 +24,7 @@ from gyre.errors import ConfigError
 from gyre.protocol import format_weight_version
 
 if TYPE_CHECKING:
-    from gyre.engine.client import EngineClient
+    from gyre.engine.engineclient import EngineClient
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

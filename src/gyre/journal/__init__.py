@@ -3,7 +3,7 @@
 The journal is one JSON line per record, written before anything downstream sees it. A line is flushed to the OS
 before ``append`` returns, so a crash of the process loses nothing that was acknowledged; with ``fsync`` a power loss
 does not either. The router and the runtime write journals; the driver (`gyre.driver`: resume, report, SFT) and the
-trainer's trajectory processor (`gyre.train.tree`) read them.
+trainer's trajectory processor (`gyre.train.prefixtree`) read them.
 """
 
 from __future__ import annotations

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import msgspec
 
 from gyre.journal.records import Role
-from gyre.router.core import INLINE_MESSAGES, _hold_stops, _mapped, _parses_tools, check_tools
 from gyre.router.openai_types import ChatRequest, MaxTokens, RouterError, TopP
 from gyre.router.pool import CallControl, Generation
+from gyre.router.routing import INLINE_MESSAGES, _hold_stops, _mapped, _parses_tools, check_tools
 
 if TYPE_CHECKING:
-    from gyre.router.core import Router, _ChatCall
+    from gyre.router.routing import Router, _ChatCall
 
 Event = tuple[str, dict[str, Any]]  # (SSE event name, its JSON data)
 _SKIPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})  # the model's own reasoning: not re-rendered

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from gyre.engine.client import EngineClient
+from gyre.engine.engineclient import EngineClient
 from gyre.engine.http import LocalResourceError
 from gyre.errors import (
     EngineCapacityError,

@@ -34,12 +34,12 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from gyre.journal.records import Role
-from gyre.router.core import INLINE_MESSAGES, check_tools
 from gyre.router.openai_types import ChatRequest, MaxTokens, RouterError, Temperature, TopP
 from gyre.router.pool import CallControl
+from gyre.router.routing import INLINE_MESSAGES, check_tools
 
 if TYPE_CHECKING:
-    from gyre.router.core import Router
+    from gyre.router.routing import Router
     from gyre.router.sessions import Session
 
 Event = tuple[str, dict[str, Any]]  # (SSE event name, its JSON data)

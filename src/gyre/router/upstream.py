@@ -21,9 +21,9 @@ import msgspec
 from gyre.config import RouterConfig
 from gyre.journal import Journal
 from gyre.journal.records import ApiCallRecord, CallTiming, Role
-from gyre.router.core import Router
 from gyre.router.openai_types import ChatRequest, CompletionRequest, RouterError
 from gyre.router.pool import CallControl, EnginePool
+from gyre.router.routing import Router
 from gyre.router.sessions import SessionStore
 
 RETRY_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})

@@ -1,6 +1,6 @@
 """The rollout runtime: thousands of executions, each an agent in its own sandbox, in one event loop."""
 
-from gyre.runtime.runtime import (
+from gyre.runtime.dispatch import (
     AgentSpec,
     BuiltinAgentSpec,
     CommandAgentSpec,

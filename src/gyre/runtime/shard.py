@@ -36,10 +36,10 @@ from gyre.config import GyreConfig
 from gyre.control.chaos import FaultyStarts
 from gyre.errors import TaskError
 from gyre.journal import Journal
-from gyre.router.core import Router
 from gyre.router.pool import EnginePool
-from gyre.runtime.runtime import AgentSpec, ExecutionResult, ExecutionSpec, Runtime
-from gyre.tasks.base import Task
+from gyre.router.routing import Router
+from gyre.runtime.dispatch import AgentSpec, ExecutionResult, ExecutionSpec, Runtime
+from gyre.tasks.task import Task
 from gyre.tasks.verify import Verifier
 
 log = logging.getLogger(__name__)

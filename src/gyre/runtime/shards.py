@@ -46,7 +46,7 @@ from gyre.driver.rundir import execution_journals
 from gyre.errors import CoreLost, GyreError, TaskError
 from gyre.journal import Journal, read_journal
 from gyre.router.pool import EngineState, PoolStatistics
-from gyre.runtime.runtime import ExecutionResult, ExecutionSpec, RuntimeStatistics
+from gyre.runtime.dispatch import ExecutionResult, ExecutionSpec, RuntimeStatistics
 from gyre.runtime.shard import (
     EngineAction,
     EngineOp,

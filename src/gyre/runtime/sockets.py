@@ -23,8 +23,8 @@ from typing import Any
 
 import msgspec
 
-from gyre.router.core import Router
-from gyre.sandbox import tree
+from gyre.router.routing import Router
+from gyre.sandbox import filetree
 
 SOCKET_NAME = "router.sock"
 # connections one execution's socket holds at once (an agent makes a few; each costs the driver a descriptor), and
@@ -136,7 +136,7 @@ async def session_socket(router: Router, token: str) -> AsyncIterator[str]:
             os.chmod(path, 0o666)
             yield directory
     finally:
-        await asyncio.shield(asyncio.to_thread(tree.remove, directory))
+        await asyncio.shield(asyncio.to_thread(filetree.remove, directory))
 
 
 @contextlib.asynccontextmanager
@@ -159,7 +159,7 @@ async def _serving(
     import uvicorn
     from uvicorn.server import ServerState
 
-    from gyre.router.server import KEEP_ALIVE_S, build_agent_app, head_timeout_protocol
+    from gyre.router.app import KEEP_ALIVE_S, build_agent_app, head_timeout_protocol
 
     config = uvicorn.Config(
         _OwnSession(build_agent_app(router), token),

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from gyre.config import SandboxConfig
 from gyre.errors import SandboxError
-from gyre.sandbox import limits, server
-from gyre.sandbox.base import WORKSPACE, ExecResult, Sandbox, Snapshot
+from gyre.sandbox import commandserver, limits
 from gyre.sandbox.bwrap import BwrapSandbox, bwrap_argv
 from gyre.sandbox.container import ContainerSandbox, check_container
+from gyre.sandbox.interface import WORKSPACE, ExecResult, Sandbox, Snapshot
 from gyre.sandbox.local import LocalSandbox
 from gyre.sandbox.workspace import SYSTEM_PATH
 
@@ -66,7 +66,7 @@ def check_backend(cfg: SandboxConfig) -> str:
     # the command server is built here, once, not on a busy loop
     commands = (
         "a command server per sandbox"
-        if cfg.command_server and server.binary()
+        if cfg.command_server and commandserver.binary()
         else "a bubblewrap per command"
     )
     return f"bubblewrap (isolated, {'HOST network' if cfg.network else 'no network'}; {commands}); {how}"

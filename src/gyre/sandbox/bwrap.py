@@ -21,7 +21,7 @@ What a command sees and may do:
   directory private to the sandbox, so that files there last from one command to the next);
 - a scrubbed environment: PATH, HOME, LANG, TERM, TMPDIR and what the caller passes, nothing of the driver's.
 
-Commands run through the sandbox's command server (`gyre.sandbox.server`): one bubblewrap per sandbox, started by
+Commands run through the sandbox's command server (`gyre.sandbox.commandserver`): one bubblewrap per sandbox, started by
 its first command, whose pid 1 forks each command under a keeper that kills whatever the command leaves behind when
 it exits (daemons included), and empties ``/dev/shm`` and SysV IPC whenever no command runs; the timeout, a
 cancellation or the sandbox's closing kill the command's whole tree, and ``--die-with-parent`` ends it all if the
@@ -54,8 +54,8 @@ from typing import ClassVar
 
 from gyre.config import SandboxConfig
 from gyre.errors import SandboxError
-from gyre.sandbox import limits, seccomp, server, tree
-from gyre.sandbox.base import WORKSPACE
+from gyre.sandbox import commandserver, filetree, limits, seccomp
+from gyre.sandbox.interface import WORKSPACE
 from gyre.sandbox.process import RawExit
 from gyre.sandbox.workspace import SYSTEM_PATH, HostSandbox
 
@@ -198,9 +198,9 @@ class BwrapSandbox(HostSandbox):
         super().__init__(cfg, workspace, binds, python_env, variables)
         self._staged: dict[str, str] = {}  # host path -> where the launcher binds it for the sandbox's uid
         self._owners: dict[tuple[int, int], tuple[int, int]] = {}  # a given workspace's, before: see _remove
-        # its command server (gyre.sandbox.server): None until the first command, and after it stops
-        self._server_binary = server.binary() if cfg.command_server else None
-        self._server: server.CommandServer | None = None
+        # its command server (gyre.sandbox.commandserver): None until the first command, and after it stops
+        self._server_binary = commandserver.binary() if cfg.command_server else None
+        self._server: commandserver.CommandServer | None = None
         self._server_lock = asyncio.Lock()
         self._idle: asyncio.TimerHandle | None = None
         self._stopping: asyncio.Future[None] | None = None  # an idle server's ending
@@ -276,7 +276,7 @@ class BwrapSandbox(HostSandbox):
             if self._server is not None and not self._server.busy and not self._ending:
                 self._idle = asyncio.get_running_loop().call_later(self.cfg.server_idle_s, self._stop_idle)
 
-    async def _command_server(self) -> server.CommandServer:
+    async def _command_server(self) -> commandserver.CommandServer:
         """The running server, started (again) if there is none."""
         async with self._server_lock:
             if self._server is None or self._server.closed:
@@ -290,13 +290,15 @@ class BwrapSandbox(HostSandbox):
                     self._staged.get(str(p), str(p)) for p in (self.workspace, self.root / "tmp")
                 )
                 binds = [(self._staged.get(h, h), inside, writable) for h, inside, writable in self.binds]
-                binds.append((self._staged.get(binary, binary), server.INSIDE, False))
-                inner = bwrap_argv(self.cfg, workspace, tmp, [server.INSIDE], {}, None, binds, fd, init=False)
-                self._server = await server.CommandServer.start(
+                binds.append((self._staged.get(binary, binary), commandserver.INSIDE, False))
+                inner = bwrap_argv(
+                    self.cfg, workspace, tmp, [commandserver.INSIDE], {}, None, binds, fd, init=False
+                )
+                self._server = await commandserver.CommandServer.start(
                     self._launcher_prefix() + inner,
                     {"PATH": SYSTEM_PATH},
                     self._running,
-                    server.start_slots(self.cfg.max_starting),
+                    commandserver.start_slots(self.cfg.max_starting),
                 )
             return self._server
 
@@ -351,7 +353,7 @@ def _owners(top: Path) -> dict[tuple[int, int], tuple[int, int]]:
     """(device, inode) -> (uid, gid) of every entry of a tree, ``top`` included."""
     st = os.lstat(top)
     out = {(st.st_dev, st.st_ino): (st.st_uid, st.st_gid)}
-    for entry in tree.walk(top):
+    for entry in filetree.walk(top):
         out[entry.stat.st_dev, entry.stat.st_ino] = entry.stat.st_uid, entry.stat.st_gid
     return out
 
@@ -360,7 +362,7 @@ def _chown_tree(top: Path, uid: int) -> None:
     """Give a tree to ``uid`` (as its gid too), except files with other hard links: those may also lie outside
     the tree, where the sandbox must not gain the right to write them."""
     os.chown(top, uid, uid)
-    for entry in tree.walk(top):
+    for entry in filetree.walk(top):
         if stat.S_ISDIR(entry.stat.st_mode) or entry.stat.st_nlink == 1:
             with contextlib.suppress(FileNotFoundError):
                 os.chown(entry.name, uid, uid, dir_fd=entry.dir_fd, follow_symlinks=False)
@@ -371,7 +373,7 @@ def _restore_owners(top: Path, owners: dict[tuple[int, int], tuple[int, int]]) -
     st = os.lstat(top)
     default = owners.get((st.st_dev, st.st_ino), (st.st_uid, st.st_gid))
     os.chown(top, *default)
-    for entry in tree.walk(top):
+    for entry in filetree.walk(top):
         uid, gid = owners.get((entry.stat.st_dev, entry.stat.st_ino), default)
         if (entry.stat.st_uid, entry.stat.st_gid) != (uid, gid):
             with contextlib.suppress(FileNotFoundError):

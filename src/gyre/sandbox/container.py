@@ -54,8 +54,8 @@ import msgspec
 from gyre.config import SandboxConfig
 from gyre.errors import SandboxError
 from gyre.sandbox import limits
-from gyre.sandbox.base import WORKSPACE, ExecResult
 from gyre.sandbox.bwrap import _chown_tree, _owners, _restore_owners
+from gyre.sandbox.interface import WORKSPACE, ExecResult
 from gyre.sandbox.workspace import SYSTEM_PATH, HostSandbox
 
 log = logging.getLogger(__name__)

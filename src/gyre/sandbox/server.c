@@ -1,6 +1,6 @@
 /* gyre-sandbox-server: pid 1 of a long-lived bubblewrap sandbox; it runs the commands its driver asks for.
  *
- * The driver (gyre.sandbox.server) starts it once per sandbox, inside every isolation a per-command bubblewrap
+ * The driver (gyre.sandbox.commandserver) starts it once per sandbox, inside every isolation a per-command bubblewrap
  * had (namespaces, seccomp, rlimits, cgroups, the sandbox's own uid), and sends it commands over descriptor 0, a
  * unix stream socket. Frames both ways: u32 payload length, u32 command id, u8 type, payload (little endian).
  *

@@ -20,9 +20,9 @@ from typing import ClassVar
 
 from gyre.config import SandboxConfig
 from gyre.errors import SandboxError, WorkspaceLimitExceeded
-from gyre.sandbox import limits, paths, pyenv, tree
-from gyre.sandbox.base import ExecResult, Sandbox, Snapshot
+from gyre.sandbox import filetree, limits, paths, pyenv
 from gyre.sandbox.cgroups import SandboxCgroup, support
+from gyre.sandbox.interface import ExecResult, Sandbox, Snapshot
 from gyre.sandbox.process import LAUNCHER_EXIT_S, RawExit, Running, exit_status, run_process
 
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -183,7 +183,7 @@ class HostSandbox(Sandbox):
                 self._cgroup = None
         finally:
             if self._root is not None:
-                tree.remove(self._root)
+                filetree.remove(self._root)
                 self._root = None
             self._workspace = None
 
@@ -292,13 +292,13 @@ class HostSandbox(Sandbox):
         src = self.root / "snapshots" / snapshot.name
         if snapshot.sandbox_id != self._id or not await asyncio.to_thread(src.is_dir):
             raise SandboxError(f"snapshot {snapshot.name} was not taken in sandbox {self._id}")
-        await asyncio.to_thread(tree.empty, self.workspace)
+        await asyncio.to_thread(filetree.empty, self.workspace)
         await copy_tree(src, self.workspace)
 
 
-def workspace_limits(cfg: SandboxConfig) -> tree.Limits:
-    """The quotas of one workspace, and of one copy of it out of its sandbox (`gyre.sandbox.tree`)."""
-    return tree.Limits(
+def workspace_limits(cfg: SandboxConfig) -> filetree.Limits:
+    """The quotas of one workspace, and of one copy of it out of its sandbox (`gyre.sandbox.filetree`)."""
+    return filetree.Limits(
         max_bytes=cfg.disk_quota_mib * limits.MIB, max_entries=cfg.max_inodes, timeout_s=cfg.copy_timeout_s
     )
 
@@ -313,16 +313,16 @@ def make_scratch(workspace_root: str, prefix: str) -> Path:
     return scratch
 
 
-async def copy_tree(src: Path, dest: Path, bounds: tree.Limits | None = None) -> None:
+async def copy_tree(src: Path, dest: Path, bounds: filetree.Limits | None = None) -> None:
     """Copy the directory ``src`` onto ``dest`` (modes, owners, times, links) with ``cp -a``, then strip set-id
-    bits and device files from the copy (`tree.sanitize`): nothing privileged leaves a sandbox this way.
+    bits and device files from the copy (`filetree.sanitize`): nothing privileged leaves a sandbox this way.
 
     ``bounds`` (`workspace_limits`): a source past its bytes or entries is refused before anything is copied, and
     a copy that takes longer than its time is killed; both raise `WorkspaceLimitExceeded` (``dest`` may hold a
     partial copy: the caller removes it).
     """
     if bounds is not None:
-        await asyncio.to_thread(tree.usage, src, bounds)  # stops as soon as it is over: bounded too
+        await asyncio.to_thread(filetree.usage, src, bounds)  # stops as soon as it is over: bounded too
     argv = [limits.tool("cp"), "-a", "-T", "--reflink=auto", "--", str(src), str(dest)]
     timeout_s = None if bounds is None else bounds.timeout_s
     done = await run_process(
@@ -334,11 +334,11 @@ async def copy_tree(src: Path, dest: Path, bounds: tree.Limits | None = None) ->
         # cp works by path, and a tree deeper than PATH_MAX (the agent's doing) defeats it; the walk by directory
         # descriptors does not (it keeps links, regular files and directories: what grading reads)
         failed = done.stderr.text().strip()[-500:]
-        await asyncio.to_thread(tree.remove, dest)
+        await asyncio.to_thread(filetree.remove, dest)
         try:
-            await asyncio.to_thread(tree.copy, src, dest, bounds)
+            await asyncio.to_thread(filetree.copy, src, dest, bounds)
         except OSError as exc:
             raise SandboxError(
                 f"cannot copy the workspace {src} to {dest}: {failed}; by descriptors: {exc}"
             ) from None
-    await asyncio.to_thread(tree.sanitize, dest)
+    await asyncio.to_thread(filetree.sanitize, dest)

@@ -39,7 +39,7 @@ from packaging.utils import canonicalize_name
 
 from gyre.config import SandboxConfig
 from gyre.errors import TaskError
-from gyre.tasks.base import EnvironmentSpec, Task
+from gyre.tasks.task import EnvironmentSpec, Task
 
 SCHEMA = 2  # bump when what a build puts in an environment changes: every key changes with it
 MANIFEST = "gyre-env.json"

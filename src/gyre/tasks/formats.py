@@ -31,8 +31,8 @@ import msgspec
 from gyre.errors import TaskError
 from gyre.sandbox.container import image_problem
 from gyre.tasks import grading
-from gyre.tasks.base import EnvironmentSpec, FileData, Task, TaskLimits, VerifierSpec
 from gyre.tasks.environments import check_spec
+from gyre.tasks.task import EnvironmentSpec, FileData, Task, TaskLimits, VerifierSpec
 
 Format = Literal["gyre", "nl2repo", "harbor"]
 S = TypeVar("S", bound=msgspec.Struct)
@@ -125,7 +125,7 @@ class _GyreToml(msgspec.Struct, kw_only=True):
     verifier: VerifierSpec
     limits: TaskLimits = msgspec.field(default_factory=TaskLimits)
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
-    expert: str | None = None  # a scripted expert that solves it (gyre.tasks.builtin.EXPERTS)
+    expert: str | None = None  # a scripted expert that solves it (gyre.tasks.catalog.EXPERTS)
 
 
 def _load_gyre(root: Path) -> Task:

@@ -40,8 +40,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from gyre.sandbox.base import Sandbox
-from gyre.tasks.base import FileData, Task, VerifierSpec
+from gyre.sandbox.interface import Sandbox
+from gyre.tasks.task import FileData, Task, VerifierSpec
 
 PLUGIN_SOURCE = Path(__file__).with_name("grader_plugin.py")
 PLUGIN_MODULE = "gyre_grader"

@@ -8,7 +8,7 @@ stage in ``trail``; one line somewhere in the log, ``next stage: NAME``, names t
 200-300 stages, so solving it takes as many calls and one context of 150K-230K tokens.
 
 A policy that does not call tools yet (the untrained tiny or micro model) still makes the execution long: the task
-asks the built-in agent (its metadata, `gyre.agents.builtin.IDLE_COMMAND_KEY`) to answer a reply without a tool call
+asks the built-in agent (its metadata, `gyre.agents.toolagent.IDLE_COMMAND_KEY`) to answer a reply without a tool call
 with the current stage's log again, and never to compact its context (`CONTEXT_BUDGET_KEY`), so each of its calls
 adds a log and the execution's records are one path of all its tokens: what long-context training trains on.
 
@@ -55,7 +55,7 @@ import random
 import re
 
 from gyre.tasks import toy
-from gyre.tasks.base import Task, TaskLimits, VerifierSpec
+from gyre.tasks.task import Task, TaskLimits, VerifierSpec
 
 STAGES = (200, 300)  # a full-size pipeline's stages, drawn uniformly
 LOG_TOKENS = 600  # bytes (= tokens of the byte-level tokenizer) of one stage's log, about
@@ -132,7 +132,10 @@ def stage_log(rng: random.Random, stage: str, following: str | None) -> str:
 
 def make_task(index: int, seed: int = 0, stages: int | None = None) -> Task:
     """Long task ``index`` of the suite with ``seed``: a pipeline of ``stages`` stages (None: drawn from ``STAGES``)."""
-    from gyre.agents.builtin import CONTEXT_BUDGET_KEY, IDLE_COMMAND_KEY  # here: the agents import gyre.tasks
+    from gyre.agents.toolagent import (  # here: the agents import gyre.tasks
+        CONTEXT_BUDGET_KEY,
+        IDLE_COMMAND_KEY,
+    )
 
     rng = random.Random(f"gyre-long/{seed}/{index}")
     stages = stages or rng.randint(*STAGES)

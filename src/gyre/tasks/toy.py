@@ -18,7 +18,7 @@ import hashlib
 import random
 import re
 
-from gyre.tasks.base import Task, TaskLimits, VerifierSpec
+from gyre.tasks.task import Task, TaskLimits, VerifierSpec
 
 MAX_CHAIN = 24
 # Names are 3 digits: characters the rest of the conversation (prompt, commands, tool results) hardly uses, so the

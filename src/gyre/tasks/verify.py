@@ -45,8 +45,8 @@ from gyre.errors import SandboxError, TaskError, WorkspaceLimitExceeded
 from gyre.sandbox import ExecResult, Sandbox, make_sandbox, paths, pyenv
 from gyre.sandbox.workspace import SYSTEM_PATH, copy_tree, make_scratch, workspace_limits
 from gyre.tasks import environments, grading
-from gyre.tasks.base import FileData, Task, VerifierSpec
 from gyre.tasks.environments import PreparedEnvironment
+from gyre.tasks.task import FileData, Task, VerifierSpec
 
 log = logging.getLogger(__name__)
 

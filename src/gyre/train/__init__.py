@@ -3,8 +3,8 @@
 `gyre.train.loss` imports torch; the rest does not.
 """
 
+from gyre.train.prefixtree import Node, TrajectoryTree, select_paths
 from gyre.train.step import MicroStep, Rollout, StepData, build_step, build_step_from_config, group_advantages
-from gyre.train.tree import Node, TrajectoryTree, select_paths
 
 __all__ = [
     "MicroStep",

@@ -99,7 +99,7 @@ def make_learner(
                 "the core trains with trainer.activation_checkpointing, which the megatron backend does not do yet; "
                 "run this member with backend 'torch'"
             )
-        from gyre.train.megatron.learner import MegatronLearner
+        from gyre.train.megatron.member import MegatronLearner
 
         return MegatronLearner(model_config, tensor_parallel, pipeline_parallel, num_threads)
     raise ConfigError(f"unknown trainer backend {backend!r}: torch or megatron")

@@ -29,7 +29,7 @@ from gyre.protocol import MicroStats, MicroStep
 from gyre.train.loss import token_logprobs_and_entropy
 
 # (model, micro-step, temperature) -> per-token log-probabilities and entropies: the model's forward as the losses see
-# it (`gyre.train.loss` for Hugging Face models, `gyre.train.megatron.model` for Megatron-core ones). It must score
+# it (`gyre.train.loss` for Hugging Face models, `gyre.train.megatron.gpt` for Megatron-core ones). It must score
 # the tokens with loss weight > 0 and may leave the others 0 (the Hugging Face forward does: their logits cost most
 # of a long execution's lm head); nothing here reads an unweighted token's log-probability or entropy.
 Forward = Callable[[Any, MicroStep, float], tuple[torch.Tensor, torch.Tensor]]

@@ -1,6 +1,6 @@
 """A member's two-rank torch.distributed group with the core, and the thread that runs its
 transfers: one at a time, in the order they were submitted, which is the order the peer announced them, so both
-ends always issue the same collective next (see `gyre.train.core`)."""
+ends always issue the same collective next (see `gyre.train.coretrainer`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 
 from gyre.engine import weight_sync
-from gyre.engine.launch import free_port
+from gyre.engine.launcher import free_port
 
 
 class Pair:

@@ -31,7 +31,7 @@ import msgspec
 from gyre.config import TrajectoryConfig
 from gyre.journal.records import CallRecord
 from gyre.protocol import MicroStep, Objective
-from gyre.train.tree import Node, TrajectoryTree, select_paths
+from gyre.train.prefixtree import Node, TrajectoryTree, select_paths
 
 Packing = Literal["tree", "path"]
 Normalization = Literal["mean_std", "mean"]

@@ -24,10 +24,10 @@ from gyre.driver.evaluation import agent_spec
 from gyre.engine.models import load_tokenizer
 from gyre.errors import AgentError, ConfigError
 from gyre.journal.records import expand_inputs
-from gyre.router.core import Router
+from gyre.router.routing import Router
 from gyre.runtime import ExecutionResult, ExecutionSpec, PythonAgentSpec, Runtime
 from gyre.tasks import Task
-from gyre.tasks.base import VerifierSpec
+from gyre.tasks.task import VerifierSpec
 
 pytestmark = pytest.mark.filterwarnings(
     # create_react_agent's successor is in the `langchain` package, not installed; examples/ call it as users do
@@ -122,7 +122,7 @@ def test_a_framework_agent_runs_its_tools_in_the_sandbox_and_submits(
 AGENTS = '''
 import threading, time
 
-from gyre.agents.base import AgentResult
+from gyre.agents.contract import AgentResult
 
 released = threading.Event()
 

@@ -14,7 +14,7 @@ from gyre.cli import main
 from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
 from gyre.protocol import SwitchRecord
-from gyre.runtime.runtime import ExecutionResult
+from gyre.runtime.dispatch import ExecutionResult
 
 pytestmark = pytest.mark.slow(
     reason="a live gyre train with its control messages dropped, duplicated and delayed"

@@ -19,7 +19,7 @@ from gyre.driver.rundir import RunDir
 from gyre.driver.training import Resume, StepRecord, execution_index
 from gyre.journal import read_journal
 from gyre.protocol import SwitchRecord
-from gyre.runtime.runtime import ExecutionResult
+from gyre.runtime.dispatch import ExecutionResult
 
 pytestmark = pytest.mark.slow(
     reason="kills the core of a live gyre train, waits out the cell timeout, resumes the run"

@@ -14,7 +14,7 @@ from gyre.config import ChaosConfig
 from gyre.control.chaos import FaultyStarts
 from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
-from gyre.runtime.runtime import ExecutionResult
+from gyre.runtime.dispatch import ExecutionResult
 
 pytestmark = pytest.mark.slow(reason="a live gyre train whose verifiers fail to start and are retried")
 CONFIG = """

@@ -15,7 +15,7 @@ from fakes import ScriptedEngine
 from gyre.cli import main
 from gyre.engine.models import load_tokenizer
 from gyre.journal import read_journal
-from gyre.runtime.runtime import ExecutionResult
+from gyre.runtime.dispatch import ExecutionResult
 
 LS = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
 

@@ -16,7 +16,7 @@ import pytest
 from gyre.cli import main
 from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
-from gyre.runtime.runtime import ExecutionResult
+from gyre.runtime.dispatch import ExecutionResult
 
 STAGES = 16  # the task allows STAGES + 11 calls of ~800 tokens each (a stage's log and the call's own tokens)
 CONFIG = f"""

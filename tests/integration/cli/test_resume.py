@@ -26,7 +26,7 @@ from gyre.cli import main
 from gyre.driver.rundir import RunDir
 from gyre.driver.training import Resume, StepRecord, Trainer, execution_index
 from gyre.journal import read_journal
-from gyre.runtime.runtime import ExecutionResult
+from gyre.runtime.dispatch import ExecutionResult
 
 pytestmark = pytest.mark.slow(reason="kills a live gyre train at three moments and resumes each run")
 STEPS, BATCH = 2, 4

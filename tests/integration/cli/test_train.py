@@ -13,7 +13,7 @@ from gyre.cli import main
 from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
 from gyre.protocol import SwitchRecord
-from gyre.runtime.runtime import ExecutionResult
+from gyre.runtime.dispatch import ExecutionResult
 
 OTHER_MODES = pytest.mark.slow(reason="gyre train in a further mode; the fast tier runs elastic")
 CONFIG = """

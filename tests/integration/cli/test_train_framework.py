@@ -16,7 +16,7 @@ import pytest
 from gyre.cli import main
 from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
-from gyre.runtime.runtime import ExecutionResult
+from gyre.runtime.dispatch import ExecutionResult
 
 CONFIG = """
 [trajectory]

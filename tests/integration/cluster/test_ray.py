@@ -23,7 +23,7 @@ from gyre.config import GyreConfig, RayConfig, RouterConfig, ShardsConfig
 from gyre.driver.rundir import execution_journals
 from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
-from gyre.runtime.runtime import ExecutionResult
+from gyre.runtime.dispatch import ExecutionResult
 
 pytestmark = pytest.mark.slow(reason="a local Ray cluster of five nodes and gyre train runs on it")
 CONFIG = """

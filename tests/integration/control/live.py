@@ -15,11 +15,11 @@ import uvicorn
 
 from gyre.config import load_config
 from gyre.control.cluster import Cluster
-from gyre.engine.launch import free_port
+from gyre.engine.launcher import free_port
 from gyre.journal.records import CallRecord, expand_inputs
-from gyre.router.server import KEEP_ALIVE_S, build_agent_app
-from gyre.train.client import TrainerClient
+from gyre.router.app import KEEP_ALIVE_S, build_agent_app
 from gyre.train.step import Rollout
+from gyre.train.trainerclient import TrainerClient
 from reference import hf_logprobs
 
 BASE = [

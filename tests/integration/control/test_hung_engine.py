@@ -16,7 +16,7 @@ from live import Live
 from test_faults import eventually
 from transformers import AutoModelForCausalLM
 
-from gyre.engine.client import EngineClient
+from gyre.engine.engineclient import EngineClient
 from gyre.protocol import TrainerStatistics
 from gyre.router.pool import EngineState
 from reference import random_micro_steps

@@ -17,10 +17,10 @@ import uvicorn
 
 from gyre.config import dump_config, load_config
 from gyre.control.controller import Controller
-from gyre.engine.launch import free_port
-from gyre.router.core import Router
+from gyre.engine.launcher import free_port
+from gyre.router.app import build_agent_app
 from gyre.router.pool import EnginePool
-from gyre.router.server import build_agent_app
+from gyre.router.routing import Router
 from reference import random_micro_steps
 
 pytestmark = pytest.mark.slow(reason="cells and a satellite started by hand join over TCP")
@@ -81,7 +81,7 @@ def test_cells_and_a_satellite_join_by_address_over_tcp(tiny_model: Path, tmp_pa
                 seen["core"] = controller.core_address
                 seen["before"] = await _chat(base_url, router, tiny_model.name)
 
-                from gyre.train.client import TrainerClient
+                from gyre.train.trainerclient import TrainerClient
 
                 trainer = TrainerClient(controller.core_address, timeout_s=120)
                 try:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from gyre.config import EngineConfig
-from gyre.engine.embedded.engine import EmbeddedEngine
-from gyre.engine.launch import ServerProcess, launch_embedded
+from gyre.engine.embedded.asyncengine import EmbeddedEngine
+from gyre.engine.launcher import ServerProcess, launch_embedded
 
 
 @pytest.fixture(scope="module")

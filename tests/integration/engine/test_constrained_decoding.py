@@ -18,8 +18,8 @@ import httpx
 import pytest
 import torch
 
-from gyre.engine.embedded.engine import EmbeddedEngine
-from gyre.engine.launch import ServerProcess
+from gyre.engine.embedded.asyncengine import EmbeddedEngine
+from gyre.engine.launcher import ServerProcess
 from gyre.errors import EngineRequestError
 from gyre.protocol import GenerateRequest, GenerateResponse, SamplingParams
 
@@ -299,7 +299,7 @@ def test_xgrammar_is_imported_only_for_a_constrained_request(tiny_model: Path) -
     code = f"""
 import asyncio, sys
 from gyre.config import EngineConfig
-from gyre.engine.embedded.engine import EmbeddedEngine
+from gyre.engine.embedded.asyncengine import EmbeddedEngine
 from gyre.protocol import GenerateRequest, SamplingParams
 eng = EmbeddedEngine(EngineConfig(model_path={str(tiny_model)!r}, kv_cache_mem_gib=0.05))
 params = SamplingParams(max_new_tokens=4)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from gyre.config import EngineConfig
-from gyre.engine.embedded.engine import EmbeddedEngine
+from gyre.engine.embedded.asyncengine import EmbeddedEngine
 from gyre.protocol import GenerateRequest, GenerateResponse, SamplingParams
 from reference import hf_greedy, hf_logprobs
 

@@ -9,8 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gyre.engine.client import EngineClient
-from gyre.engine.launch import ServerProcess
+from gyre.engine.engineclient import EngineClient
+from gyre.engine.launcher import ServerProcess
 from gyre.errors import EngineCapacityError, EngineRequestError
 from gyre.protocol import GenerateResponse, SamplingParams
 from waits import wait_generating

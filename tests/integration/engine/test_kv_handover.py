@@ -9,8 +9,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gyre.engine.client import EngineClient
-from gyre.engine.launch import ServerProcess, launch_embedded
+from gyre.engine.engineclient import EngineClient
+from gyre.engine.launcher import ServerProcess, launch_embedded
 from gyre.errors import EngineRequestError
 from gyre.protocol import GenerateResponse, SamplingParams
 from waits import wait_generating

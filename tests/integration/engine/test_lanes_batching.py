@@ -7,7 +7,7 @@ import random
 from pathlib import Path
 
 from gyre.config import EngineConfig
-from gyre.engine.embedded.engine import EmbeddedEngine
+from gyre.engine.embedded.asyncengine import EmbeddedEngine
 from gyre.engine.embedded.scheduler import Request
 from gyre.protocol import GenerateRequest, GenerateResponse, SamplingParams
 

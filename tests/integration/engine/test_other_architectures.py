@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gyre.config import EngineConfig
-from gyre.engine.embedded.engine import EmbeddedEngine
+from gyre.engine.embedded.asyncengine import EmbeddedEngine
 from gyre.errors import ConfigError, EngineRequestError
 from gyre.protocol import GenerateRequest, SamplingParams
 from reference import hf_greedy, hf_logprobs

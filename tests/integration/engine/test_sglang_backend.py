@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from gyre.engine import weight_sync
-from gyre.engine.client import EngineClient
-from gyre.engine.launch import ServerProcess, free_port, launch_sglang
+from gyre.engine.engineclient import EngineClient
+from gyre.engine.launcher import ServerProcess, free_port, launch_sglang
 from gyre.protocol import SamplingParams
 
 pytestmark = pytest.mark.gpu

@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 
 from gyre.config import EngineConfig
 from gyre.engine import weight_sync
-from gyre.engine.client import EngineClient
-from gyre.engine.embedded.engine import EmbeddedEngine
-from gyre.engine.launch import ServerProcess, free_port
+from gyre.engine.embedded.asyncengine import EmbeddedEngine
+from gyre.engine.engineclient import EngineClient
+from gyre.engine.launcher import ServerProcess, free_port
 from gyre.errors import EngineRequestError, EngineUnavailable
 from gyre.protocol import (
     GenerateRequest,

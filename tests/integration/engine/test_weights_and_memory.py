@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from gyre.engine import weight_sync
-from gyre.engine.client import EngineClient
-from gyre.engine.launch import ServerProcess, free_port
+from gyre.engine.engineclient import EngineClient
+from gyre.engine.launcher import ServerProcess, free_port
 from gyre.errors import EngineUnavailable
 from gyre.protocol import SamplingParams
 from reference import hf_greedy

@@ -17,10 +17,10 @@ import openai
 import pytest
 
 from fakes import ScriptedEngine
-from gyre.engine.launch import launch_embedded
+from gyre.engine.launcher import launch_embedded
 from gyre.engine.models import load_tokenizer
 from gyre.journal.records import CallRecord
-from gyre.router.launch import launch_router
+from gyre.router.spawn import launch_router
 
 TOOLS: Any = [
     {

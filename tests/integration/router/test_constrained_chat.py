@@ -21,9 +21,9 @@ import openai
 import pydantic
 import pytest
 
-from gyre.engine.launch import launch_embedded
+from gyre.engine.launcher import launch_embedded
 from gyre.journal.records import CallRecord
-from gyre.router.launch import launch_router
+from gyre.router.spawn import launch_router
 
 SEEDS = range(4)
 REPORT = {

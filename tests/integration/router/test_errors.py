@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fakes import ScriptedEngine
-from gyre.engine.launch import ServerProcess, free_port, launch_embedded
+from gyre.engine.launcher import ServerProcess, free_port, launch_embedded
 from gyre.engine.models import load_tokenizer
-from gyre.router.launch import launch_router
 from gyre.router.openai_types import ChatRequest, CompletionRequest
+from gyre.router.spawn import launch_router
 
 ALLOWED = {200, 400, 401, 404, 413, 422, 503}
 HI = [{"role": "user", "content": "hi"}]

@@ -24,8 +24,8 @@ import httpx
 import openai
 import pytest
 
-from gyre.engine.launch import ServerProcess, launch_embedded
-from gyre.router.launch import launch_router
+from gyre.engine.launcher import ServerProcess, launch_embedded
+from gyre.router.spawn import launch_router
 
 BUSY = 64  # agents calling back to back on their keep-alive connections
 LATE = 128  # agents that connect at once while the router is busy, one call each

@@ -24,11 +24,11 @@ import openai
 import pytest
 
 from fakes import ScriptedEngine
-from gyre.engine.launch import ServerProcess, launch_embedded
+from gyre.engine.launcher import ServerProcess, launch_embedded
 from gyre.engine.models import load_tokenizer
 from gyre.journal import read_journal
 from gyre.journal.records import CallRecord
-from gyre.router.launch import launch_router
+from gyre.router.spawn import launch_router
 
 BODY_TIMEOUT_S = 1.0
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gyre.engine.client import EngineClient
-from gyre.engine.launch import ServerProcess, launch_embedded
+from gyre.engine.engineclient import EngineClient
+from gyre.engine.launcher import ServerProcess, launch_embedded
 from gyre.protocol import SamplingParams
 from gyre.router.pool import EnginePool, EngineState
 

@@ -16,13 +16,13 @@ import pytest
 
 from fakes import ScriptedEngine
 from gyre.config import RouterConfig
-from gyre.engine.launch import ServerProcess, launch_embedded
+from gyre.engine.launcher import ServerProcess, launch_embedded
 from gyre.engine.models import load_tokenizer
 from gyre.journal import read_journal
 from gyre.journal.records import CallRecord, expand_inputs
-from gyre.router.core import Router
-from gyre.router.launch import launch_router
 from gyre.router.openai_types import ChatRequest
+from gyre.router.routing import Router
+from gyre.router.spawn import launch_router
 
 TOOLS = [
     {"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}
@@ -214,7 +214,7 @@ def test_streamed_tool_calls_arrive_whole(tiny_model: Path) -> None:
 
 
 def test_agents_model_client_over_http(router: tuple[ServerProcess, str, Path]) -> None:
-    from gyre.agents.client import HttpModelClient
+    from gyre.agents.modelclient import HttpModelClient
 
     _, admin, _ = router
     s = _session(admin, "http-client")

@@ -14,14 +14,14 @@ import pytest
 
 from fakes import ScriptedEngine
 from gyre.config import RouterConfig
-from gyre.engine.client import EngineClient
-from gyre.engine.launch import ServerProcess, launch_embedded
+from gyre.engine.engineclient import EngineClient
+from gyre.engine.launcher import ServerProcess, launch_embedded
 from gyre.engine.models import load_tokenizer
 from gyre.journal import read_journal
 from gyre.journal.records import CallRecord
-from gyre.router.core import Router
 from gyre.router.openai_types import ChatRequest, RouterError
-from gyre.train.tree import TrajectoryTree
+from gyre.router.routing import Router
+from gyre.train.prefixtree import TrajectoryTree
 
 HI = [{"role": "user", "content": "tell me a long story"}]
 LONG = 1000  # greedy tokens; the tiny model's greedy reply to HI never ends before (~2 s on one core)

@@ -13,9 +13,9 @@ import openai
 import pytest
 import torch
 
-from gyre.engine.launch import ServerProcess, free_port, launch_embedded
+from gyre.engine.launcher import ServerProcess, free_port, launch_embedded
 from gyre.journal.records import CallRecord, expand_inputs
-from gyre.router.launch import launch_router
+from gyre.router.spawn import launch_router
 from reference import hf_logprobs
 
 SESSIONS = 50

@@ -22,7 +22,7 @@ import pytest
 from fakes import ScriptedEngine
 from gyre.engine.models import load_tokenizer
 from gyre.journal.records import CallRecord
-from gyre.router.launch import launch_router
+from gyre.router.spawn import launch_router
 
 os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")  # openai-agents never tries the network
 

@@ -20,7 +20,7 @@ import xgrammar
 
 from fakes import ScriptedEngine
 from gyre.engine.models import load_tokenizer
-from gyre.router.launch import launch_router
+from gyre.router.spawn import launch_router
 
 WEATHER: Any = {
     "type": "function",

@@ -11,8 +11,8 @@ from fakes import ScriptedEngine
 from gyre.config import RouterConfig
 from gyre.engine.models import load_tokenizer
 from gyre.journal.records import CallRecord, expand_inputs
-from gyre.router.core import Router
 from gyre.router.openai_types import ChatRequest
+from gyre.router.routing import Router
 
 
 def test_concurrent_calls_from_one_call_and_their_chains_extend_exactly_their_parent(

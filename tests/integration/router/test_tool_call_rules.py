@@ -19,7 +19,7 @@ import pytest
 from fakes import ScriptedEngine
 from gyre.engine.models import load_tokenizer
 from gyre.journal.records import CallRecord
-from gyre.router.launch import launch_router
+from gyre.router.spawn import launch_router
 
 TOOLS: Any = [
     {"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {}}}}

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from gyre.config import RouterConfig, SandboxConfig
-from gyre.router.core import Router
+from gyre.router.routing import Router
 from gyre.runtime import ExecutionSpec, OracleAgentSpec, Runtime
 from gyre.tasks import Task
 

@@ -14,13 +14,12 @@ import pytest
 from fakes import ScriptedEngine
 from gyre.config import RouterConfig, SandboxConfig
 from gyre.engine.models import load_tokenizer
-from gyre.router.core import Router
-from gyre.runtime import CommandAgentSpec, ExecutionResult, ExecutionSpec, Runtime
-from gyre.runtime import runtime as runtime_module
-from gyre.runtime.runtime import RuntimeStatistics
-from gyre.sandbox import tree
+from gyre.router.routing import Router
+from gyre.runtime import CommandAgentSpec, ExecutionResult, ExecutionSpec, Runtime, dispatch
+from gyre.runtime.dispatch import RuntimeStatistics
+from gyre.sandbox import filetree
 from gyre.tasks import Task
-from gyre.tasks.base import VerifierSpec
+from gyre.tasks.task import VerifierSpec
 from gyre.tasks.verify import Verifier
 
 
@@ -37,7 +36,7 @@ def tmp_dir() -> Iterator[Path]:
     try:
         yield tmp
     finally:
-        tree.remove(tmp)  # iterative: whatever a failed test left, however deep
+        filetree.remove(tmp)  # iterative: whatever a failed test left, however deep
 
 
 def run(
@@ -204,13 +203,13 @@ def test_concurrent_command_agents_leave_no_socket_directories(
 ) -> None:
     """Command agents starting together each get their own socket directory, and it goes with its execution."""
     sockets: list[str] = []
-    make_sandbox = runtime_module.make_sandbox
+    make_sandbox = dispatch.make_sandbox
 
     def recording(cfg: SandboxConfig, workspace: Path | None = None, binds: Any = (), **kwargs: Any) -> Any:
         sockets.extend(host for host, inside, _ in binds if inside == "/run/gyre")
         return make_sandbox(cfg, workspace=workspace, binds=binds, **kwargs)
 
-    monkeypatch.setattr(runtime_module, "make_sandbox", recording)
+    monkeypatch.setattr(dispatch, "make_sandbox", recording)
     specs = [command(f"c{i}", "test -S /run/gyre/router.sock", check="true") for i in range(4)]
     left: list[str] = []
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import msgspec
 
 from fakes import ScriptedEngine
-from gyre.agents.builtin import NUDGE, BuiltinAgentConfig
+from gyre.agents.toolagent import NUDGE, BuiltinAgentConfig
 from gyre.config import RouterConfig, SandboxConfig
 from gyre.engine.models import load_tokenizer
-from gyre.router.core import Router
+from gyre.router.routing import Router
 from gyre.runtime import BuiltinAgentSpec, ExecutionResult, ExecutionSpec, Runtime
 from gyre.tasks import long
 

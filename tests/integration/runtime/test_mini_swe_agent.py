@@ -20,7 +20,7 @@ from gyre.config import RouterConfig, SandboxConfig
 from gyre.engine.models import load_tokenizer
 from gyre.journal import read_journal
 from gyre.journal.records import CallRecord, expand_inputs
-from gyre.router.core import Router
+from gyre.router.routing import Router
 from gyre.runtime import CommandAgentSpec, ExecutionResult, ExecutionSpec, Runtime
 from gyre.tasks import Task
 

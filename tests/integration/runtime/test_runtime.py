@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from fakes import ScriptedEngine
-from gyre.agents.builtin import SUMMARY_REQUEST, BuiltinAgentConfig
+from gyre.agents.toolagent import SUMMARY_REQUEST, BuiltinAgentConfig
 from gyre.config import RouterConfig, SandboxConfig
 from gyre.engine.models import load_tokenizer
 from gyre.journal import read_journal
-from gyre.router.core import Router
+from gyre.router.routing import Router
 from gyre.runtime import BuiltinAgentSpec, CommandAgentSpec, ExecutionResult, ExecutionSpec, Runtime
 from gyre.tasks import Task, TaskLimits
 

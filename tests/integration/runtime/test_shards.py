@@ -21,7 +21,7 @@ from gyre.config import GyreConfig, RouterConfig, ShardsConfig, load_config
 from gyre.driver.rundir import execution_journals
 from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
-from gyre.runtime.runtime import ExecutionResult
+from gyre.runtime.dispatch import ExecutionResult
 from gyre.runtime.shards import owner
 
 CONFIG = """
@@ -137,7 +137,7 @@ def test_a_lost_shards_execution_is_dropped_or_run_again_and_with_none_left_the_
     import signal
 
     from gyre.config import GyreConfig, RouterConfig, ShardsConfig
-    from gyre.runtime.runtime import CommandAgentSpec, ExecutionSpec
+    from gyre.runtime.dispatch import CommandAgentSpec, ExecutionSpec
     from gyre.runtime.shard import RuntimeSpec
     from gyre.runtime.shards import NoShardLeft, ShardHub
     from gyre.tasks import resolve_suite

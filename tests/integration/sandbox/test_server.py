@@ -1,4 +1,4 @@
-"""A bubblewrap sandbox's command server (gyre.sandbox.server): one long-lived sandbox runs every command of an
+"""A bubblewrap sandbox's command server (gyre.sandbox.commandserver): one long-lived sandbox runs every command of an
 execution, and still gives each command what a bubblewrap of its own gave it.
 
 The behaviour tests run in both modes (the server, and ``command_server = false``: a bubblewrap per command); the
@@ -19,7 +19,7 @@ import pytest
 
 from gyre.config import SandboxConfig
 from gyre.sandbox import BwrapSandbox, make_sandbox
-from gyre.sandbox.server import INSIDE
+from gyre.sandbox.commandserver import INSIDE
 
 MODES = [pytest.param(True, id="server"), pytest.param(False, id="per-command")]
 

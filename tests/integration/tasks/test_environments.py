@@ -15,8 +15,8 @@ from gyre.config import SandboxConfig
 from gyre.errors import TaskError
 from gyre.sandbox import make_sandbox
 from gyre.tasks import environments
-from gyre.tasks.base import EnvironmentSpec
 from gyre.tasks.formats import load_task
+from gyre.tasks.task import EnvironmentSpec
 from gyre.tasks.verify import Verifier
 
 FIXTURES = Path(__file__).resolve().parents[2] / "data" / "nl2repobench"  # start.md copied unchanged

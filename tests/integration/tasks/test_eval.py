@@ -19,7 +19,7 @@ from gyre.driver.evaluation import EvalOptions, run_eval
 from gyre.engine.models import load_tokenizer
 from gyre.journal import read_journal
 from gyre.journal.records import ApiCallRecord
-from gyre.router.launch import launch_router
+from gyre.router.spawn import launch_router
 from gyre.tasks import toy
 
 

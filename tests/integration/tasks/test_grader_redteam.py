@@ -539,7 +539,7 @@ def test_python_that_is_not_pytest_still_runs_in_the_tasks_environment(tmp_path:
 def test_a_reward_directory_swapped_for_a_link_to_the_host_is_tampered(tmp_path: Path) -> None:
     # the reward-file verifier's command runs the agent's code, which can replace /logs/verifier: the driver (root)
     # read the link's target on the host, where a file held 0.77
-    from gyre.tasks.base import VerifierSpec
+    from gyre.tasks.task import VerifierSpec
 
     host = Path(tempfile.mkdtemp(prefix="gyre-redteam-host-"))
     (host / "reward.txt").write_text("0.77\n")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.agents.builtin import CONTEXT_BUDGET_KEY, IDLE_COMMAND_KEY
+from gyre.agents.toolagent import CONTEXT_BUDGET_KEY, IDLE_COMMAND_KEY
 from gyre.engine.models import load_tokenizer
 from gyre.errors import TaskError
 from gyre.tasks import Verifier, long, resolve_suite

@@ -20,10 +20,10 @@ from gyre.driver.evaluation import EvalOptions, run_eval
 from gyre.engine.models import load_tokenizer
 from gyre.journal import read_journal
 from gyre.journal.records import CallRecord
-from gyre.router.core import Router
+from gyre.router.routing import Router
 from gyre.runtime import ExecutionResult, ExecutionSpec, OracleAgentSpec, Runtime
 from gyre.tasks import Task, Verdict, Verifier, resolve_suite, toy
-from gyre.tasks.builtin import SUITES_DIR
+from gyre.tasks.catalog import SUITES_DIR
 
 MINI = SUITES_DIR / "nl2repo-mini"
 

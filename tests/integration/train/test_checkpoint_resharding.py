@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from checkpoint_ranks import adamw, run_rank
 from gyre.config import EngineConfig, TrainerConfig
-from gyre.engine.embedded.engine import EmbeddedEngine
+from gyre.engine.embedded.asyncengine import EmbeddedEngine
 from gyre.protocol import GenerateRequest, SamplingParams
 from gyre.train.checkpoint import flat_range, load_flat_state
 from gyre.train.state import TrainState

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gyre.config import EngineConfig, TrainerConfig
-from gyre.engine.embedded.engine import EmbeddedEngine
+from gyre.engine.embedded.asyncengine import EmbeddedEngine
 from gyre.errors import ConfigError
 from gyre.protocol import GenerateRequest, SamplingParams
 from gyre.train.state import TrainState

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from context_ranks import run_rank, tree_micro_step
 from gyre.config import LossConfig
-from gyre.engine.launch import free_port
+from gyre.engine.launcher import free_port
 from gyre.train.context import ContextSplit
 from gyre.train.objective import compute_gradients
 from gyre.train.state import flat_gradient, load_model

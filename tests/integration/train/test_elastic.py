@@ -20,12 +20,12 @@ import zmq
 from safetensors.torch import load_file
 
 from gyre.config import ChaosConfig, LossConfig, TrainerConfig
-from gyre.engine.launch import free_port
+from gyre.engine.launcher import free_port
 from gyre.errors import TrainerError
 from gyre.protocol import MicroStep, StepMetrics, TrainerStatistics
 from gyre.train.checkpoint import load_flat_state
-from gyre.train.client import TrainerClient, launch_core, launch_satellite
 from gyre.train.state import TrainState
+from gyre.train.trainerclient import TrainerClient, launch_core, launch_satellite
 from reference import random_micro_steps, train_step
 
 SLOW = pytest.mark.slow(
@@ -341,8 +341,8 @@ def test_attached_engines_get_every_update_and_generate_what_a_freshly_loaded_en
 ) -> None:
     import asyncio
 
-    from gyre.engine.client import EngineClient
-    from gyre.engine.launch import launch_embedded
+    from gyre.engine.engineclient import EngineClient
+    from gyre.engine.launcher import launch_embedded
     from gyre.protocol import SamplingParams
 
     greedy = SamplingParams(max_new_tokens=24, temperature=0.0)

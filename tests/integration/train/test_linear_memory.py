@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 from context_ranks import tree_micro_step
-from gyre.engine.launch import free_port
+from gyre.engine.launcher import free_port
 from recompute_runs import run_rank, step_peak
 
 

@@ -29,7 +29,7 @@ MEGATRON_SIDE = """
 import json, sys, msgspec, torch
 from gyre.config import LossConfig
 from gyre.protocol import MicroStep
-from gyre.train.megatron.learner import MegatronLearner
+from gyre.train.megatron.member import MegatronLearner
 from gyre.train.state import flatten_parameters, load_model
 model, steps, loss, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 tensor, pipeline = int(sys.argv[5]), int(sys.argv[6])
@@ -180,7 +180,7 @@ def test_an_elastic_step_with_a_megatron_core_and_late_satellites_of_both_backen
 ) -> None:
     from test_elastic import Cluster, reference, wait_for
 
-    from gyre.train.client import launch_satellite
+    from gyre.train.trainerclient import launch_satellite
 
     def scaled(micro: list[MicroStep]) -> list[MicroStep]:
         return [msgspec.structs.replace(m, weights=[w * 48 / 60 for w in m.weights]) for m in micro]
@@ -243,7 +243,7 @@ def test_the_other_ranks_exit_when_their_rank_0_is_killed(tiny_model: Path) -> N
 
     script = (
         "import json, sys, time\n"
-        "from gyre.train.megatron.learner import MegatronLearner\n"
+        "from gyre.train.megatron.member import MegatronLearner\n"
         f"learner = MegatronLearner(json.loads(open({str(tiny_model / 'config.json')!r}).read()), 2)\n"
         "print(learner.followers[0].pid, flush=True)\n"
         "time.sleep(600)\n"

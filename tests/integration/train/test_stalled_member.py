@@ -16,7 +16,7 @@ from test_elastic import Cluster, assert_accounted, assert_same_update, referenc
 
 from gyre.errors import TrainerError
 from gyre.protocol import MicroStep, StepMetrics
-from gyre.train.client import TrainerClient
+from gyre.train.trainerclient import TrainerClient
 from reference import random_micro_steps, train_step
 
 MEMBER_TIMEOUT_S = 4.0

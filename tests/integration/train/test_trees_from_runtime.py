@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from fakes import ScriptedEngine
-from gyre.agents.builtin import SUMMARY_REQUEST, BuiltinAgentConfig
+from gyre.agents.toolagent import SUMMARY_REQUEST, BuiltinAgentConfig
 from gyre.config import RouterConfig, SandboxConfig
 from gyre.engine.models import load_tokenizer
 from gyre.journal.records import CallRecord, expand_inputs
-from gyre.router.core import Router
+from gyre.router.routing import Router
 from gyre.runtime import BuiltinAgentSpec, ExecutionResult, ExecutionSpec, Runtime
 from gyre.tasks import Task
 from gyre.train import MicroStep, Rollout, TrajectoryTree, build_step, select_paths

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from gyre.control.cell import CellSpec, check_local
+from gyre.control.cellprocess import CellSpec, check_local
 from gyre.errors import ConfigError
 
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gyre.router.app import count_values
 from gyre.router.openai_types import RouterError
-from gyre.router.server import count_values
 from gyre.router.sessions import CallGate, Session, SessionStore
 
 

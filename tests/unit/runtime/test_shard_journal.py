@@ -9,7 +9,7 @@ from typing import Literal
 import msgspec
 
 from gyre.journal import read_journal
-from gyre.runtime.runtime import ExecutionResult
+from gyre.runtime.dispatch import ExecutionResult
 from gyre.runtime.shard import HeldJournal, HubMessage, ShardJournal, ShardStop, encoder
 from gyre.tasks.verify import Verdict
 

@@ -11,11 +11,11 @@ import msgspec
 import pytest
 
 from gyre.cli import main
-from gyre.runtime.runtime import BuiltinAgentSpec, CommandAgentSpec, ExecutionSpec
+from gyre.runtime.dispatch import BuiltinAgentSpec, CommandAgentSpec, ExecutionSpec
 from gyre.runtime.shard import HubMessage, ShardRun
 from gyre.runtime.shards import owner
 from gyre.tasks import resolve_suite
-from gyre.tasks.base import Task
+from gyre.tasks.task import Task
 
 
 def test_an_execution_reaches_its_shard_as_the_driver_sent_it() -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from gyre.errors import WorkspaceLimitExceeded
-from gyre.sandbox import tree
+from gyre.sandbox import filetree
 from gyre.sandbox.workspace import copy_tree
 
-DEPTH = 3 * tree.MAX_OPEN_FDS + 1500  # past the recursion limit, and reopening levels through ".."
+DEPTH = 3 * filetree.MAX_OPEN_FDS + 1500  # past the recursion limit, and reopening levels through ".."
 
 
 def chain(root: Path, depth: int = DEPTH) -> None:
@@ -40,16 +40,18 @@ def test_deep_trees_are_measured_copied_pruned_and_removed(tmp_path: Path) -> No
     try:
         chain(tmp_path / "src")
         files = (DEPTH + 99) // 100
-        assert tree.usage(tmp_path / "src") == tree.Usage(bytes=0, entries=DEPTH + files + 1)
-        copied = tree.copy(tmp_path / "src", tmp_path / "dest")
-        assert copied == tree.usage(tmp_path / "dest") == tree.usage(tmp_path / "src")
-        assert tree.prune(tmp_path / "dest", lambda rel: rel.count("/") == 50 and rel.endswith("ddd")) == 1
+        assert filetree.usage(tmp_path / "src") == filetree.Usage(bytes=0, entries=DEPTH + files + 1)
+        copied = filetree.copy(tmp_path / "src", tmp_path / "dest")
+        assert copied == filetree.usage(tmp_path / "dest") == filetree.usage(tmp_path / "src")
         assert (
-            tree.usage(tmp_path / "dest").entries == 50 + 1
+            filetree.prune(tmp_path / "dest", lambda rel: rel.count("/") == 50 and rel.endswith("ddd")) == 1
+        )
+        assert (
+            filetree.usage(tmp_path / "dest").entries == 50 + 1
         )  # the 50 levels above the cut, and the top file
     finally:  # never leave pytest a tree its own (recursive) clean-up cannot remove
-        tree.remove(tmp_path / "src")
-        tree.remove(tmp_path / "dest")
+        filetree.remove(tmp_path / "src")
+        filetree.remove(tmp_path / "dest")
     assert sorted(os.listdir(tmp_path)) == []
     assert open_fds() == fds
 
@@ -59,16 +61,16 @@ def test_limits_stop_a_walk_as_soon_as_they_are_passed(tmp_path: Path) -> None:
     for i in range(20):
         (tmp_path / "ws" / str(i)).write_bytes(b"x" * 4096)  # a block each
     with pytest.raises(WorkspaceLimitExceeded, match="max_inodes") as inodes:
-        tree.usage(tmp_path / "ws", tree.Limits(max_entries=10))
+        filetree.usage(tmp_path / "ws", filetree.Limits(max_entries=10))
     assert inodes.value.resource == "inodes" and inodes.value.seen == 11
     with pytest.raises(WorkspaceLimitExceeded, match="disk_quota_mib"):
-        tree.copy(tmp_path / "ws", tmp_path / "out", tree.Limits(max_bytes=20_000))
+        filetree.copy(tmp_path / "ws", tmp_path / "out", filetree.Limits(max_bytes=20_000))
     with pytest.raises(WorkspaceLimitExceeded, match="copy_timeout_s"):
-        tree.copy(tmp_path / "ws", tmp_path / "out2", tree.Limits(timeout_s=1e-9))
-    used = tree.Usage()
-    tree.usage(tmp_path / "ws", None, used)
-    tree.usage(tmp_path / "ws", None, used)  # two roots against one budget
-    assert used == tree.Usage(bytes=2 * 20 * 4096, entries=40)
+        filetree.copy(tmp_path / "ws", tmp_path / "out2", filetree.Limits(timeout_s=1e-9))
+    used = filetree.Usage()
+    filetree.usage(tmp_path / "ws", None, used)
+    filetree.usage(tmp_path / "ws", None, used)  # two roots against one budget
+    assert used == filetree.Usage(bytes=2 * 20 * 4096, entries=40)
 
 
 def test_files_count_the_disk_they_use_and_holes_stay_holes(tmp_path: Path) -> None:
@@ -84,18 +86,18 @@ def test_files_count_the_disk_they_use_and_holes_stay_holes(tmp_path: Path) -> N
         f.write(b"y" * 8192)
         f.truncate(3 << 20)
     (ws / "plain").write_bytes(b"z" * 4096)
-    quota = tree.Limits(max_bytes=1 << 20, timeout_s=30)
-    used = tree.usage(ws, quota)
-    assert used == tree.Usage(bytes=8192 + 4096, entries=5)
-    copied = tree.copy(ws, tmp_path / "by-descriptors", quota)
+    quota = filetree.Limits(max_bytes=1 << 20, timeout_s=30)
+    used = filetree.usage(ws, quota)
+    assert used == filetree.Usage(bytes=8192 + 4096, entries=5)
+    copied = filetree.copy(ws, tmp_path / "by-descriptors", quota)
     asyncio.run(copy_tree(ws, tmp_path / "by-cp", quota))
     for out in (tmp_path / "by-descriptors", tmp_path / "by-cp"):
-        assert tree.usage(out) == used == copied
+        assert filetree.usage(out) == used == copied
         for name in ("a", "middle", "plain"):
             assert (out / name).stat().st_size == (ws / name).stat().st_size
         assert (out / "middle").read_bytes() == (ws / "middle").read_bytes()
     with pytest.raises(WorkspaceLimitExceeded, match="disk_quota_mib"):
-        tree.usage(ws, tree.Limits(max_bytes=8192))  # what the files hold still counts
+        filetree.usage(ws, filetree.Limits(max_bytes=8192))  # what the files hold still counts
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="making device files needs root")
@@ -107,10 +109,10 @@ def test_set_id_bits_and_devices_never_leave_a_tree(tmp_path: Path) -> None:
     (ws / "sub").chmod(0o2755)
     os.mknod(ws / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
     os.mkfifo(ws / "fifo")
-    copied = tree.copy(ws, tmp_path / "out")
+    copied = filetree.copy(ws, tmp_path / "out")
     assert sorted(os.listdir(tmp_path / "out")) == ["sub"] and copied.entries == 2  # no device, no fifo
     assert stat.S_IMODE((tmp_path / "out" / "sub" / "su").stat().st_mode) == 0o755
-    assert tree.sanitize(ws) == 3  # su, sub, null
+    assert filetree.sanitize(ws) == 3  # su, sub, null
     assert sorted(os.listdir(ws)) == ["fifo", "sub"]
     assert not (ws / "sub" / "su").stat().st_mode & (stat.S_ISUID | stat.S_ISGID)
     assert not (ws / "sub").stat().st_mode & stat.S_ISGID
@@ -124,11 +126,11 @@ def test_symlinks_are_never_followed(tmp_path: Path) -> None:
     ws.mkdir()
     (ws / "link").symlink_to(outside)
     (ws / "file_link").symlink_to(outside / "keep")
-    assert tree.usage(ws).entries == 2
-    tree.copy(ws, tmp_path / "out")
+    assert filetree.usage(ws).entries == 2
+    filetree.copy(ws, tmp_path / "out")
     assert os.readlink(tmp_path / "out" / "link") == str(outside)
-    tree.chown(ws, os.getuid(), os.getgid())
-    tree.remove(ws)
+    filetree.chown(ws, os.getuid(), os.getgid())
+    filetree.remove(ws)
     assert (outside / "keep").read_text() == "mine" and not ws.exists()
 
 
@@ -138,7 +140,7 @@ def test_removal_gets_past_directories_without_permissions(tmp_path: Path) -> No
     (ws / "a" / "b" / "f").write_text("x")
     (ws / "a" / "b").chmod(0)
     (ws / "a").chmod(0o500)
-    tree.remove(ws)
+    filetree.remove(ws)
     assert not ws.exists()
 
 
@@ -149,7 +151,7 @@ def test_the_verifiers_copy_is_bounded(tmp_path: Path) -> None:
     for i in range(50):
         (ws / str(i)).write_bytes(b"x" * 8192)
     with pytest.raises(WorkspaceLimitExceeded, match="max_inodes"):
-        asyncio.run(copy_tree(ws, tmp_path / "a", tree.Limits(max_entries=49)))
+        asyncio.run(copy_tree(ws, tmp_path / "a", filetree.Limits(max_entries=49)))
     assert not (tmp_path / "a").exists()
     # a copy that cannot finish within its time: thousands of entries (tens of ms for cp) against 1 ms (a copy
     # of the 50 files above may finish before its timer is first looked at: that one is in time, not over it)
@@ -158,6 +160,8 @@ def test_the_verifiers_copy_is_bounded(tmp_path: Path) -> None:
     for i in range(5000):
         (many / str(i)).touch()
     with pytest.raises(WorkspaceLimitExceeded, match="copy_timeout_s"):
-        asyncio.run(copy_tree(many, tmp_path / "b", tree.Limits(timeout_s=1e-3)))
-    asyncio.run(copy_tree(ws, tmp_path / "c", tree.Limits(max_bytes=409_600, max_entries=50, timeout_s=60)))
-    assert tree.usage(tmp_path / "c") == tree.Usage(bytes=409_600, entries=50)
+        asyncio.run(copy_tree(many, tmp_path / "b", filetree.Limits(timeout_s=1e-3)))
+    asyncio.run(
+        copy_tree(ws, tmp_path / "c", filetree.Limits(max_bytes=409_600, max_entries=50, timeout_s=60))
+    )
+    assert filetree.usage(tmp_path / "c") == filetree.Usage(bytes=409_600, entries=50)

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from gyre.engine.launch import free_port
+from gyre.engine.launcher import free_port
 from gyre.errors import TrainerError
-from gyre.train.client import TrainerClient
+from gyre.train.trainerclient import TrainerClient
 
 
 def test_an_abandoned_wait_raises_the_reason_at_once_and_so_does_every_later_request() -> None:

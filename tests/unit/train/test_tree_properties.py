@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gyre.journal.records import ROLE_PRIORITY, CallRecord, CallTiming, Role, expand_inputs
+from gyre.train.prefixtree import Node, TrajectoryTree, select_paths
 from gyre.train.step import MicroStep, Normalization, Packing, Rollout, build_step, group_advantages
-from gyre.train.tree import Node, TrajectoryTree, select_paths
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 VOCAB = st.integers(0, 40)

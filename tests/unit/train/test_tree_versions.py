@@ -1,4 +1,4 @@
-"""gyre.train.tree: every sampled token carries the weight version that sampled it, also within one call."""
+"""gyre.train.prefixtree: every sampled token carries the weight version that sampled it, also within one call."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gyre.journal.records import CallRecord, CallTiming
-from gyre.train.tree import TrajectoryTree
+from gyre.train.prefixtree import TrajectoryTree
 
 TIMING = CallTiming(submitted_s=0.0, first_token_s=None, finished_s=0.0)
 

@@ -7,7 +7,7 @@ import ctypes
 import torch
 
 from gyre.config import EngineConfig
-from gyre.engine.embedded.model import ModelSpec
+from gyre.engine.embedded.transformer import ModelSpec
 from gyre.errors import ConfigError
 
 

@@ -16,7 +16,7 @@ import torch
 
 from gyre.engine.embedded.cache import DecodeLanes, RadixCache, SlotPool, _Node
 from gyre.engine.embedded.grammar import Grammars
-from gyre.engine.embedded.model import ForwardBatch, TransformerLM
+from gyre.engine.embedded.transformer import ForwardBatch, TransformerLM
 from gyre.protocol import SamplingParams
 
 _STOP_WINDOW_PER_CHAR = 4  # tokens looked back per stop-string character (byte-level vocabularies: <= 4)

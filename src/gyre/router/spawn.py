@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gyre.engine.launch import ServerProcess, free_port
+from gyre.engine.launcher import ServerProcess, free_port
 
 
 def launch_router(

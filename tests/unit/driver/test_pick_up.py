@@ -26,7 +26,7 @@ from gyre.errors import ConfigError
 from gyre.journal import Journal, read_journal, repair_journal
 from gyre.tasks import Task
 from gyre.train.step import Rollout
-from unit.report.runs import execution, metrics
+from unit.driver.runs import execution, metrics
 
 BATCH = 4
 

@@ -13,8 +13,8 @@ import msgspec
 
 from gyre.errors import AgentError, ContextOverflow
 from gyre.journal.records import Role
-from gyre.router.core import Router
 from gyre.router.openai_types import ChatRequest, RouterError
+from gyre.router.routing import Router
 
 
 class ModelClient(Protocol):

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from gyre.agents.base import AgentContext, AgentResult, AgentStatus
+from gyre.agents.contract import AgentContext, AgentResult, AgentStatus
 from gyre.errors import ContextOverflow, SandboxError
 from gyre.journal.records import Role
 

@@ -1,6 +1,6 @@
 """The core cell over several ranks (``trainer.shards = N``): ZeRO-1 state, every rank computing, one coordinator.
 
-Rank 0 is the core trainer process (``gyre.train.core``: the members' and the driver's ZeroMQ endpoint, the queue,
+Rank 0 is the core trainer process (``gyre.train.coretrainer``: the members' and the driver's ZeroMQ endpoint, the queue,
 every decision); it starts ranks 1..N-1 as processes of its own (``start_cell``; they die with it) on the same
 machine (a cell is one node: 8 GPUs of it on a cluster). All N ranks form one torch.distributed group (gloo on CPU,
 NCCL on GPUs) and hold a ``CellState``: a whole model replica to compute on, and 1/N of the fp32 master weights,
@@ -44,7 +44,7 @@ import torch.distributed as dist
 import zmq
 
 from gyre.config import TrainerConfig
-from gyre.engine.launch import exit_with_parent, free_port
+from gyre.engine.launcher import exit_with_parent, free_port
 from gyre.errors import ConfigError, TrainerError
 from gyre.protocol import MicroStats, MicroStep
 from gyre.train import checkpoint, recompute
@@ -289,7 +289,7 @@ class Followers:
         events_at = self.events.getsockopt_string(zmq.LAST_ENDPOINT)
         config = msgspec.json.encode(cfg)
         for rank in range(1, self.world):
-            command = [sys.executable, "-m", "gyre.train.cell", "--rank", str(rank), "--host", host,
+            command = [sys.executable, "-m", "gyre.train.corecell", "--rank", str(rank), "--host", host,
                        "--store-port", str(self.store_port), "--events", events_at]  # fmt: skip
             proc = subprocess.Popen(command, stdin=subprocess.PIPE, preexec_fn=exit_with_parent)
             assert proc.stdin is not None
@@ -507,7 +507,7 @@ class _Follower:
 
 def main(argv: list[str] | None = None) -> None:
     """A rank of a core cell (started by rank 0; the config comes on stdin as JSON)."""
-    parser = argparse.ArgumentParser(prog="python -m gyre.train.cell")
+    parser = argparse.ArgumentParser(prog="python -m gyre.train.corecell")
     parser.add_argument("--rank", type=int, required=True)
     parser.add_argument("--host", required=True)
     parser.add_argument("--store-port", type=int, required=True)

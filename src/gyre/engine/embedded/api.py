@@ -18,7 +18,7 @@ from starlette.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from gyre.config import EngineConfig
-from gyre.engine.embedded.engine import EmbeddedEngine
+from gyre.engine.embedded.asyncengine import EmbeddedEngine
 from gyre.engine.http import sse_event
 from gyre.errors import ConfigError, EngineRequestError, GyreError, ProtocolError
 from gyre.protocol import (

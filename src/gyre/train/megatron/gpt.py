@@ -131,7 +131,7 @@ def token_logprobs_and_entropy(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per token of ``micro`` with loss weight > 0: log p(token | its ancestors) at ``temperature`` and the entropy
     of the distribution it was drawn from (no gradient), 0 elsewhere and where a sequence starts; the same contract
-    as the torch backend's. For a model of one pipeline stage; `gyre.train.megatron.learner` runs the stages of a
+    as the torch backend's. For a model of one pipeline stage; `gyre.train.megatron.member` runs the stages of a
     pipelined one."""
     pieces, entropies = [], []
     start = 0

@@ -29,8 +29,8 @@ from gyre.config import EngineConfig
 from gyre.engine import weight_sync
 from gyre.engine.embedded.device import auto_threads, keep_freed_memory_in_heap, resolve_device
 from gyre.engine.embedded.grammar import Grammars
-from gyre.engine.embedded.model import ModelSpec, TransformerLM
 from gyre.engine.embedded.scheduler import Request, Scheduler
+from gyre.engine.embedded.transformer import ModelSpec, TransformerLM
 from gyre.errors import ConfigError, EngineCapacityError, EngineError, EngineRequestError, ProtocolError
 from gyre.protocol import (
     GenerateMeta,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from gyre.errors import TaskError
 from gyre.tasks import long, toy
-from gyre.tasks.base import Task
 from gyre.tasks.formats import detect_format, load_suite, load_task
+from gyre.tasks.task import Task
 
 SUITES_DIR = Path(__file__).parent / "suites"
 BUILTIN_SUITES = ("toy", "long", "nl2repo-mini")

@@ -14,7 +14,7 @@ from gyre.control.loop import LoopSample
 from gyre.driver.training import EvalPoint, StepRecord
 from gyre.journal import Journal
 from gyre.protocol import StepMetrics, SwitchRecord
-from gyre.runtime.runtime import ExecutionResult, ExecutionStatus
+from gyre.runtime.dispatch import ExecutionResult, ExecutionStatus
 from gyre.tasks.verify import Verdict
 
 START_S = 1_760_000_000.0  # wall clock of the run's start

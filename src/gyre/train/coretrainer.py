@@ -15,7 +15,7 @@ gradient bytes into the core per step are one sum per satellite however many mic
 its own thread and adding each gradient as it is computed; in a cell the computing is switched on and off with the
 cell's role (``set_computing``).
 
-With ``trainer.shards = N`` the core is a cell of N ranks (``gyre.train.cell``): this process is rank 0 and
+With ``trainer.shards = N`` the core is a cell of N ranks (``gyre.train.corecell``): this process is rank 0 and
 coordinates; each rank holds 1/N of the optimizer state and computes in rounds, and each has its own pair group with
 every member, over which the member's weights and sum travel in that rank's range only; a sum is added once every
 rank holds its slice (``_staged``), on every rank or on none.
@@ -65,7 +65,7 @@ import zmq
 from gyre.config import TrainerConfig
 from gyre.control.silence import StallClock, credit
 from gyre.engine import weight_sync
-from gyre.engine.launch import free_port
+from gyre.engine.launcher import free_port
 from gyre.errors import EngineUnavailable, GyreError
 from gyre.protocol import (
     Ack,
@@ -101,7 +101,7 @@ from gyre.protocol import (
     Wake,
     Welcome,
 )
-from gyre.train import cell
+from gyre.train import corecell
 from gyre.train.layout import check_run_layout
 from gyre.train.learner import Learner, TorchLearner, make_learner
 from gyre.train.objective import merge_stats, pace
@@ -154,12 +154,14 @@ class CoreTrainer:
         torch.manual_seed(cfg.seed)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
-        self.followers: cell.Followers | None = None
-        self.state: TrainState | cell.CellState
-        if cfg.shards > 1:  # the cell's other ranks, each with 1/N of the optimizer state (gyre.train.cell)
+        self.followers: corecell.Followers | None = None
+        self.state: TrainState | corecell.CellState
+        if (
+            cfg.shards > 1
+        ):  # the cell's other ranks, each with 1/N of the optimizer state (gyre.train.corecell)
             # refused before any rank starts when it does not fit the model or the machine
             log.info(check_run_layout(cfg, cfg.resume_from or cfg.model_path))
-            self.state, self.followers = cell.start_cell(cfg, self._cell_host(cfg))
+            self.state, self.followers = corecell.start_cell(cfg, self._cell_host(cfg))
         else:
             self.state = TrainState(cfg)
         self.ranges = shard_bounds(self.state.numel, cfg.shards)  # each rank's range of the flat weights
@@ -269,7 +271,7 @@ class CoreTrainer:
                         self._event(msgspec.msgpack.decode(self.events.recv()))
                 if self.followers is not None and self.followers.events in ready:
                     while self.followers.events.poll(0):
-                        self._cell_event(cell.events_decoder.decode(self.followers.events.recv()))
+                        self._cell_event(corecell.events_decoder.decode(self.followers.events.recv()))
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.cfg.heartbeat_s
                     self._beat()
@@ -414,9 +416,9 @@ class CoreTrainer:
             if rank and self.followers is not None:
                 port = free_port()
                 self.followers.send(
-                    rank, cell.OpenPair(member=name, name=pair.name, host=pair.host, port=port)
+                    rank, corecell.OpenPair(member=name, name=pair.name, host=pair.host, port=port)
                 )
-            addresses.append(PairAddress(rank=rank, host=pair.host, port=port, name=cell.pair_name(pair.name, rank),
+            addresses.append(PairAddress(rank=rank, host=pair.host, port=port, name=corecell.pair_name(pair.name, rank),
                                          start=start, end=end))  # fmt: skip
         return addresses
 
@@ -440,7 +442,7 @@ class CoreTrainer:
             member.sending += len(self.ranges)
             member.pair.submit(self._weights_op(member.name, member.pair.name))
             if self.followers is not None:
-                self.followers.broadcast(cell.SendWeights(member=member.name, name=member.pair.name))
+                self.followers.broadcast(corecell.SendWeights(member=member.name, name=member.pair.name))
             return
         claimed = self.queue.claim(name)
         if claimed is None:
@@ -494,7 +496,7 @@ class CoreTrainer:
 
         member.pair.submit(op)
         if self.followers is not None:
-            self.followers.broadcast(cell.ReceiveSum(member=member.name, name=member.pair.name, key=key))
+            self.followers.broadcast(corecell.ReceiveSum(member=member.name, name=member.pair.name, key=key))
 
     def _staged(self, key: int, rank: int, nbytes: int) -> None:
         """Rank ``rank`` holds its slice of sum ``key``: once every rank does, the sum is added on every rank (or,
@@ -515,7 +517,7 @@ class CoreTrainer:
             assert piece is not None
             self.state.add_range(start, piece)
             if self.followers is not None:
-                self.followers.broadcast(cell.Commit(key=key))
+                self.followers.broadcast(corecell.Commit(key=key))
 
         member = self.members.get(entry.member)
         taken = False
@@ -527,14 +529,14 @@ class CoreTrainer:
                     self.queue.discarded += len(entry.indices)
             member.transferring.difference_update(entry.indices)
         if not taken and self.followers is not None:
-            self.followers.broadcast(cell.Drop(key=key))
+            self.followers.broadcast(corecell.Drop(key=key))
 
     def _drop_sums(self, name: str) -> None:
         """A lost member's sums on their way are added nowhere."""
         for key in [k for k, s in self.sums.items() if s.member == name]:
             del self.sums[key]
             if self.followers is not None:
-                self.followers.broadcast(cell.Drop(key=key))
+                self.followers.broadcast(corecell.Drop(key=key))
 
     def _count_bytes_in(self, step: int, size: int) -> None:
         """(holding queue.lock) ``size`` bytes of gradient arrived from a member for ``step`` (on any rank)."""
@@ -620,16 +622,16 @@ class CoreTrainer:
             case ["reply", identity, kind, text]:
                 self._reply(identity, Ack(detail=text) if kind == "ack" else Refused(reason=text))
 
-    def _cell_event(self, event: cell.Event) -> None:
+    def _cell_event(self, event: corecell.Event) -> None:
         """What another rank of the cell reports."""
         match event:
-            case cell.WeightsSent(member=name, name=pair):
+            case corecell.WeightsSent(member=name, name=pair):
                 self._event(["weights_sent", name, pair])
-            case cell.Staged(key=key, rank=rank, nbytes=nbytes):
+            case corecell.Staged(key=key, rank=rank, nbytes=nbytes):
                 self._staged(key, rank, nbytes)
-            case cell.PairFailed(member=name, name=pair, rank=rank, reason=reason):
+            case corecell.PairFailed(member=name, name=pair, rank=rank, reason=reason):
                 self._event(["pair_failed", name, pair, f"(rank {rank} of the cell) {reason}"])
-            case cell.Report(rank=rank, statistics=statistics):
+            case corecell.Report(rank=rank, statistics=statistics):
                 self.shard_reports[rank] = statistics
 
     def _beat(self) -> None:
@@ -657,7 +659,7 @@ class CoreTrainer:
         member.transferring.clear()
         self._drop_sums(member.name)
         if self.followers is not None:
-            self.followers.broadcast(cell.ClosePair(member=member.name, name=member.pair.name))
+            self.followers.broadcast(corecell.ClosePair(member=member.name, name=member.pair.name))
         member.sending = 0  # abandoned: the update no longer waits for it
         member.pair.dead = True
         member.pair.close()
@@ -711,11 +713,11 @@ class CoreTrainer:
                 self.queue.changed.notify_all()
             self._notify("received", CORE, index)
 
-    def _compute_rounds(self, followers: cell.Followers) -> None:
+    def _compute_rounds(self, followers: corecell.Followers) -> None:
         """The cell's compute: rounds of up to one micro-step per rank, their gradients reduce-scattered into the
-        owners' sums (``gyre.train.cell.compute_round``), done once the round's collective has ended. A micro-step
+        owners' sums (``gyre.train.corecell.compute_round``), done once the round's collective has ended. A micro-step
         longer than ``trainer.max_tokens_per_rank`` is a round of its own that every rank computes a share of."""
-        assert isinstance(self.state, cell.CellState)
+        assert isinstance(self.state, corecell.CellState)
         world, limit = len(self.ranges), self.cfg.max_tokens_per_rank
         waiting: tuple[int, MicroStep] | None = None  # a long one claimed after short ones: the next round
         while not self.stopping:
@@ -744,8 +746,10 @@ class CoreTrainer:
             try:
                 for rank in range(1, world):
                     micro = claims[0 if context else rank][1] if context or rank < len(claims) else None
-                    followers.send(rank, cell.Round(micro=micro, version=version, context=context))
-                stats = cell.compute_round(self.state, self.learner, claims[0][1], self.cfg, version, context)
+                    followers.send(rank, corecell.Round(micro=micro, version=version, context=context))
+                stats = corecell.compute_round(
+                    self.state, self.learner, claims[0][1], self.cfg, version, context
+                )
             except Exception:  # a rank died (its collective failed) or this one cannot compute
                 log.exception("the core cell failed computing a round of step %d; it stops", step)
                 with self.queue.changed:
@@ -841,7 +845,7 @@ class CoreTrainer:
     async def _connect(self, url: str) -> None:
         """(engine loop) Join a new weight-transfer group with the engine at ``url`` and push it the current
         weights; raises what went wrong (a failed push also detaches it, see ``_send``)."""
-        from gyre.engine.client import EngineClient
+        from gyre.engine.engineclient import EngineClient
 
         async with self._engine_lock(url):
             if url in self.engines:  # attached meanwhile (the controller, or ``_reattach``)
@@ -951,7 +955,7 @@ class CoreTrainer:
     async def _reattach(self, url: str) -> None:
         """(engine loop) Probe a detached engine until it answers ``/health``, then attach it again: a new group
         and the current weights. One whose cell trains waits: the controller attaches it when it serves again."""
-        from gyre.engine.client import EngineClient
+        from gyre.engine.engineclient import EngineClient
 
         probe = EngineClient(url, timeout_s=5.0)
         try:
@@ -984,7 +988,7 @@ class CoreTrainer:
             )  # fmt: skip
 
     def _shard_statistics(self) -> list[dict[str, int]]:
-        if not isinstance(self.state, cell.CellState):
+        if not isinstance(self.state, corecell.CellState):
             return []
         return [self.state.statistics()] + [self.shard_reports[r] for r in sorted(self.shard_reports)]
 

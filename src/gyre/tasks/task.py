@@ -80,7 +80,7 @@ class Task(msgspec.Struct, frozen=True, kw_only=True):
         default_factory=dict
     )  # a reference solution (workspace path -> text): `--agent oracle` writes it, the agent never sees it
     expert: str | None = (
-        None  # the scripted expert that solves it (a name in gyre.tasks.builtin.EXPERTS), if any
+        None  # the scripted expert that solves it (a name in gyre.tasks.catalog.EXPERTS), if any
     )
     solution_command: str | None = (
         None  # run after the solution files are written (Harbor: solution/solve.sh)

@@ -1,10 +1,10 @@
-"""gyre.engine.launch: the SGLang command line numbers the served weights (built without sglang installed)."""
+"""gyre.engine.launcher: the SGLang command line numbers the served weights (built without sglang installed)."""
 
 from __future__ import annotations
 
 import pytest
 
-from gyre.engine.launch import sglang_command
+from gyre.engine.launcher import sglang_command
 from gyre.errors import ProtocolError
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
-from gyre.agents.base import AgentContext
-from gyre.agents.builtin import call_seed
+from gyre.agents.contract import AgentContext
+from gyre.agents.toolagent import call_seed
 from gyre.driver.evaluation import paired_difference
 from gyre.driver.pretrain import session
 from gyre.driver.quickstart import Gain, Point, first_call_floor, judge

@@ -34,7 +34,6 @@ from gyre.engine.http import sse_event
 from gyre.errors import ConfigError, EngineRequestError, GyreError
 from gyre.journal.records import Role
 from gyre.router import anthropic, responses
-from gyre.router.core import ROLES, Router
 from gyre.router.openai_types import (
     AddEngineRequest,
     ChatRequest,
@@ -43,6 +42,7 @@ from gyre.router.openai_types import (
     RouterError,
 )
 from gyre.router.pool import CallControl
+from gyre.router.routing import ROLES, Router
 
 if TYPE_CHECKING:
     from gyre.router.listener import ConnectionGate

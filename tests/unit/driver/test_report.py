@@ -14,7 +14,7 @@ from gyre.driver.runreport import scores_by_step, write_report
 from gyre.driver.training import StepRecord
 from gyre.journal import Journal
 from gyre.protocol import SwitchRecord
-from unit.report.runs import EVAL_AFTER, PLOTS, metrics, write_run
+from unit.driver.runs import EVAL_AFTER, PLOTS, metrics, write_run
 
 
 def plots(page: str) -> list[str]:

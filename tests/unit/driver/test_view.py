@@ -31,7 +31,7 @@ def test_a_frame_shows_cells_water_level_and_step() -> None:
 
 
 def test_a_frame_shows_the_shards_when_they_run_the_executions() -> None:
-    from gyre.runtime.runtime import RuntimeStatistics
+    from gyre.runtime.dispatch import RuntimeStatistics
     from gyre.runtime.shards import ShardStatistics
 
     totals = RuntimeStatistics(dispatched=9, started=8, finished=3, water_level=6, running=5, by_status={})

@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import ConsoleMessage, sync_playwright
 
 from gyre.driver.runreport import write_report
-from unit.report.runs import EVAL_AFTER, PLOTS, write_run
+from unit.driver.runs import EVAL_AFTER, PLOTS, write_run
 
 STEPS = 6
 

@@ -6,7 +6,7 @@ import errno
 
 import httpx
 
-from gyre.runtime.runtime import _host_fault
+from gyre.runtime.dispatch import _host_fault
 
 
 def _raised_from(cause: BaseException, wrapper: BaseException) -> BaseException:

@@ -40,8 +40,8 @@ import zmq.asyncio
 
 from gyre.config import GyreConfig
 from gyre.control.chaos import FaultyLink
-from gyre.engine.client import EngineClient
-from gyre.engine.launch import ServerProcess, exit_with_parent, launch_embedded, launch_sglang
+from gyre.engine.engineclient import EngineClient
+from gyre.engine.launcher import ServerProcess, exit_with_parent, launch_embedded, launch_sglang
 from gyre.errors import ConfigError, GyreError
 from gyre.protocol import (
     CellBeat,
@@ -59,7 +59,7 @@ from gyre.protocol import (
 )
 
 if TYPE_CHECKING:  # torch is imported only by cells that train
-    from gyre.train.core import CoreTrainer
+    from gyre.train.coretrainer import CoreTrainer
     from gyre.train.satellite import Satellite, SatelliteSummary
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ class Cell:
                                           log_path=log_path, timeout_s=cells.startup_timeout_s,
                                           die_with_parent=True, host=cells.host)  # fmt: skip
         if spec.kind == "core":
-            from gyre.train.core import CoreTrainer
+            from gyre.train.coretrainer import CoreTrainer
 
             trainer = msgspec.structs.replace(
                 self.cfg.trainer,
@@ -252,7 +252,7 @@ class Cell:
         phases[name] = time.perf_counter() - started
 
     async def _core_request(self, active: bool) -> None:
-        from gyre.train.client import TrainerClient
+        from gyre.train.trainerclient import TrainerClient
 
         assert self.engine is not None
         url = self.engine.url

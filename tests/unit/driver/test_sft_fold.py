@@ -11,7 +11,7 @@ from test_sft_demonstrations import chain
 from gyre.driver.sft import fold
 from gyre.journal.records import CallRecord, expand_inputs
 from gyre.train.loss import token_logprobs
-from gyre.train.tree import TrajectoryTree
+from gyre.train.prefixtree import TrajectoryTree
 
 PROMPT = list(range(30, 90))  # what every session starts with (the agent's system prompt)
 SESSIONS = [

@@ -2,7 +2,7 @@
 by rank 0.
 
 Rank 0 lives in the member's own process (the core's, or a satellite's) and is the only rank that talks to the core.
-It starts the other ranks as child processes (``python -m gyre.train.megatron.learner``) and tells them what to do
+It starts the other ranks as child processes (``python -m gyre.train.megatron.member``) and tells them what to do
 next over their stdin, one `gyre.protocol.ShardCommand` at a time (length-prefixed msgpack); the data moves over the
 member's own process group (gloo on CPU, NCCL on GPUs): the step's weights as one broadcast of the Hugging Face flat
 buffer, each rank taking its shard (`gyre.train.megatron.convert`); hidden states between pipeline stages point to
@@ -29,11 +29,11 @@ import torch
 import torch.distributed as dist
 
 from gyre.config import LossConfig
-from gyre.engine.launch import free_port
+from gyre.engine.launcher import free_port
 from gyre.errors import ConfigError
 from gyre.protocol import MicroStats, MicroStep, ShardCommand, ShardCompute, ShardGather, ShardLoad, ShardStop
 from gyre.train.megatron import compat, convert
-from gyre.train.megatron.model import build_model, decode, head, sequences, token_logprobs_and_entropy
+from gyre.train.megatron.gpt import build_model, decode, head, sequences, token_logprobs_and_entropy
 from gyre.train.objective import compute_gradients
 
 _encoder = msgspec.msgpack.Encoder()
@@ -208,7 +208,7 @@ class MegatronLearner:
                             "threads": num_threads})  # fmt: skip
         for rank in range(1, tensor * pipeline):
             self.followers.append(subprocess.Popen(
-                [sys.executable, "-m", "gyre.train.megatron.learner", str(rank)],
+                [sys.executable, "-m", "gyre.train.megatron.member", str(rank)],
                 stdin=subprocess.PIPE, env={**os.environ, "GYRE_SHARD_SETUP": setup},
             ))  # fmt: skip
         compat.init_parallel(0, address, tensor, pipeline)

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 import msgspec
 
-from gyre.tasks.base import Task
+from gyre.tasks.task import Task
 
 if TYPE_CHECKING:
-    from gyre.agents.client import ModelClient
+    from gyre.agents.modelclient import ModelClient
     from gyre.sandbox import Sandbox
 
 AgentStatus = Literal["submitted", "finished", "step_limit", "gave_up"]

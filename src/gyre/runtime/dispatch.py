@@ -31,20 +31,20 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from gyre.agents.base import Agent, AgentContext, AgentResult
-from gyre.agents.builtin import BuiltinAgent, BuiltinAgentConfig
-from gyre.agents.client import InProcessModelClient
 from gyre.agents.command import SOCKET_DIR
+from gyre.agents.contract import Agent, AgentContext, AgentResult
+from gyre.agents.modelclient import InProcessModelClient
+from gyre.agents.toolagent import BuiltinAgent, BuiltinAgentConfig
 from gyre.config import SandboxConfig
 from gyre.errors import ResourceExceeded, SandboxError, TaskError, WorkspaceLimitExceeded
 from gyre.journal import Journal
 from gyre.journal.records import ApiCallRecord, CallRecord
-from gyre.router.core import Router
+from gyre.router.routing import Router
 from gyre.runtime.sockets import session_port, session_socket
-from gyre.sandbox import Sandbox, make_sandbox, tree
+from gyre.sandbox import Sandbox, filetree, make_sandbox
 from gyre.sandbox.workspace import HostSandbox, make_scratch, workspace_limits
 from gyre.tasks import environments
-from gyre.tasks.base import Task
+from gyre.tasks.task import Task
 from gyre.tasks.verify import Verdict, Verifier
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ class Runtime:
             workspace = scratch / "workspace" if scratch is not None and ready.is_set() else None
             if workspace is not None and status != "resource_exceeded":
                 try:  # the last word on the quota, and nothing privileged leaves the sandbox: one walk
-                    await asyncio.to_thread(tree.sanitize, workspace, workspace_limits(self.sandbox_cfg))
+                    await asyncio.to_thread(filetree.sanitize, workspace, workspace_limits(self.sandbox_cfg))
                 except WorkspaceLimitExceeded as exc:
                     status = "resource_exceeded"
                     errors.append(str(exc))
@@ -316,7 +316,7 @@ class Runtime:
     async def _remove(self, scratch: Path) -> str | None:
         """Delete an execution's scratch directory off the loop (a cancellation still waits for it); what went wrong,
         if anything."""
-        removing = asyncio.ensure_future(asyncio.to_thread(tree.remove, scratch))
+        removing = asyncio.ensure_future(asyncio.to_thread(filetree.remove, scratch))
         try:
             await asyncio.shield(removing)
         except asyncio.CancelledError:
@@ -473,7 +473,7 @@ class Runtime:
         return result
 
 
-async def _watch_quota(roots: list[Path], limits: tree.Limits, every_s: float) -> None:
+async def _watch_quota(roots: list[Path], limits: filetree.Limits, every_s: float) -> None:
     """Measure ``roots`` together every ``every_s`` (or less often, so that measuring takes at most `QUOTA_DUTY` of
     the time: a large workspace is walked less often) until cancelled; `WorkspaceLimitExceeded` past ``limits``."""
     while True:
@@ -482,11 +482,11 @@ async def _watch_quota(roots: list[Path], limits: tree.Limits, every_s: float) -
         await asyncio.sleep(max(every_s, (time.monotonic() - start) / QUOTA_DUTY))
 
 
-def _measure(roots: list[Path], limits: tree.Limits) -> tree.Usage:
+def _measure(roots: list[Path], limits: filetree.Limits) -> filetree.Usage:
     """The usage of ``roots`` together (blocking); `WorkspaceLimitExceeded` past ``limits``."""
-    used = tree.Usage()
+    used = filetree.Usage()
     for root in roots:
-        tree.usage(root, limits, used)
+        filetree.usage(root, limits, used)
     return used
 
 
