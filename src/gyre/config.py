@@ -307,6 +307,9 @@ class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     agent_temperature: Annotated[float, msgspec.Meta(ge=0.0)] = 1.0
     agent: str = "builtin"  # builtin | command:ARGV (a process) | python:MODULE:ATTR (a callable); all train
     agent_profile: Literal["default", "lean"] = "default"  # the built-in agent's prompt (lean: bash + submit)
+    agent_max_idle_calls: NonNegative = (
+        0  # the built-in agent gives up after N calls in a row call no tool; 0: never
+    )
     eval_suite: str = ""  # a held-out suite evaluated while training (`gyre eval` semantics); empty: none
     eval_every: NonNegative = (
         0  # evaluate after every N applied steps (and before the first and after the last)

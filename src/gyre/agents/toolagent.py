@@ -77,6 +77,9 @@ class BuiltinAgentConfig(msgspec.Struct, frozen=True, kw_only=True):
         0.0  # extra seconds after each model call, as if tools ran that long (benchmarks)
     )
     profile: Literal["default", "lean"] = "default"  # lean: only bash and submit, a one-line system prompt
+    # Give up after this many model calls in a row that call no tool (each is nudged first); 0: never. An untrained
+    # model's prose is answered with a nudge it cannot read: capped, its execution ends at once, scored as it stands.
+    max_idle_calls: int = 0
     # Sampling seed of the execution's calls; None: the engine's own generator. With a seed, call k of task T's
     # execution g samples with a seed drawn from (seed, T, g, k): the same execution under other weights samples
     # with the same random numbers (evaluations before and after training compare pairwise).
@@ -120,11 +123,11 @@ class BuiltinAgent:
     async def run(self, ctx: AgentContext) -> AgentResult:
         """Work on the task until it is submitted, the step limit is reached, or the runtime's deadline cancels it."""
         tally = _Tally()
-        status, answer, steps = await self._loop(
+        status, answer, steps, detail = await self._loop(
             ctx, ctx.task.instruction, "main", self.config.max_steps, tally
         )
         return AgentResult(status=status, answer=answer, steps=steps, calls=tally.calls,
-                           compactions=tally.compactions, sub_agents=tally.sub_agents)  # fmt: skip
+                           compactions=tally.compactions, sub_agents=tally.sub_agents, detail=detail)  # fmt: skip
 
     async def _loop(
         self,
@@ -133,7 +136,8 @@ class BuiltinAgent:
         role: Literal["main", "sub-agent"],
         max_steps: int,
         tally: _Tally,
-    ) -> tuple[AgentStatus, str | None, int]:
+    ) -> tuple[AgentStatus, str | None, int, str]:
+        """How it ended: the status, the answer submitted (if any), the main context's calls, and why it gave up."""
         cfg = self.config
         summary_role: Role = "main-summary" if role == "main" else "sub-agent-summary"
         tools = TOOLS + ([DELEGATE] if cfg.delegation and role == "main" else [])
@@ -142,6 +146,7 @@ class BuiltinAgent:
         messages = self._fresh(instruction)
         budget = int(ctx.task.metadata.get(CONTEXT_BUDGET_KEY, cfg.context_budget_tokens)) or None
         idle = ctx.task.metadata.get(IDLE_COMMAND_KEY, "")
+        idle_calls = 0  # calls in a row that called no tool
         for step in range(1, max_steps + 1):
             seeded = {} if cfg.seed is None else {"seed": call_seed(cfg.seed, ctx, role, tally.calls)}
             try:
@@ -154,7 +159,12 @@ class BuiltinAgent:
                 if len(messages) <= 2:
                     shorter = shorten(instruction)
                     if shorter is None:
-                        return "gave_up", f"the task description cannot fit the model's context: {exc}", step
+                        return (
+                            "gave_up",
+                            None,
+                            step,
+                            f"the task description cannot fit the model's context: {exc}",
+                        )
                     instruction = shorter
                 messages = self._fresh(instruction)
                 continue
@@ -162,6 +172,9 @@ class BuiltinAgent:
             message = body["choices"][0]["message"]
             messages.append({k: v for k, v in message.items() if v is not None})
             calls = message.get("tool_calls") or []
+            idle_calls = 0 if calls else idle_calls + 1
+            if cfg.max_idle_calls and idle_calls >= cfg.max_idle_calls:
+                return "gave_up", None, step, f"{idle_calls} calls in a row called no tool"
             if not calls:
                 nudge = NUDGE if not idle else f"{NUDGE}\n\n`{idle}` printed:\n{await self._bash(ctx, idle)}"
                 messages.append({"role": "user", "content": nudge})
@@ -169,13 +182,13 @@ class BuiltinAgent:
                 result, submitted = await self._run_tool(ctx, call, tally)
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
                 if submitted is not None:
-                    return "submitted", submitted, step
+                    return "submitted", submitted, step, ""
             if cfg.modelled_tool_latency_s > 0:
                 await asyncio.sleep(cfg.modelled_tool_latency_s)
             used = body.get("usage", {}).get("total_tokens", 0)
             if budget is not None and used > budget and step < max_steps:
                 messages = await self._compact(ctx, instruction, messages, tools, summary_role, tally)
-        return "step_limit", None, max_steps
+        return "step_limit", None, max_steps, ""
 
     def _fresh(self, instruction: str, summary: str | None = None) -> list[dict[str, Any]]:
         text = (
@@ -246,10 +259,12 @@ class BuiltinAgent:
                     ), None
                 case "delegate":
                     tally.sub_agents += 1
-                    status, reply, _ = await self._loop(ctx, str(args["task"]), "sub-agent",
-                                                        self.config.sub_agent_max_steps, tally)  # fmt: skip
+                    status, reply, _, why = await self._loop(ctx, str(args["task"]), "sub-agent",
+                                                             self.config.sub_agent_max_steps, tally)  # fmt: skip
                     return (
-                        reply if reply is not None else f"the helper stopped without an answer ({status})",
+                        reply
+                        if reply is not None
+                        else f"the helper stopped without an answer ({status}{why and ': '}{why})",
                         None,
                     )
                 case _:

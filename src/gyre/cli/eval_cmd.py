@@ -33,7 +33,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             concurrency=args.concurrency,
             group_size=args.group_size, limit=args.limit, max_steps=args.max_steps, temperature=args.temperature,
             seed=args.seed, sandbox=sandbox, progress=not args.no_progress, agent_profile=args.agent_profile,
-            max_tokens_per_call=args.max_tokens_per_call, verifier_retries=args.verifier_retries,
+            max_tokens_per_call=args.max_tokens_per_call, max_idle_calls=args.max_idle_calls,
+            verifier_retries=args.verifier_retries,
             shards=loaded.shards.count if args.shards is None else args.shards, ray=args.ray, placement=loaded.ray,
             shard_settings=loaded.shards,
         )  # fmt: skip
@@ -89,6 +90,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     s.add_argument(
         "--max-tokens-per-call", type=int, default=1024, help="the built-in agent's limit per call"
     )
+    s.add_argument("--max-idle-calls", type=int, default=0,
+                   help="the built-in agent gives up after N calls in a row call no tool (0: never)")  # fmt: skip
     s.add_argument(
         "--verifier-retries", type=int, default=2, help="verifier attempts after the first before dropping"
     )

@@ -88,6 +88,9 @@ class EvalOptions(msgspec.Struct, kw_only=True):
     seed: int | None = None  # the built-in agent's sampling seed (evaluations with one seed compare pairwise)
     agent_profile: Literal["default", "lean"] = "default"  # the built-in agent's (and the oracle's) prompt
     max_tokens_per_call: Annotated[int, msgspec.Meta(ge=1)] = 1024
+    max_idle_calls: Annotated[int, msgspec.Meta(ge=0)] = (
+        0  # the built-in agent gives up after N tool-less calls
+    )
     verifier_retries: Annotated[int, msgspec.Meta(ge=0)] = 2
     sandbox: SandboxConfig = msgspec.field(default_factory=SandboxConfig)
     progress: bool = True  # a rich progress bar on the terminal
@@ -354,6 +357,7 @@ def _for_task(agent: AgentSpec, task: Task, options: EvalOptions) -> AgentSpec:
             max_tokens_per_call=options.max_tokens_per_call,
             profile=options.agent_profile,
             seed=options.seed,
+            max_idle_calls=options.max_idle_calls,
         )
         return BuiltinAgentSpec(config=config)
     if isinstance(agent, PythonAgentSpec):  # the run's limits, for the callable to pass on to its framework

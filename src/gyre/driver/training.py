@@ -507,7 +507,8 @@ def _agent(cfg: GyreConfig, tasks: list[Task]) -> AgentSpec:
         return BuiltinAgentSpec(config=BuiltinAgentConfig(max_steps=run.agent_max_calls, delegation=False,
                                                           max_tokens_per_call=run.agent_max_tokens,
                                                           temperature=run.agent_temperature,
-                                                          profile=run.agent_profile))  # fmt: skip
+                                                          profile=run.agent_profile,
+                                                          max_idle_calls=run.agent_max_idle_calls))  # fmt: skip
     if isinstance(spec, PythonAgentSpec):  # the run's limits and sampling temperature, for it to pass on
         return msgspec.structs.replace(spec, max_steps=run.agent_max_calls, max_tokens=run.agent_max_tokens,
                                        temperature=run.agent_temperature)  # fmt: skip

@@ -56,3 +56,18 @@ def test_a_model_that_calls_no_tool_still_grows_one_long_context(tiny_model: Pat
     )  # the default: compacts at its budget
     nudged = [tokenizer.decode(r.new_input_ids) for r in plain_run.records if r.parent_call_id is not None]
     assert nudged and all("printed:" not in text for text in nudged)
+
+
+def test_an_agent_capped_at_two_idle_calls_gives_up_at_the_second_and_is_scored(tiny_model: Path) -> None:
+    """``max_idle_calls``: the first tool-less call is nudged, the second ends the execution (`gyre quickstart`'s
+    untrained starting model stops there instead of spending every call on prose); it is graded as it stands."""
+    tokenizer = load_tokenizer(tiny_model)
+    task = msgspec.structs.replace(long.make_task(0, stages=3), id="plain", metadata={})
+    capped = BuiltinAgentConfig(max_steps=6, max_idle_calls=2)
+    specs = [ExecutionSpec(task=task, agent=BuiltinAgentSpec(config=capped))]
+    with ScriptedEngine(tokenizer, lambda ids: "hmm, let me think") as fake:
+        (result,) = run(tiny_model, fake.url, specs)
+    assert result.agent is not None and result.agent.status == "gave_up", result.agent
+    assert "2 calls in a row called no tool" in (result.agent.detail or "")
+    assert len(result.records) == 2 and NUDGE in tokenizer.decode(result.records[1].new_input_ids)
+    assert result.verdict is not None and result.verdict.outcome == "scored" and result.reward == 0.0
