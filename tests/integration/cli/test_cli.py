@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 GYRE = [sys.executable, "-m", "gyre"]
 
 
@@ -24,6 +26,9 @@ def test_help_is_instant_and_does_not_import_torch() -> None:
     assert time.perf_counter() - start < 10
 
 
+@pytest.mark.slow(
+    reason="gyre serve-engine and generate from the shell (17 s); fast-tier engines start the same way"
+)
 def test_init_model_then_generate_against_a_served_engine(tmp_path: Path) -> None:
     model = tmp_path / "tiny"
     out = _run("init-model", "--preset", "tiny", str(model))

@@ -58,6 +58,9 @@ def test_abort_returns_partial_output_and_other_requests_finish(server: ServerPr
     assert short.finish_type == "length" and len(short.output_ids) == 8
 
 
+@pytest.mark.slow(
+    reason="a long generation paused in place and continued (13 s); the fast tier pauses in a switch"
+)
 def test_pause_in_place_then_continue_finishes_identically(server: ServerProcess) -> None:
     params = SamplingParams(max_new_tokens=2000, temperature=0.0, ignore_eos=True)
 

@@ -124,6 +124,9 @@ async def _late_agents_meet_busy_ones(port: int, tokens: list[str]) -> tuple[lis
     return during, firsts
 
 
+@pytest.mark.slow(
+    reason="waves of agents against a busy router and its own engine (~20 s with the engine's start)"
+)
 def test_agents_that_connect_while_the_router_is_busy_are_answered_within_a_few_rounds(
     router: tuple[ServerProcess, str],
 ) -> None:

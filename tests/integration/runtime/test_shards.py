@@ -54,6 +54,9 @@ report_s = 0.25
 """
 
 
+@pytest.mark.slow(
+    reason="a gyre train on two shard processes (41 s); the fast tier runs shards in the lost-shard test"
+)
 def test_two_shards_run_a_training_run_each_execution_by_its_owner(tiny_model: Path, tmp_path: Path) -> None:
     config = tmp_path / "run.toml"
     config.write_text(CONFIG)

@@ -38,6 +38,9 @@ def test_gyre_eval_on_the_embedded_tiny_model(tmp_path: Path, tiny_model: Path) 
     ).stat().st_size > 0  # every call of the untrained model, token-exact
 
 
+@pytest.mark.slow(
+    reason="three evaluations compared token by token (39 s); the fast tier runs gyre eval once"
+)
 def test_two_evaluations_with_one_seed_sample_the_same_tokens_and_another_seed_does_not(
     tmp_path: Path, tiny_model: Path
 ) -> None:

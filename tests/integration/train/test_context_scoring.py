@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import msgspec
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -19,6 +20,9 @@ from gyre.train.objective import compute_gradients
 from gyre.train.state import flat_gradient, load_model
 
 
+@pytest.mark.slow(
+    reason="two ranks on an edge case (12 s); the fast tier splits a tree over ranks (test_context_parallel)"
+)
 def test_a_rank_with_no_weighted_tokens_still_gives_the_micro_steps_loss_and_gradients(
     tiny_model: Path, tmp_path: Path
 ) -> None:
