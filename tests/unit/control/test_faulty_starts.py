@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from gyre.config import ChaosConfig
 from gyre.control.chaos import FaultyStarts
 from gyre.tasks import Verifier, load_task
@@ -29,6 +31,7 @@ def test_the_same_seed_fails_the_same_starts_in_any_order_at_about_the_rate() ->
     assert not off.active and not any(off.fails(k, a) for k, a in keys[:50])
 
 
+@pytest.mark.slow(reason="real sandboxes that fail to start, then a retry that grades (7 s)")
 def test_a_verifier_whose_sandbox_never_starts_drops_with_the_reason_and_one_that_starts_on_a_retry_scores(
     tmp_path: Path,
 ) -> None:

@@ -298,6 +298,7 @@ def test_library_decorated_tests_and_fixtures_are_not_mistaken_for_tampering(tmp
     assert (verdict.outcome, verdict.score) == ("scored", 1.0), verdict.detail
 
 
+@pytest.mark.slow(reason="grades the shapes of every shipped real suite (10 s)")
 def test_the_shapes_of_real_suites_are_not_mistaken_for_tampering(tmp_path: Path) -> None:
     """What real NL2RepoBench suites do (freezegun, tenacity, pyquery, boto, funcy, six, more-itertools): a class
     decorated by the implementation, which wraps every method; a helper method decorated by it; tests inherited from
