@@ -7,6 +7,8 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gyre.config import EngineConfig
 from gyre.engine.embedded.asyncengine import EmbeddedEngine
 from gyre.protocol import GenerateRequest, GenerateResponse, SamplingParams
@@ -135,6 +137,9 @@ def test_stop_conditions(engine: EmbeddedEngine) -> None:
     assert out.meta_info.finish_reason == {"type": "length", "length": 3}
 
 
+@pytest.mark.slow(
+    reason="a statistical test over thousands of samples (8 s); the fast tier checks greedy token for token"
+)
 def test_sampled_tokens_follow_the_model_distribution(engine: EmbeddedEngine, hf_model: Any) -> None:
     import torch
 

@@ -265,6 +265,7 @@ def _raw_request(port: int, head: bytes, body: bytes) -> bytes:
         return answer
 
 
+@pytest.mark.slow(reason="waits out the router's body timeout (7 s)")
 def test_a_half_sent_body_times_out_and_frees_its_connection(router: Served) -> None:
     token, _ = router.session()
     head = (
@@ -485,6 +486,7 @@ def test_absurd_max_tokens_and_huge_headers_are_4xx_naming_the_limit(router: Ser
 
 
 # ---- issue 31: connections past the router's descriptors -----------------------------------------------------------
+@pytest.mark.slow(reason="opens connections past the router's descriptor limit (6 s)")
 def test_silent_connections_past_the_descriptor_limit_do_not_keep_a_polite_client_out(
     tiny_model: Path, scripted: ScriptedEngine, tmp_path: Path
 ) -> None:
