@@ -125,7 +125,11 @@ def wait_for(
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
-        assert proc.poll() is None, f"the run ended before {what}"
+        if proc.poll() is not None:  # its output (train() writes RUN.out beside the run directory)
+            args = [str(a) for a in proc.args]  # type: ignore[union-attr]
+            run_dir = Path(args[args.index("--run-dir") + 1])
+            out = run_dir.parent / f"{run_dir.name}.out"
+            raise AssertionError(f"the run ended before {what}:\n" + out.read_text()[-3000:])
         assert time.monotonic() < deadline, f"no {what} within {timeout_s:g} s"
         time.sleep(0.05)
 
@@ -229,7 +233,11 @@ def test_a_cell_node_killed_is_a_dead_cell_as_on_one_machine(
     cluster: Any, tiny_model: Path, tmp_path: Path
 ) -> None:
     agent = f"command:{shlex.join([sys.executable, '-c', SLOW_SCAFFOLD])}"
-    proc = train(tiny_model, tmp_path, "run", "--set", f"run.agent={json.dumps(agent)}", ray=cluster.address)
+    # shards judged silent after 60 s, not 8: this test is about the cell. CI twice saw both shards called silent for
+    # 8.2 s at once during their first executions beside a full suite, and the run end before its first call (exit
+    # 2, no shard left); the cause, something in the shards' loop that starves under load, is not yet found
+    proc = train(tiny_model, tmp_path, "run", "--set", f"run.agent={json.dumps(agent)}", "--set",
+                 "shards.timeout_s=60", ray=cluster.address)  # fmt: skip
     run_dir = tmp_path / "run"
     wait_for("the first call", lambda: any(p.stat().st_size for p in (run_dir / "journal").glob("shards/*/calls.jsonl")),
              proc)  # fmt: skip
