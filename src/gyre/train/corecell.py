@@ -342,6 +342,7 @@ class Followers:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
+                proc.wait()
         with self._lock:
             for sock in self._ops.values():
                 sock.close(0)

@@ -219,6 +219,7 @@ def launch_core(
             client.statistics()
         except TrainerError:
             proc.kill()
+            proc.wait()
             detail = log.read_text()[-2000:] if log is not None and log.exists() else ""
             raise TrainerError(
                 f"the core trainer did not start at {bind} within {timeout_s:g} s\n{detail}"
