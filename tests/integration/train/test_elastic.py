@@ -190,8 +190,9 @@ def test_satellites_joining_at_random_moments_give_the_update_of_one_process(
 
         # On a loaded machine the core alone can compute everything queued before a satellite has the step's
         # weights (CI saw {'core': 36}): keep two micro-steps queued until a satellite takes one, then the rest.
-        sent = 24
+        sent, deadline = 24, time.monotonic() + 120
         while not taken() and sent < len(items) - 12:
+            assert time.monotonic() < deadline, f"nothing computed for 120 s: {c.stats()}"
             if c.stats().pending < 2:
                 c.client.submit(0, items[sent : sent + 1])
                 sent += 1
