@@ -91,6 +91,15 @@ class RouterConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # a call to a function the request did not offer is returned as a tool call (SGLang's
     # SGLANG_FORWARD_UNKNOWN_TOOLS); false: its block stays in the content, as the model wrote it
     forward_unknown_tools: bool = False
+    # the model family's tool-call format, by SGLang's --tool-call-parser name (hermes, qwen25, qwen3_coder, glm45,
+    # kimi_k2, deepseekv3, deepseekv31, gpt-oss, llama3, mistral); empty: detected from the chat template
+    tool_parser: str = ""
+    # its reasoning format, by SGLang's --reasoning-parser name (qwen3, deepseek-r1, deepseek-v3, glm45, kimi_k2,
+    # mistral); empty: the family's, where its template or tokenizer knows the markers; "none": never parsed
+    reasoning_parser: str = ""
+    # how a later call follows an earlier one: "exact" continues from the ids the model was served and produced
+    # (recording where the template's own render would differ); "canonical" renders such a call anew, a new branch
+    continuation: Literal["exact", "canonical"] = "exact"
 
 
 class SandboxConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -27,10 +27,20 @@ Script = Callable[[list[int]], str]  # input ids -> the reply text
 
 
 class ScriptedEngine:
-    """An engine that answers each ``/generate`` with ``script(input_ids)``, tokenized, then end-of-sequence."""
+    """An engine that answers each ``/generate`` with ``script(input_ids)``, tokenized, then end-of-sequence.
 
-    def __init__(self, tokenizer: Any, script: Script, weight_version: int = 0) -> None:
+    ``stops`` are the texts of the tokens the model's turns end with (a family's terminators): a script that writes
+    its reply's own terminator gets nothing appended."""
+
+    def __init__(
+        self, tokenizer: Any, script: Script, weight_version: int = 0, stops: tuple[str, ...] = ()
+    ) -> None:
         self.tokenizer, self.script, self.weight_version = tokenizer, script, weight_version
+        # a reply whose text ends with one of these tokens ends there; any other gets the model's end appended:
+        # <|im_end|> where the tokenizer has it (the tiny model's), else its eos
+        vocab = tokenizer.get_vocab()
+        self.end_id = vocab.get("<|im_end|>", tokenizer.eos_token_id)
+        self.stop_ids = {vocab[t] for t in stops if t in vocab} | {self.end_id}
         self.requests: list[dict[str, Any]] = []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -46,12 +56,15 @@ class ScriptedEngine:
     async def _generate(self, request: Request) -> Response:
         body = msgspec.json.decode(await request.body())
         self.requests.append(body)
-        eos = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        ids = self.tokenizer.encode(self.script(body["input_ids"]), add_special_tokens=False) + [eos]
+        ids = self.tokenizer.encode(self.script(body["input_ids"]), add_special_tokens=False)
+        if not ids or ids[-1] not in self.stop_ids:
+            ids.append(self.end_id)
         limit = body.get("sampling_params", {}).get("max_new_tokens") or len(ids)
         ids = ids[:limit]
         finish = (
-            {"type": "stop", "matched": eos} if ids[-1] == eos else {"type": "length", "length": len(ids)}
+            {"type": "stop", "matched": ids[-1]}
+            if ids[-1] in self.stop_ids
+            else {"type": "length", "length": len(ids)}
         )
         logprobs = [
             [-0.25, t, None] for t in ids

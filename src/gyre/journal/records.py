@@ -25,6 +25,19 @@ class CallTiming(msgspec.Struct, frozen=True):
     finished_s: float  # the response was complete
 
 
+class Divergence(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a chained call's input differs from the chat template's own render of its conversation.
+
+    The router continues from the exact ids the model was served and produced; a template that writes the earlier
+    reply otherwise (Qwen3 drops the reasoning of turns before the last user message, gpt-oss writes ``<|end|>``
+    for the ``<|return|>`` sampled) gives a different canonical render. ``kind``: ``reasoning``, ``terminator``,
+    ``tokenization`` (the same text in other ids), ``render`` (anything else), or ``unchained`` (the template
+    showed no turn boundary, so the call is a new branch)."""
+
+    kind: Literal["reasoning", "terminator", "tokenization", "render", "unchained"]
+    index: int  # the first differing position in the call's whole input (0 for unchained)
+
+
 class CallRecord(msgspec.Struct, frozen=True, kw_only=True):
     """What the model saw and produced in one call, token for token, stored as a delta on the call it extends.
 
@@ -53,6 +66,9 @@ class CallRecord(msgspec.Struct, frozen=True, kw_only=True):
     timing: CallTiming
     output_versions: list[int] | None = None  # a weight version per output token; None: all weight_version
     source: RecordSource = "policy"  # who produced the output; only "policy" output is the behaviour policy's
+    divergence: Divergence | None = (
+        None  # where the input differs from the template's canonical render; None: not
+    )
 
     def __post_init__(self) -> None:
         if len(self.output_ids) != len(self.output_logprobs):

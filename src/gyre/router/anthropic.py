@@ -1,19 +1,23 @@
 """The Anthropic Messages API (``POST /v1/messages``) as a face of the router's chat path.
 
-A request is translated into the router's chat messages (``system`` -> a system message; an assistant's
-``tool_use`` blocks -> its ``tool_calls``; a user's ``tool_result`` blocks -> ``tool`` messages) and runs as a chat
-call: the same rendering, the same session, the same ``CallRecord``, the same continuation detection. The
-translation is deterministic, so a conversation that echoes back the replies it got is one unbroken chain of calls.
-The reply's text and ``<tool_call>`` blocks (parsed as for chat) become ``text`` and ``tool_use`` blocks; a
-``tool_use`` id is the chat tool-call id, so the exact sampled arguments are restored when the client echoes it.
+A request is translated into a chat request (``system`` -> a system message; an assistant's ``tool_use`` blocks ->
+its ``tool_calls``, its ``thinking`` blocks -> its ``reasoning_content``; a user's ``tool_result`` blocks -> ``tool``
+messages) and runs through `Router.chat` / `Router.chat_stream`: the same rendering, session, ``CallRecord`` and
+continuation detection. The translation is deterministic, so a conversation that echoes back the replies it got is
+one unbroken chain of calls. The reply's reasoning, text and tool calls (parsed as for chat) become ``thinking``,
+``text`` and ``tool_use`` blocks; a ``tool_use`` id is the chat tool-call id, so the exact sampled arguments are
+restored when the client echoes it. ``thinking`` blocks carry an empty ``signature`` (nothing is signed here);
+``redacted_thinking`` blocks sent back are accepted and not rendered.
 
 ``tool_choice``: ``none`` renders no tools and keeps ``<tool_call>`` text as text (as chat's ``"none"``); ``any`` and
 ``tool`` become chat's ``required`` and a named function, which the chat path enforces with a grammar
-(`gyre.router.constraints`); a named tool that was not offered is a 400. Images, documents and server tools are refused (400): the router serves a text model.
+(`gyre.router.constraints`); a named tool that was not offered is a 400. Images, documents and server tools are
+refused (400): the router serves a text model.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Annotated, Any
@@ -22,14 +26,13 @@ import msgspec
 
 from gyre.journal.records import Role
 from gyre.router.openai_types import ChatRequest, MaxTokens, RouterError, TopP
-from gyre.router.pool import CallControl, Generation
-from gyre.router.routing import INLINE_MESSAGES, _hold_stops, _mapped, _parses_tools, check_tools
+from gyre.router.pool import CallControl
+from gyre.router.routing import INLINE_MESSAGES, check_tools
 
 if TYPE_CHECKING:
-    from gyre.router.routing import Router, _ChatCall
+    from gyre.router.routing import Router
 
 Event = tuple[str, dict[str, Any]]  # (SSE event name, its JSON data)
-_SKIPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})  # the model's own reasoning: not re-rendered
 _ERROR_TYPES = {
     401: "authentication_error",
     403: "permission_error",
@@ -52,6 +55,7 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     stop_sequences: list[str] | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] | None = None
     top_p: TopP | None = None
+    # accepted, not applied: the chat request has no top_k to carry it (yet)
     top_k: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)] | None = None
     stream: bool = False
 
@@ -110,6 +114,7 @@ def _translate_message(index: int, message: Any) -> list[dict[str, Any]]:
         raise _bad(f"{where}.content must be a string or a list of content blocks", where)
     out: list[dict[str, Any]] = []
     texts: list[str] = []
+    thinking: list[str] = []  # an assistant's thinking blocks' text
     calls: list[dict[str, Any]] = []
     for k, block in enumerate(content):
         at = f"{where}.content[{k}]"
@@ -135,13 +140,21 @@ def _translate_message(index: int, message: Any) -> list[dict[str, Any]]:
                 texts = []
             out.append({"role": "tool", "tool_call_id": call_id, "content": _text_of(f"{at}.content",
                                                                                       block.get("content"))})  # fmt: skip
-        elif kind in _SKIPPED_BLOCKS and role == "assistant":
-            continue
+        elif kind == "thinking" and role == "assistant":
+            if not isinstance(block.get("thinking"), str):
+                raise _bad(f"{at}.thinking must be a string", at)
+            thinking.append(block["thinking"])
+        elif kind == "redacted_thinking" and role == "assistant":
+            continue  # another server's encrypted reasoning: nothing to render
         else:
-            allowed = "text, tool_use" if role == "assistant" else "text, tool_result"
+            allowed = (
+                "text, tool_use, thinking, redacted_thinking" if role == "assistant" else "text, tool_result"
+            )
             raise _bad(f"{at}: a {role} content block must be one of {allowed}; got {kind!r}", at)
     if role == "assistant":
         reply: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        if thinking:
+            reply["reasoning_content"] = "".join(thinking)
         if calls:
             reply["tool_calls"] = calls
         out.append(reply)
@@ -230,31 +243,36 @@ def _to_chat(req: MessagesRequest) -> ChatRequest:
         max_tokens=req.max_tokens,
         stop=_stops(req) or None,
         parallel_tool_calls=parallel,
+        return_token_ids=bool(_stops(req)),  # to tell which stop sequence ended the reply (`_stop`)
     )
 
 
-async def _start(router: Router, token: str, req: MessagesRequest) -> tuple[ChatRequest, _ChatCall]:
-    session = router.session(token)
+async def _translate(router: Router, token: str, req: MessagesRequest, stream: bool = False) -> ChatRequest:
+    router.session(token)  # an unknown session is a 401 before its request is looked at
     if len(req.messages) <= INLINE_MESSAGES:
         chat = _to_chat(req)
     else:  # as the chat path does: a long conversation is translated off the event loop
         chat = await router.off_loop(_to_chat, req)
-    call = await router._start_chat(session, chat)
-    if req.top_k:
-        call.params = msgspec.structs.replace(call.params, top_k=req.top_k)
-    return chat, call
+    if stream:  # usage in every chunk: message_start carries the prompt's tokens (vLLM's and SGLang's option)
+        chat.stream, chat.stream_options = True, {"include_usage": True, "continuous_usage_stats": True}
+    return chat
 
 
 # ---- reply: chat -> Messages --------------------------------------------------------------------------------------
-def _stop(gen: Generation, stops: list[str], tool_use: bool) -> tuple[str, str | None]:
-    """(stop_reason, stop_sequence) of a finished call."""
-    if tool_use:
+def _stop(
+    router: Router, finish: str, token_ids: list[int] | None, stops: list[str]
+) -> tuple[str, str | None]:
+    """(stop_reason, stop_sequence) of a finished chat call; ``token_ids`` are its output's (asked for when the
+    request has stop sequences: the sequence that matched is the one whose first occurrence ends first)."""
+    if finish == "tool_calls":
         return "tool_use", None
-    if gen.finish_reason.get("type") == "length":
+    if finish == "length":
         return "max_tokens", None
-    matched = gen.finish_reason.get("matched")
-    if isinstance(matched, str) and matched in stops:
-        return "stop_sequence", matched
+    if stops and token_ids is not None:
+        text = router.renderer.decode(token_ids)
+        found = [(at + len(stop), stop) for stop in stops if (at := text.find(stop)) >= 0]
+        if found:
+            return "stop_sequence", min(found)[1]
     return "end_turn", None
 
 
@@ -263,103 +281,123 @@ def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
     return {"type": "tool_use", "id": call["id"], "name": call["function"]["name"], "input": arguments}
 
 
-def _message_id(call: _ChatCall) -> str:
-    return "msg_" + call.call_id.removeprefix("chatcmpl-")
+def _message_id(chat_id: str) -> str:
+    return "msg_" + chat_id.removeprefix("chatcmpl-")
+
+
+def _usage(usage: dict[str, Any]) -> dict[str, int]:
+    return {"input_tokens": usage["prompt_tokens"], "output_tokens": usage["completion_tokens"]}
 
 
 async def create(
     router: Router, token: str, req: MessagesRequest, role: Role = "main", control: CallControl | None = None
 ) -> dict[str, Any]:
     """One Messages-API ``message``, recorded as a chat call."""
-    chat, call = await _start(router, token, req)
-    session = router.session(token)
-    gen = await router._generate(session, call.input_ids, call.params, call.top_n, control=control)
-    body = router._finish_chat(session, chat, role, call, gen)
-    message = body["choices"][0]["message"]
+    reply = await router.chat(token, await _translate(router, token, req), role, control)
+    choice = reply["choices"][0]
+    message = choice["message"]
     content: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        content.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
     content.extend(_tool_use(c) for c in message.get("tool_calls") or [])
-    stop_reason, stop_sequence = _stop(gen, _stops(req), bool(message.get("tool_calls")))
+    stop_reason, stop_sequence = _stop(router, choice["finish_reason"], choice.get("token_ids"), _stops(req))
     return {
-        "id": _message_id(call),
+        "id": _message_id(reply["id"]),
         "type": "message",
         "role": "assistant",
         "model": router.model_name,
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
-        "usage": {"input_tokens": len(call.inputs), "output_tokens": len(gen.output_ids)},
+        "usage": _usage(reply["usage"]),
     }
 
 
 async def stream(
     router: Router, token: str, req: MessagesRequest, role: Role = "main", control: CallControl | None = None
 ) -> AsyncIterator[Event]:
-    """The same call as ``create``, as the Messages API's stream events while tokens arrive.
+    """The same call as ``create``, as the Messages API's stream events while the chat call's chunks arrive.
 
-    Text streams as it is decoded (held back where it may open a ``<tool_call>`` block or a stop sequence, as chat
-    streams); each tool call arrives whole at the end as a ``tool_use`` block with one ``input_json_delta``.
-    Nothing is yielded before the engine's first output, so a failure before it is still an HTTP error status.
+    Reasoning streams as a ``thinking`` block, text as ``text`` blocks, as chat streams them (held back where it may
+    open a tool call or a stop sequence); each tool call arrives whole, as soon as the chat stream has it, as a
+    ``tool_use`` block with one ``input_json_delta`` (text after it opens a new ``text`` block). Nothing is yielded
+    before the engine's first output, so a failure before it is still an HTTP error status.
     """
-    chat, call = await _start(router, token, req)
-    session = router.session(token)
-    engine_stream = router.pool.generate_stream(
-        call.input_ids, call.params, session.affinity, call.top_n, control
-    )
-    stops = _stops(req)
-    use_tools = _parses_tools(chat)
-    ids: list[int] = []
-    sent = ""  # text already streamed
-    started = text_open = False
-    gen: Generation | None = None
-    async for item in _mapped(engine_stream):
-        if not started:
-            started = True
-            yield "message_start", {"type": "message_start", "message": {
-                "id": _message_id(call), "type": "message", "role": "assistant", "model": router.model_name,
-                "content": [], "stop_reason": None, "stop_sequence": None,
-                "usage": {"input_tokens": len(call.inputs), "output_tokens": 0},
-            }}  # fmt: skip
-        if isinstance(item, Generation):
-            gen = item
-            break
-        ids.extend(item.ids)
-        visible = _hold_stops(router.renderer.streamable_content(ids, hold_tool_calls=use_tools), stops)
-        if len(visible) > len(sent) and visible.startswith(sent):
-            if not text_open:
-                text_open = True
-                yield _block_start(0, {"type": "text", "text": ""})
-            yield _delta(0, {"type": "text_delta", "text": visible[len(sent) :]})
-            sent = visible
-    assert gen is not None
-    session.affinity = gen.engine
-    message = router._finish_chat(session, chat, role, call, gen)["choices"][0]["message"]
-    content = message.get("content") or ""
-    # text after tool calls, or held back to the end
-    if content.startswith(sent) and len(content) > len(sent):
-        if not text_open:
-            text_open = True
-            yield _block_start(0, {"type": "text", "text": ""})
-        yield _delta(0, {"type": "text_delta", "text": content[len(sent) :]})
-    if text_open:
-        yield "content_block_stop", {"type": "content_block_stop", "index": 0}
-    calls = message.get("tool_calls") or []
-    for index, tool_call in enumerate(calls, start=int(text_open)):
-        block = _tool_use(tool_call)
-        yield _block_start(index, {**block, "input": {}})
-        yield _delta(index, {"type": "input_json_delta", "partial_json": tool_call["function"]["arguments"]})
-        yield "content_block_stop", {"type": "content_block_stop", "index": index}
-    stop_reason, stop_sequence = _stop(gen, stops, bool(calls))
-    yield (
-        "message_delta",
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-            "usage": {"input_tokens": len(call.inputs), "output_tokens": len(gen.output_ids)},
-        },
-    )
+    chunks = router.chat_stream(token, await _translate(router, token, req, stream=True), role, control)
+    async with contextlib.aclosing(chunks):  # type: ignore[type-var]  # an async generator
+        blocks = _Blocks()
+        usage: dict[str, Any] = {}
+        finish, token_ids, started = "stop", None, False
+        async for chunk in chunks:
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            if not started:  # the first chunk: the engine has answered
+                started = True
+                yield "message_start", {"type": "message_start", "message": {
+                    "id": _message_id(chunk["id"]), "type": "message", "role": "assistant",
+                    "model": router.model_name, "content": [], "stop_reason": None, "stop_sequence": None,
+                    "usage": {"input_tokens": usage.get("prompt_tokens", 0), "output_tokens": 0},
+                }}  # fmt: skip
+            # the final chunk's output ids, where the request's stop sequences asked for them
+            token_ids = chunk.get("token_ids", token_ids)
+            for choice in chunk["choices"]:
+                delta = choice["delta"]
+                for kind, key in (("thinking", "reasoning_content"), ("text", "content")):
+                    if delta.get(key):
+                        for e in blocks.add(kind, delta[key]):
+                            yield e
+                for call in delta.get("tool_calls") or []:
+                    for e in blocks.tool_use(call):
+                        yield e
+                finish = choice["finish_reason"] or finish
+        for e in blocks.close():
+            yield e
+    stop_reason, stop_sequence = _stop(router, finish, token_ids, _stops(req))
+    yield "message_delta", {"type": "message_delta", "usage": _usage(usage),
+                            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence}}  # fmt: skip
     yield "message_stop", {"type": "message_stop"}
+
+
+class _Blocks:
+    """A streamed reply's content blocks: one open at a time, each closed before the next one starts."""
+
+    def __init__(self) -> None:
+        self.index = -1  # the newest block's
+        self.open: str | None = None  # the open block's type: "thinking" or "text"
+
+    def add(self, kind: str, piece: str) -> list[Event]:
+        """``piece`` of a ``thinking`` or ``text`` block, opening one if that is not the open block."""
+        events = []
+        if self.open != kind:
+            events += self.close()
+            self.index, self.open = self.index + 1, kind
+            events.append(_block_start(self.index, {"type": kind, kind: ""}))
+        events.append(_delta(self.index, {"type": f"{kind}_delta", kind: piece}))
+        return events
+
+    def tool_use(self, call: dict[str, Any]) -> list[Event]:
+        """A whole ``tool_use`` block for a streamed chat tool call."""
+        events = self.close()
+        self.index += 1
+        events.append(_block_start(self.index, {**_tool_use(call), "input": {}}))
+        events.append(
+            _delta(self.index, {"type": "input_json_delta", "partial_json": call["function"]["arguments"]})
+        )
+        events.append(_block_stop(self.index))
+        return events
+
+    def close(self) -> list[Event]:
+        """Close the open block, if any (a ``thinking`` block gets its empty signature first)."""
+        if self.open is None:
+            return []
+        events = []
+        if self.open == "thinking":
+            events.append(_delta(self.index, {"type": "signature_delta", "signature": ""}))
+        self.open = None
+        events.append(_block_stop(self.index))
+        return events
 
 
 def _block_start(index: int, block: dict[str, Any]) -> Event:
@@ -368,3 +406,7 @@ def _block_start(index: int, block: dict[str, Any]) -> Event:
 
 def _delta(index: int, delta: dict[str, Any]) -> Event:
     return "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+
+
+def _block_stop(index: int) -> Event:
+    return "content_block_stop", {"type": "content_block_stop", "index": index}

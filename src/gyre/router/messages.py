@@ -20,8 +20,9 @@ TOOL_CALL_CLOSE = "</tool_call>"
 def normalize_messages(messages: list[dict[str, Any]], start: int = 0) -> list[dict[str, Any]]:
     """The canonical form of OpenAI chat messages, used both to render and to match requests.
 
-    Keeps ``role``, ``content`` (always a string), ``name``, an assistant's non-empty ``tool_calls`` (arguments as
-    a JSON string) and a tool message's ``tool_call_id``; drops every other key. ``developer`` becomes ``system``.
+    Keeps ``role``, ``content`` (always a string), ``name``, an assistant's non-empty ``reasoning_content`` (or
+    vLLM's ``reasoning``) and ``tool_calls`` (arguments as a JSON string) and a tool message's ``tool_call_id``;
+    drops every other key. ``developer`` becomes ``system``.
     Normalizing a normalized list returns an equal list. The result holds only dicts, lists and exact ``str``s
     (subclasses are copied to ``str``, as transformers does before rendering), so the template may see it as is.
     ``start`` is the index of the first message in the request, for error messages about a slice.
@@ -48,6 +49,13 @@ def _normalize_message(index: int, message: Any) -> dict[str, Any]:
             raise ValueError(f"{where}.name must be a string, got {type(message['name']).__name__}")
         out["name"] = _exact(message["name"])
     if role == "assistant":
+        reasoning = message.get("reasoning_content")
+        if reasoning is None:
+            reasoning = message.get("reasoning")  # vLLM's newer name
+        if reasoning is not None and not isinstance(reasoning, str):
+            raise ValueError(f"{where}.reasoning_content must be a string, got {type(reasoning).__name__}")
+        if reasoning:
+            out["reasoning_content"] = _exact(reasoning)
         calls = message.get("tool_calls")
         if calls is not None and not isinstance(calls, list):
             raise ValueError(f"{where}.tool_calls must be a list, got {type(calls).__name__}")

@@ -37,6 +37,9 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     tool_choice: str | dict[str, Any] | None = None
     temperature: Temperature | None = None
     top_p: TopP | None = None
+    top_k: Annotated[int, msgspec.Meta(ge=-1)] | None = (
+        None  # SGLang's and vLLM's extension; -1 or 0: no limit
+    )
     max_tokens: MaxTokens | None = None
     max_completion_tokens: MaxTokens | None = None
     stop: str | list[str] | None = None
@@ -50,6 +53,9 @@ class ChatRequest(msgspec.Struct, kw_only=True):
     response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", ...}
     user: str | None = None
     return_token_ids: bool = False  # Gyre extension: prompt_token_ids and token_ids in the response
+    chat_template_kwargs: dict[str, Any] | None = (
+        None  # passed to the chat template (SGLang's and vLLM's field)
+    )
 
 
 class CompletionRequest(msgspec.Struct, kw_only=True):

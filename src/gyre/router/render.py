@@ -17,38 +17,34 @@ that, and the renderer checks the template shortcut against ``apply_chat_templat
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
+import json
 import math
 import re
 import secrets
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import jinja2
 import msgspec
 
 from gyre.errors import ConfigError
-from gyre.router.messages import (
-    TOOL_CALL_OPEN,
-    ParsedReply,
-    normalize_messages,
-    parse_tool_calls,
-)
+from gyre.journal.records import Divergence
+from gyre.router.formats import BoundFormat, MarkedDecoder, ParsedReply, choose_format, marked_text
+from gyre.router.formats.parser import _MARKED
+from gyre.router.messages import TOOL_CALL_OPEN, normalize_messages
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 
-# The conversation render_extension puts before the new messages; the reply text marks the assistant turn.
-_DUMMY_REPLY = "gyre-dummy-reply"
+# The conversation render_continuation puts before the earlier reply and the new messages.
 _DUMMY_PREFIX = (
     {"role": "system", "content": "gyre-dummy-system"},
     {"role": "user", "content": "gyre-dummy-user"},
-    {"role": "assistant", "content": _DUMMY_REPLY},
 )
-_PREFIX_CACHE_ENTRIES = 64  # distinct tool lists whose dummy-prefix render is kept
+_PROBE_REPLY = {"role": "assistant", "content": "gyre-dummy-reply"}
 # render_full results kept; the executions of one RL task group send the same first messages.
 _RENDER_CACHE_ENTRIES = 2048
 _RENDER_CACHE_TOKENS = 1 << 20  # ids kept in all; ~36 bytes each (tuple slot + int), so ~38 MiB
@@ -79,6 +75,8 @@ class ChatRenderer:
         *,
         cache_entries: int = _RENDER_CACHE_ENTRIES,
         cache_tokens: int = _RENDER_CACHE_TOKENS,
+        tool_parser: str = "",
+        reasoning_parser: str = "",
     ) -> None:
         eos = tokenizer.eos_token
         if not isinstance(eos, str) or not eos or tokenizer.eos_token_id is None:
@@ -98,8 +96,6 @@ class ChatRenderer:
         self._tokenizer = tokenizer
         self._eos_text: str = eos
         self._eos_id: int = int(tokenizer.eos_token_id)
-        # tools digest -> the dummy conversation's text up to its reply's eos marker
-        self._prefix_cache: dict[bytes, str] = {}
         # render_full: digest of (tools, normalized messages) -> ids, least recently used first
         self._render_cache: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
         self._cache_entries, self._cache_tokens, self._cached_tokens = cache_entries, cache_tokens, 0
@@ -108,8 +104,19 @@ class ChatRenderer:
         self._vocab_size = len(tokenizer)  # ids below it have their single-id text kept in _token_texts
         self._token_texts: dict[int, str] = {}
         self._template_kwargs: dict[str, Any] = dict(tokenizer.special_tokens_map)  # as apply_chat_template
-        specials = {t.content for t in getattr(tokenizer, "added_tokens_decoder", {}).values() if t.special}
+        added_tokens = getattr(tokenizer, "added_tokens_decoder", {})
+        specials = {t.content for t in added_tokens.values() if t.special}
         specials |= {t for t in tokenizer.all_special_tokens if t}
+        self._added: dict[int, str] = {int(i): t.content for i, t in added_tokens.items()}
+        template = tokenizer.chat_template
+        template_text = (
+            template if isinstance(template, str) else "\n".join(map(str, dict(template).values()))
+        )
+        # the family: how replies hold calls and reasoning, which ids end a turn, what history looks like
+        family = choose_format(template_text, set(self._added.values()), tool_parser, reasoning_parser)
+        self.format: BoundFormat = family.bind(self._added, frozenset(specials), eos)
+        specials_only = {i: t for i, t in self._added.items() if t in specials}
+        self._loose_format = family.bind(specials_only, frozenset(specials), eos)
         self._specials = sorted(specials, key=len, reverse=True)  # texts that encode to a special id
         self._special_re = re.compile("|".join(map(re.escape, self._specials))) if specials else None
         # encodes special-token text as plain text
@@ -129,11 +136,13 @@ class ChatRenderer:
         self._slow_renders = 0  # the probes do not count
 
     @classmethod
-    def from_model_dir(cls, path: str | Path) -> ChatRenderer:
+    def from_model_dir(
+        cls, path: str | Path, tool_parser: str = "", reasoning_parser: str = ""
+    ) -> ChatRenderer:
         """A renderer for the tokenizer saved in a local model directory."""
         from gyre.engine.models import load_tokenizer
 
-        return cls(load_tokenizer(path))
+        return cls(load_tokenizer(path), tool_parser=tool_parser, reasoning_parser=reasoning_parser)
 
     @property
     def eos_text(self) -> str:
@@ -160,21 +169,31 @@ class ChatRenderer:
         return chars // self._max_token_chars
 
     def render_full(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        """Ids of the whole conversation followed by the generation prompt; a new list the caller may change."""
-        key, ids = self.cached_render(messages, tools)
+        """Ids of the whole conversation followed by the generation prompt; a new list the caller may change.
+
+        ``kwargs`` are the request's ``chat_template_kwargs`` (Qwen3's ``enable_thinking``, DeepSeek's
+        ``thinking``), passed to the template as SGLang and vLLM pass them."""
+        key, ids = self.cached_render(messages, tools, kwargs)
         if ids is None:
-            ids = self.render_uncached(messages, tools)
+            ids = self.render_uncached(messages, tools, kwargs)
             self.remember_render(key, ids)
         return ids
 
     def cached_render(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        kwargs: dict[str, Any] | None = None,
     ) -> tuple[bytes | None, list[int] | None]:
         """``render_full``'s cache key for these messages (None: not cacheable) and its cached ids, if any."""
         normalized = normalize_messages(messages)
-        key = _digest(tools, normalized) if _plain_tools(tools) and self._cache_entries else None
+        cacheable = _plain_tools(tools) and _plain_tools([kwargs or {}]) and self._cache_entries
+        key = _digest([tools, kwargs or {}], normalized) if cacheable else None
         if key is not None and (cached := self._render_cache.get(key)) is not None:
             self._render_cache.move_to_end(key)
             self._hits += 1
@@ -183,12 +202,16 @@ class ChatRenderer:
         return key, None
 
     def render_uncached(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """``render_full`` without its cache; safe to call from another thread (it touches no cache)."""
         normalized = normalize_messages(messages)
-        plain = _plain_tools(tools)
-        return self._render_ids(normalized, tools, plain, lambda text: text, add_generation_prompt=True)
+        plain = _plain_tools(tools) and _plain_tools([kwargs or {}])
+        marked, encode = self._marked([normalized, tools])
+        return encode(self._template(marked[0], marked[1], True, plain, kwargs))
 
     def remember_render(self, key: bytes | None, ids: list[int]) -> None:
         """Keep ``ids`` as ``render_full``'s result for ``key`` (from ``cached_render``)."""
@@ -198,19 +221,12 @@ class ChatRenderer:
             while len(self._render_cache) > self._cache_entries or self._cached_tokens > self._cache_tokens:
                 self._cached_tokens -= len(self._render_cache.popitem(last=False)[1])
 
-    def _render_ids(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        plain: bool,
-        cut: Any,
-        add_generation_prompt: bool,
-    ) -> list[int]:
-        """Ids of ``cut(template text)``, with special-token text from messages and tools encoded as text.
-
-        Such text is swapped for a marker before rendering, and the marker for the text's plain ids after."""
-        if self._special_re is None or not _mentions(self._special_re, [messages, tools]):
-            return self._encode(cut(self._template(messages, tools, add_generation_prompt, plain)))
+    def _marked(self, values: list[Any]) -> tuple[list[Any], Any]:
+        """``values`` with special-token text in their strings swapped for markers, and the function encoding a
+        template's text of them: each marker becomes its text's plain ids, so only the template writes special
+        tokens."""
+        if self._special_re is None or not _mentions(self._special_re, values):
+            return values, self._encode
         nonce = secrets.token_hex(8)
         found: list[str] = []
 
@@ -219,43 +235,100 @@ class ChatRenderer:
             return f"\ue000{nonce}{len(found) - 1}\ue001"
 
         pattern = self._special_re
-        marked = _map_strings([messages, tools], lambda text: pattern.sub(mark, text))
-        text = cut(self._template(marked[0], marked[1], add_generation_prompt, plain))
-        ids: list[int] = []
-        pieces = re.split(f"\ue000{nonce}(\\d+)\ue001", text)
-        for i, piece in enumerate(pieces):
-            if i % 2:
-                ids += self._text_encoder(found[int(piece)])
-            elif piece:
-                ids += self._encode(piece)
-        return ids
+        marked = _map_strings(values, lambda text: pattern.sub(mark, text))
+        split = re.compile(f"\ue000{nonce}(\\d+)\ue001")
 
-    def render_extension(
+        def encode(text: str) -> list[int]:
+            ids: list[int] = []
+            for i, piece in enumerate(split.split(text)):
+                if i % 2:
+                    ids += self._text_encoder(found[int(piece)])
+                elif piece:
+                    ids += self._encode(piece)
+            return ids
+
+        return marked, encode
+
+    def render_continuation(
         self,
+        reply: dict[str, Any],
         new_messages: list[dict[str, Any]],
+        output_ids: list[int],
         tools: list[dict[str, Any]] | None = None,
-        previous_ended_with_eos: bool = True,
-    ) -> list[int]:
-        """Ids of only ``new_messages`` as they follow an assistant turn, ending with the generation prompt.
+        kwargs: dict[str, Any] | None = None,
+    ) -> tuple[list[int], Divergence | None]:
+        """Ids of only ``new_messages`` as they follow the earlier call whose reply was ``output_ids``, ending with
+        the generation prompt; and where the template's own render of that reply turn differs from the ids the
+        model produced (None: it does not).
 
-        Equal to what ``render_full`` gives after the assistant turn's eos marker. When the previous reply did not
-        end with the eos token (stopped by length or a stop string), the eos token is prepended: it is context now.
-        Raises ``ValueError`` if the template renders earlier turns differently once new messages follow; the
-        caller then renders the whole conversation as a new branch.
+        The earlier ids are kept as they are (what the model was served is what it is trained on): the template
+        renders a short conversation ending with ``reply`` (the earlier call's normalised message) and the new
+        messages, and only what follows the reply's turn is taken, cut at the family's terminator. A reply that
+        did not end with a terminator (length, a stop string) gets the template's terminator appended: it is
+        context now. Raises ``ValueError`` when the template shows no turn boundary after the reply.
         """
         new = normalize_messages(new_messages)
-        plain = _plain_tools(tools)
-        prefix = self._dummy_prefix(tools, plain)
+        plain = _plain_tools(tools) and _plain_tools([kwargs or {}])
+        marked, encode = self._marked([[*_DUMMY_PREFIX, reply, *new], tools])
+        convo, marked_tools = marked
+        head, marked_reply = convo[:2], convo[2]
+        whole = self._template(convo, marked_tools, True, plain, kwargs)
+        alone = self._template([*head, marked_reply], marked_tools, False, plain, kwargs)
+        fmt = self.format
+        closing = (*fmt.closing_texts, *([self._eos_text] if self._eos_text not in fmt.closing_texts else []))
+        # where the reply's own text is, past the dummy user's: the boundary cannot come before it
+        user_at = whole.find(_DUMMY_PREFIX[1]["content"])
+        anchor = (marked_reply.get("content") or "").strip()[:32]
+        reply_at = whole.find(anchor, user_at) if anchor and user_at >= 0 else -1
+        cut, terminator, opens = _turn_end(alone, whole, closing, fmt.opening_texts, max(reply_at, 0))
+        last = self.decode_tokens([output_ids[-1]])[0] if output_ids else ""
+        ended = bool(output_ids) and output_ids[-1] in fmt.terminator_ids | {self._eos_id}
+        if (
+            opens
+        ):  # GLM: the reply's last id opens the next turn; the template writes it as the extension's first
+            skip = ended and last == terminator
+            ids = encode(whole[cut + len(terminator) :] if skip else whole[cut:])
+            turn_end = cut
+            appended: list[int] = []
+        else:
+            ids = encode(whole[cut:])
+            appended = [] if ended else encode(terminator)
+            turn_end = cut
+        # the template's own render of the reply's turn, against the ids the model produced
+        divergence = None
+        start = self._template(head, marked_tools, True, plain, kwargs)
+        if whole.startswith(start) and turn_end >= len(start):
+            canonical = encode(whole[len(start) : turn_end])
+            produced = list(output_ids) + appended
+            if opens and ended:
+                produced = produced[:-1]
+            divergence = self._divergence(canonical, produced)
+        return appended + ids, divergence
 
-        def cut(text: str) -> str:
-            if not text.startswith(prefix):
-                raise ValueError(
-                    "the chat template renders earlier turns differently once new messages follow"
-                )
-            delta = text[len(prefix) :]
-            return delta if previous_ended_with_eos else self._eos_text + delta
-
-        return self._render_ids([*_DUMMY_PREFIX, *new], tools, plain, cut, add_generation_prompt=True)
+    def _divergence(self, canonical: list[int], produced: list[int]) -> Divergence | None:
+        """How the produced ids of a reply turn differ from the template's render of it; None when they don't."""
+        if canonical == produced:
+            return None
+        at = next((i for i, (a, b) in enumerate(zip(canonical, produced, strict=False)) if a != b),
+                  min(len(canonical), len(produced)))  # fmt: skip
+        texts = self._decode(canonical, False), self._decode(produced, False)
+        ends = self.format.terminator_ids | {i for i, t in self._added.items() if t in self.format.specials}
+        opening = self.format.fmt.reasoning[0] if self.format.fmt.reasoning else None
+        kind: Literal["reasoning", "terminator", "tokenization", "render"]
+        if texts[0] == texts[1]:
+            kind = "tokenization"  # the same text, split into other ids
+        elif (
+            canonical
+            and produced
+            and canonical[:-1] == produced[:-1]
+            and {canonical[-1], produced[-1]} <= ends
+        ):
+            kind = "terminator"  # gpt-oss: <|return|> sampled, <|end|> in history
+        elif opening is not None and (opening in texts[1]) != (opening in texts[0]):
+            kind = "reasoning"  # the template drops (or adds) the reasoning of earlier turns
+        else:
+            kind = "render"
+        return Divergence(kind=kind, index=at)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of plain text (no template, no special tokens added)."""
@@ -284,9 +357,61 @@ class ChatRenderer:
             out.append(text)
         return out
 
-    def parse_output(self, output_ids: list[int]) -> ParsedReply:
-        """Decode sampled ids into content and Hermes-style ``<tool_call>`` tool calls; never raises on bad output."""
-        return parse_tool_calls(self.reply_text(output_ids))
+    def parse_output(
+        self,
+        output_ids: list[int],
+        tools: list[dict[str, Any]] | None = None,
+        prompt_ids: list[int] | None = None,
+    ) -> ParsedReply:
+        """Decode sampled ids into content, reasoning and the family's tool calls; never raises on bad output."""
+        parser = self.reply_parser(prompt_ids or [], tools)
+        parser.feed(self.marked_reply(output_ids))
+        parser.finish()
+        result: ParsedReply = parser.result()
+        return result
+
+    def reply_parser(
+        self,
+        prompt_ids: list[int],
+        tools: list[dict[str, Any]] | None = None,
+        parse_tools: bool = True,
+        offered: Any = None,
+        loose: bool = False,
+    ) -> Any:
+        """A parser of one reply to ``prompt_ids`` (the family's `ReplyParser`), fed marked text.
+
+        The reply starts inside reasoning when the prompt's generation prompt opened it (DeepSeek-R1's ``<think>``,
+        Qwen3's forced thinking). ``loose``: markers that are not special tokens also match as text, for replies a
+        grammar forced into the family's call syntax (the grammar allows any tokenization of it)."""
+        in_reasoning = False
+        if self.format.reasoning is not None and prompt_ids:
+            tail = marked_text(self._plain_decode, self._added, list(prompt_ids[-24:]))
+            opening, closing = self.format.reasoning
+            in_reasoning = tail.rfind(opening) > tail.rfind(closing)
+        if loose:
+            return _Loose(
+                self._loose_format.parser(
+                    tools=tools, parse_tools=parse_tools, offered=offered, in_reasoning=in_reasoning
+                ),
+                self.format.specials,
+            )
+        return self.format.parser(
+            tools=tools, parse_tools=parse_tools, offered=offered, in_reasoning=in_reasoning
+        )
+
+    def reply_decoder(self) -> MarkedDecoder:
+        """An incremental decoder of one reply's ids into marked text (`gyre.router.formats.decode`)."""
+        return MarkedDecoder(self._plain_decode, self._added)
+
+    def marked_reply(self, output_ids: list[int]) -> str:
+        """A whole reply's marked text, without the terminator that ended it."""
+        ids = list(output_ids)
+        if ids and ids[-1] in self.format.terminator_ids | {self._eos_id}:
+            ids.pop()
+        return marked_text(self._plain_decode, self._added, ids)
+
+    def _plain_decode(self, ids: list[int]) -> str:
+        return self._decode(ids, skip_special_tokens=False)
 
     def reply_text(self, output_ids: list[int]) -> str:
         """The sampled reply as text: without its closing eos token and without special tokens."""
@@ -314,39 +439,25 @@ class ChatRenderer:
                         break
         return text.rstrip("\ufffd").strip()
 
-    def _dummy_prefix(self, tools: list[dict[str, Any]] | None, plain_tools: bool) -> str:
-        """The dummy conversation's text up to and including its assistant reply's eos marker."""
-        key = _digest(tools, []) if plain_tools else None
-        cached = self._prefix_cache.get(key) if key is not None else None
-        if cached is not None:
-            return cached
-        text = self._template(
-            list(_DUMMY_PREFIX), tools, add_generation_prompt=False, plain_tools=plain_tools
-        )
-        end, reply_at = text.rfind(self._eos_text), text.rfind(_DUMMY_REPLY)
-        if reply_at < 0 or end < reply_at:
-            raise ValueError(
-                f"the chat template does not end an assistant turn with the eos text {self._eos_text!r}"
-            )
-        prefix = text[: end + len(self._eos_text)]
-        if key is not None:
-            # the render thread may add one at the same time: a lost or doubled eviction is harmless
-            with contextlib.suppress(KeyError, RuntimeError, StopIteration):
-                if len(self._prefix_cache) >= _PREFIX_CACHE_ENTRIES:
-                    self._prefix_cache.pop(next(iter(self._prefix_cache)), None)  # oldest first
-            self._prefix_cache[key] = prefix
-        return prefix
-
     def _template(
         self,
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None,
         add_generation_prompt: bool,
         plain_tools: bool,
+        kwargs: dict[str, Any] | None = None,
     ) -> str:
-        """The template's text for normalized ``messages``; ``plain_tools`` is ``_plain_tools(tools)``."""
+        """The template's text for normalized ``messages``; ``plain_tools`` is ``_plain_tools(tools)``.
+
+        Messages reach the template in the family's history form (`_history`); ``kwargs`` are the request's
+        ``chat_template_kwargs``, which may not replace what the template is always given."""
         if tools is not None and not isinstance(tools, list):
             raise ValueError(f"tools must be a list of tool objects, got {type(tools).__name__}")
+        extra = dict(kwargs or {})
+        clash = sorted(set(extra) & {"messages", "tools", "documents", "add_generation_prompt", "tokenize"})
+        if clash:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(clash)}")
+        messages = self._history(messages)
         compiled = self._templates.get(tools is not None) if plain_tools and messages else None
         try:
             if compiled is not None:
@@ -356,12 +467,16 @@ class ChatRenderer:
                     tools=tools,
                     documents=None,
                     add_generation_prompt=add_generation_prompt,
-                    **self._template_kwargs,
+                    **{**self._template_kwargs, **extra},
                 )
             self._slow_renders += 1
             schemas: list[Any] | None = tools  # passed through unchanged, as OpenAI clients send them
             text = self._tokenizer.apply_chat_template(
-                messages, tools=schemas, add_generation_prompt=add_generation_prompt, tokenize=False
+                messages,
+                tools=schemas,
+                add_generation_prompt=add_generation_prompt,
+                tokenize=False,
+                **extra,
             )
         except (
             jinja2.TemplateError,
@@ -373,6 +488,32 @@ class ChatRenderer:
             raise TypeError(f"apply_chat_template(tokenize=False) returned {type(text).__name__}, not str")
         return text
 
+    def _history(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Normalized messages as the family's template wants them: reasoning under its key, tool-call arguments
+        as objects or strings, tool-call ids in the form it accepts. The others are passed as they are."""
+        fmt = self.format.fmt
+        rename = fmt.reasoning_field != "reasoning_content"
+        objects, ids = fmt.history_arguments == "object", fmt.call_ids == "mistral"
+        out = messages
+        for i, message in enumerate(messages):
+            role = message.get("role")
+            changed: dict[str, Any] | None = None
+            if role == "assistant" and rename and "reasoning_content" in message:
+                changed = {k: v for k, v in message.items() if k != "reasoning_content"}
+                changed[fmt.reasoning_field] = message["reasoning_content"]
+                if fmt.custom == "harmony" and changed.get("tool_calls") and changed.get("content"):
+                    changed["content"] = ""  # gpt-oss's template writes one analysis message before a call
+            if role == "assistant" and (objects or ids) and message.get("tool_calls"):
+                changed = dict(changed or message)
+                changed["tool_calls"] = [_history_call(fmt, c, objects) for c in message["tool_calls"]]
+            elif role == "tool" and ids and isinstance(message.get("tool_call_id"), str):
+                changed = {**message, "tool_call_id": fmt.history_call_id(message["tool_call_id"])}
+            if changed is not None:
+                if out is messages:
+                    out = list(messages)
+                out[i] = changed
+        return out
+
     def _compiled_matches_wrapper(self) -> bool:
         """Whether the compiled template renders probe conversations exactly as ``apply_chat_template`` does.
 
@@ -381,7 +522,7 @@ class ChatRenderer:
         tools = [
             {"type": "function", "function": {"name": "gyre_probe", "description": "p", "parameters": {}}}
         ]
-        probes = [(list(_DUMMY_PREFIX), None, False), (list(_DUMMY_PREFIX[:2]), tools, True)]
+        probes = [([*_DUMMY_PREFIX, _PROBE_REPLY], None, False), (list(_DUMMY_PREFIX), tools, True)]
         for messages, probe_tools, generation_prompt in probes:
             results = []
             for plain in (True, False):
@@ -490,7 +631,7 @@ def _plain_json(value: Any) -> bool:
     return True
 
 
-def _digest(tools: list[dict[str, Any]] | None, messages: list[dict[str, Any]]) -> bytes | None:
+def _digest(tools: Any, messages: list[dict[str, Any]]) -> bytes | None:
     """A digest of plain tools and normalized messages, key order included (tojson keeps it); None if unencodable."""
     try:
         encoded = msgspec.json.encode([tools, messages])
@@ -555,3 +696,85 @@ def _rust_tokenizers(tokenizer: PreTrainedTokenizerBase) -> tuple[Any, Any]:
         else None
     )
     return encoder, decoder
+
+
+def _history_call(fmt: Any, call: dict[str, Any], objects: bool) -> dict[str, Any]:
+    """A normalized tool call in the family's history form."""
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if objects and isinstance(arguments, str):
+        try:
+            value = json.loads(arguments)
+        except (ValueError, RecursionError):
+            value = None
+        if isinstance(value, dict):
+            arguments = value
+    out = {**call, "function": {**function, "arguments": arguments}}
+    if isinstance(call.get("id"), str):
+        out["id"] = fmt.history_call_id(call["id"])
+    return out
+
+
+def _turn_end(
+    alone: str, whole: str, closing: tuple[str, ...], opening: tuple[str, ...], reply_at: int = 0
+) -> tuple[int, str, bool]:
+    """Where the reply's turn ends in ``whole`` (a conversation through the reply and the new messages), given
+    ``alone`` (the same conversation ending with the reply): the offset, the terminator found and whether it opens
+    the next turn (the cut is before it) rather than closing the reply's (the cut is after it).
+
+    Where ``alone`` is a prefix of ``whole`` the reply's turn ends with ``alone``'s last closing terminator (or, with
+    none there, at ``alone``'s end, before the opener that follows). Otherwise the template renders the reply
+    differently once messages follow (Qwen3 drops an empty think block; gpt-oss writes <|end|> for <|return|>): the
+    turn ends at the first terminator that reaches past the texts' common prefix and the reply's text at
+    ``reply_at``."""
+    if whole.startswith(alone):
+        tail = alone.rstrip()
+        for text in closing:
+            if tail.endswith(text):
+                return len(tail), text, False
+        rest = whole[len(alone) :]
+        for text in opening:
+            if rest.startswith(text):
+                return len(alone), text, True
+        raise ValueError("the chat template writes no turn terminator after the reply")
+    common = 0
+    for a, b in zip(alone, whole, strict=False):
+        if a != b:
+            break
+        common += 1
+    longest = max((len(t) for t in (*closing, *opening)), default=0)
+    found: list[
+        tuple[int, str, bool]
+    ] = []  # (start, text, opens) of the first terminator reaching past `common`
+    for texts, opens in ((closing, False), (opening, True)):
+        for text in texts:
+            at = whole.find(text, max(0, common - longest, reply_at))
+            while at >= 0 and at + len(text) <= common:
+                at = whole.find(text, at + 1)
+            if at >= 0:
+                found.append((at, text, opens))
+    best = min(found, default=None)
+    if best is None:
+        raise ValueError("the chat template writes no turn terminator after the reply")
+    start, text, opens = best
+    return (start if opens else start + len(text)), text, opens
+
+
+class _Loose:
+    """A reply parser fed marked text whose added tokens that are not special are plain text first."""
+
+    def __init__(self, parser: Any, specials: frozenset[str]) -> None:
+        self.parser, self.specials = parser, specials
+
+    def feed(self, text: str) -> Any:
+        return self.parser.feed(_MARKED.sub(self._plain, text))
+
+    def finish(self) -> Any:
+        return self.parser.finish()
+
+    def result(self) -> ParsedReply:
+        result: ParsedReply = self.parser.result()
+        return result
+
+    def _plain(self, match: re.Match[str]) -> str:
+        return match.group(0) if match.group(1) in self.specials else match.group(1)

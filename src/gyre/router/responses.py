@@ -2,11 +2,14 @@
 
 A request is translated into the router's chat messages (``instructions`` -> a system message; message items ->
 messages; an assistant ``message`` item and the ``function_call`` items after it -> one assistant message with
-``tool_calls``; ``function_call_output`` -> a ``tool`` message; ``reasoning`` items skipped) and runs as a chat call
-through `Router.chat` / `Router.chat_stream`: the same rendering, session, ``CallRecord`` and continuation
-detection. The translation is deterministic and a ``function_call``'s ``call_id`` is the chat tool-call id, so a
-client that echoes its output items back, or names the response in ``previous_response_id``, extends the earlier
-call token-exactly (one chain of records).
+``tool_calls``; ``function_call_output`` -> a ``tool`` message; a ``reasoning`` item -> the next assistant message's
+``reasoning_content``) and runs as a chat call through `Router.chat` / `Router.chat_stream`: the same rendering,
+session, ``CallRecord`` and continuation detection. The reply's reasoning, text and tool calls become a ``reasoning``
+item (its text as one ``reasoning_text`` part, no summary), a ``message`` item and ``function_call`` items, in that
+order; a ``reasoning`` item holding only ``encrypted_content`` (another server's) is accepted and not rendered.
+The translation is deterministic and a ``function_call``'s ``call_id`` is the chat tool-call id, so a client that
+echoes its output items back, or names the response in ``previous_response_id``, extends the earlier call
+token-exactly (one chain of records).
 
 ``previous_response_id``: each stored response keeps its conversation (its input items as chat messages and its reply)
 linked to the response it continued, not copied, so a chain of n turns holds its messages once. Responses are kept per
@@ -134,6 +137,16 @@ def _translate_input(items: str | list[Any] | None) -> list[dict[str, Any]]:
         return [{"role": "user", "content": items}]
     out: list[dict[str, Any]] = []
     assistant: dict[str, Any] | None = None  # the assistant message being gathered
+    reasoning: str | None = None  # a reasoning item's text, for the assistant message after it
+
+    def open_assistant() -> dict[str, Any]:
+        nonlocal reasoning
+        message: dict[str, Any] = {"role": "assistant", "content": ""}
+        if reasoning is not None:
+            message["reasoning_content"], reasoning = reasoning, None
+        out.append(message)
+        return message
+
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -146,11 +159,10 @@ def _translate_input(items: str | list[Any] | None) -> list[dict[str, Any]]:
             text = _text(f"{where}.content", item.get("content"))
             if role == "assistant":
                 if assistant is None or assistant.get("tool_calls"):
-                    assistant = {"role": "assistant", "content": ""}
-                    out.append(assistant)
+                    assistant = open_assistant()
                 assistant["content"] += text
             else:
-                assistant = None
+                assistant = reasoning = None
                 out.append({"role": role, "content": text})
         elif kind == "function_call":
             call_id, name, arguments = item.get("call_id"), item.get("name"), item.get("arguments")
@@ -159,22 +171,41 @@ def _translate_input(items: str | list[Any] | None) -> list[dict[str, Any]]:
             if not isinstance(arguments, str):
                 raise _bad(f"{where}.arguments must be a JSON string", where)
             if assistant is None:
-                assistant = {"role": "assistant", "content": ""}
-                out.append(assistant)
+                assistant = open_assistant()
             call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
             assistant.setdefault("tool_calls", []).append(call)
         elif kind == "function_call_output":
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise _bad(f"{where}.call_id must be the call_id of the function_call it answers", where)
-            assistant = None
+            assistant = reasoning = None
             out.append({"role": "tool", "tool_call_id": call_id, "content": _text(f"{where}.output", item.get("output"))})  # fmt: skip
         elif kind == "reasoning":
-            continue  # the model's own reasoning: not re-rendered
+            text = _reasoning_text(where, item)
+            if text:  # encrypted_content alone: nothing to render
+                assistant, reasoning = None, (reasoning or "") + text
         else:
             raise _bad(f"{where}: input items of type {kind!r} are not served; use message, function_call, "
                        "function_call_output", where)  # fmt: skip
     return out
+
+
+def _reasoning_text(where: str, item: dict[str, Any]) -> str:
+    """A reasoning item's text: its ``content`` parts' text, else its ``summary`` parts' ("" where it has neither)."""
+    for field, separator in (("content", ""), ("summary", "\n\n")):
+        parts = item.get(field)
+        if parts is None:
+            continue
+        if not isinstance(parts, list):
+            raise _bad(f"{where}.{field} must be a list of text parts", where)
+        texts = []
+        for k, part in enumerate(parts):
+            if not isinstance(part, dict) or not isinstance(part.get("text"), str):
+                raise _bad(f"{where}.{field}[{k}] must be a text part {{'type': ..., 'text': str}}", where)
+            texts.append(part["text"])
+        if texts:
+            return separator.join(texts)
+    return ""
 
 
 def _translate_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -328,22 +359,44 @@ def _message_item(chat_id: str, text: str, status: str) -> dict[str, Any]:
     }
 
 
+def _reasoning_item(chat_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    content = [{"type": "reasoning_text", "text": text}]
+    return {
+        "id": f"rs_{_ids(chat_id)}",
+        "type": "reasoning",
+        "summary": [],
+        "content": content,
+        "status": status,
+    }
+
+
 def _call_item(call: dict[str, Any], status: str = "completed") -> dict[str, Any]:
     function = call["function"]
     return {"id": "fc_" + call["id"].removeprefix("call_"), "type": "function_call", "status": status,
             "call_id": call["id"], "name": function["name"], "arguments": function["arguments"]}  # fmt: skip
 
 
-def _usage(router: Router, token: str, chat_id: str, usage: dict[str, int]) -> dict[str, Any]:
+def _reply(content: str | None, reasoning: str | None, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    """The reply as the chat path's assistant message (what a stored response keeps)."""
+    reply: dict[str, Any] = {"role": "assistant", "content": content or None}
+    if reasoning:
+        reply["reasoning_content"] = reasoning
+    if calls:
+        reply["tool_calls"] = calls
+    return reply
+
+
+def _usage(router: Router, token: str, chat_id: str, usage: dict[str, Any]) -> dict[str, Any]:
     record = next((r for r in reversed(router.session(token).records) if r.call_id == chat_id), None)
     cached = (
         record.prefix_len if record is not None else 0
     )  # the tokens the call shares with the one it extends
+    reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)
     return {
         "input_tokens": usage["prompt_tokens"],
         "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
         "output_tokens": usage["completion_tokens"],
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning},
         "total_tokens": usage["total_tokens"],
     }
 
@@ -395,18 +448,17 @@ async def create(
     reply = await router.chat(token, chat, role, control)
     choice = reply["choices"][0]
     message, length = choice["message"], choice["finish_reason"] == "length"
+    content, reasoning = message.get("content") or "", message.get("reasoning_content") or ""
     calls = message.get("tool_calls") or []
-    output = []
-    if message.get("content") or not calls:
-        output.append(
-            _message_item(reply["id"], message.get("content") or "", "incomplete" if length else "completed")
-        )
+    output = [_reasoning_item(reply["id"], reasoning)] if reasoning else []
+    if content or not calls:
+        output.append(_message_item(reply["id"], content, "incomplete" if length else "completed"))
     output += [_call_item(c) for c in calls]
     body = _shell(router, req, reply["id"], reply["created"])
     _finish(body, output, length, _usage(router, token, reply["id"], reply["usage"]))
     if req.return_token_ids:
         body["prompt_token_ids"], body["token_ids"] = reply["prompt_token_ids"], choice["token_ids"]
-    _remember(router, token, req, pending, message, body)
+    _remember(router, token, req, pending, _reply(content, reasoning, calls), body)
     return body
 
 
@@ -415,101 +467,138 @@ async def stream(
 ) -> AsyncIterator[Event]:
     """The same call as ``create``, as the Responses API's stream events while tokens arrive.
 
-    Text streams as chat streams it (held back where it may open a ``<tool_call>`` block); each function call arrives
-    whole at the end, its arguments in one delta. Nothing is yielded before the engine's first output, so a failure
-    before it is still an HTTP error status; a failure after it ends the stream with ``error`` and ``response.failed``.
+    Reasoning and text stream as chat streams them (reasoning first; text held back where it may open a tool call);
+    each function call arrives whole after the message, its arguments in one delta. Nothing is yielded before the
+    engine's first output, so a failure before it is still an HTTP error status; a failure after it ends the stream
+    with ``error`` and ``response.failed``.
     """
     chat, pending = await _prepare(router, token, req, stream=True)
     chunks = router.chat_stream(token, chat, role, control)
     async with contextlib.aclosing(chunks):  # type: ignore[type-var]  # an async generator
-        sequence = 0
-
-        def event(kind: str, **data: Any) -> Event:
-            nonlocal sequence
-            sequence += 1
-            return kind, {"type": kind, "sequence_number": sequence - 1, **data}
-
         first = await anext(chunks)  # errors before the first token surface as an HTTP status
+        out = _Output(first["id"])
         body = _shell(router, req, first["id"], first["created"])
-        yield event("response.created", response=dict(body))
-        yield event("response.in_progress", response=dict(body))
-        output: list[dict[str, Any]] = []
-        text: str | None = None  # the message item's text while it is open
+        yield out.event("response.created", response=dict(body))
+        yield out.event("response.in_progress", response=dict(body))
         calls: list[dict[str, Any]] = []
         finish, usage = "stop", None
-        item_id = f"msg_{_ids(first['id'])}"
-
-        def close_text(status: str) -> list[Event]:
-            nonlocal text
-            if text is None:
-                return []
-            item = _message_item(first["id"], text, status)
-            part, at, text = item["content"][0], len(output), None
-            output.append(item)
-            return [
-                event("response.output_text.done", item_id=item_id, output_index=at, content_index=0, text=part["text"],
-                      logprobs=[]),
-                event("response.content_part.done", item_id=item_id, output_index=at, content_index=0, part=part),
-                event("response.output_item.done", output_index=at, item=item),
-            ]  # fmt: skip
-
         try:
             async for chunk in _chain(first, chunks):
                 if chunk.get("usage"):
                     usage = chunk["usage"]
                 for choice in chunk["choices"]:
                     delta = choice["delta"]
-                    if delta.get("content"):
-                        if text is None:
-                            text = ""
-                            at = len(output)
-                            yield event("response.output_item.added", output_index=at,
-                                        item={**_message_item(first["id"], "", "in_progress"), "content": []})  # fmt: skip
-                            yield event("response.content_part.added", item_id=item_id, output_index=at,
-                                        content_index=0, part={"type": "output_text", "text": "", "annotations": []})  # fmt: skip
-                        text += delta["content"]
-                        yield event("response.output_text.delta", item_id=item_id, output_index=len(output),
-                                    content_index=0, delta=delta["content"], logprobs=[])  # fmt: skip
+                    for kind, key in (("reasoning", "reasoning_content"), ("message", "content")):
+                        if delta.get(key):
+                            for e in out.add(kind, delta[key]):
+                                yield e
                     calls += [
                         {k: v for k, v in c.items() if k != "index"} for c in delta.get("tool_calls") or []
                     ]
                     finish = choice["finish_reason"] or finish
         except RouterError as exc:  # mid-stream: the status is sent
-            yield event("error", code=exc.type, message=str(exc), param=exc.param)
+            yield out.event("error", code=exc.type, message=str(exc), param=exc.param)
             body["status"], body["error"] = "failed", {"code": "server_error", "message": str(exc)}
-            yield event("response.failed", response=body)
+            yield out.event("response.failed", response=body)
             return
         length = finish == "length"
-        status = "incomplete" if length else "completed"
-        if text is None and not calls:  # an empty reply is still a message, as create answers it
-            text = ""
-            yield event("response.output_item.added", output_index=0,
-                        item={**_message_item(first["id"], "", "in_progress"), "content": []})  # fmt: skip
-            yield event("response.content_part.added", item_id=item_id, output_index=0, content_index=0,
-                        part={"type": "output_text", "text": "", "annotations": []})  # fmt: skip
-        for e in close_text(status):
+        if not out.texts["message"] and not calls:  # an empty reply is still a message, as create answers it
+            for e in out.start("message"):
+                yield e
+        for e in out.close("incomplete" if length else "completed"):
             yield e
-        message_text = output[0]["content"][0]["text"] if output else ""
         for call in calls:
-            item, at = _call_item(call), len(output)
-            output.append(item)
-            yield event(
-                "response.output_item.added",
-                output_index=at,
-                item={**item, "arguments": "", "status": "in_progress"},
-            )
-            yield event("response.function_call_arguments.delta", item_id=item["id"], output_index=at,
-                        delta=item["arguments"])  # fmt: skip
-            yield event("response.function_call_arguments.done", item_id=item["id"], output_index=at,
-                        arguments=item["arguments"], name=item["name"])  # fmt: skip
-            yield event("response.output_item.done", output_index=at, item=item)
+            for e in out.call(call):
+                yield e
         assert usage is not None  # chat_stream's last chunk (include_usage)
-        _finish(body, output, length, _usage(router, token, first["id"], usage))
-        reply: dict[str, Any] = {"role": "assistant", "content": message_text or None}
-        if calls:
-            reply["tool_calls"] = calls
-        _remember(router, token, req, pending, reply, body)
-        yield event("response.incomplete" if length else "response.completed", response=body)
+        _finish(body, out.items, length, _usage(router, token, first["id"], usage))
+        _remember(
+            router, token, req, pending, _reply(out.texts["message"], out.texts["reasoning"], calls), body
+        )
+        yield out.event("response.incomplete" if length else "response.completed", response=body)
+
+
+_PARTS: dict[str, dict[str, Any]] = {  # an item's content part as it starts
+    "reasoning": {"type": "reasoning_text", "text": ""},
+    "message": {"type": "output_text", "text": "", "annotations": []},
+}
+_TEXT_EVENTS = {"reasoning": "response.reasoning_text", "message": "response.output_text"}
+
+
+class _Output:
+    """A streamed response's events, numbered, and its output items: a reasoning item and a message item stream one
+    at a time (each ends when the next starts), then the function calls come whole."""
+
+    def __init__(self, chat_id: str) -> None:
+        self.chat_id = chat_id
+        self.items: list[dict[str, Any]] = []  # the finished items, in output order
+        self.texts = {"reasoning": "", "message": ""}
+        self.streaming: str | None = None  # the kind of item being streamed: "reasoning" or "message"
+        self.sequence = 0  # the next event's sequence_number
+
+    def event(self, kind: str, **data: Any) -> Event:
+        """The next event."""
+        self.sequence += 1
+        return kind, {"type": kind, "sequence_number": self.sequence - 1, **data}
+
+    def item(self, kind: str, text: str, status: str) -> dict[str, Any]:
+        """The ``kind`` item holding ``text``."""
+        if kind == "reasoning":
+            return _reasoning_item(self.chat_id, text, status)
+        return _message_item(self.chat_id, text, status)
+
+    def start(self, kind: str) -> list[Event]:
+        """End the item being streamed, if any, and start a ``kind`` item."""
+        events = self.close("completed")
+        self.streaming, at = kind, len(self.items)
+        item = {**self.item(kind, "", "in_progress"), "content": []}
+        return [
+            *events,
+            self.event("response.output_item.added", output_index=at, item=item),
+            self.event("response.content_part.added", item_id=item["id"], output_index=at, content_index=0,
+                       part=_PARTS[kind]),
+        ]  # fmt: skip
+
+    def add(self, kind: str, piece: str) -> list[Event]:
+        """``piece`` of the ``kind`` item's text, starting that item if it is not the one being streamed."""
+        events = self.start(kind) if self.streaming != kind else []
+        self.texts[kind] += piece
+        item_id = self.item(kind, "", "in_progress")["id"]
+        logprobs: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
+        events.append(self.event(f"{_TEXT_EVENTS[kind]}.delta", item_id=item_id, output_index=len(self.items),
+                                 content_index=0, delta=piece, **logprobs))  # fmt: skip
+        return events
+
+    def close(self, status: str) -> list[Event]:
+        """End the item being streamed, if any: a message with ``status``, reasoning always complete."""
+        kind = self.streaming
+        if kind is None:
+            return []
+        item = self.item(kind, self.texts[kind], status if kind == "message" else "completed")
+        part, at, item_id = item["content"][0], len(self.items), item["id"]
+        self.items.append(item)
+        self.streaming = None
+        logprobs: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
+        return [
+            self.event(f"{_TEXT_EVENTS[kind]}.done", item_id=item_id, output_index=at, content_index=0,
+                       text=part["text"], **logprobs),
+            self.event("response.content_part.done", item_id=item_id, output_index=at, content_index=0, part=part),
+            self.event("response.output_item.done", output_index=at, item=item),
+        ]  # fmt: skip
+
+    def call(self, call: dict[str, Any]) -> list[Event]:
+        """A whole ``function_call`` item."""
+        item, at = _call_item(call), len(self.items)
+        self.items.append(item)
+        return [
+            self.event("response.output_item.added", output_index=at,
+                       item={**item, "arguments": "", "status": "in_progress"}),
+            self.event("response.function_call_arguments.delta", item_id=item["id"], output_index=at,
+                       delta=item["arguments"]),
+            self.event("response.function_call_arguments.done", item_id=item["id"], output_index=at,
+                       arguments=item["arguments"], name=item["name"]),
+            self.event("response.output_item.done", output_index=at, item=item),
+        ]  # fmt: skip
 
 
 async def _chain(first: dict[str, Any], rest: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:

@@ -10,6 +10,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -22,16 +23,18 @@ import msgspec
 from gyre.config import RouterConfig
 from gyre.errors import ConfigError, EngineCapacityError, EngineRequestError
 from gyre.journal import Journal
-from gyre.journal.records import ROLE_PRIORITY, CallRecord, CallTiming, Role
+from gyre.journal.records import ROLE_PRIORITY, CallRecord, CallTiming, Divergence, Role
 from gyre.protocol import SamplingParams
 from gyre.router.constraints import constraint, needs_grammar, rendered_tools
-from gyre.router.messages import normalize_messages, offered_functions, parse_tool_calls
+from gyre.router.formats import Delta, ParsedReply
+from gyre.router.messages import normalize_messages, offered_functions
 from gyre.router.openai_types import ChatRequest, CompletionRequest, RouterError
 from gyre.router.pool import CallAborted, CallControl, Chunk, EnginePool, Generation, NoCapacity
 from gyre.router.render import ChatRenderer
 from gyre.router.sessions import CallGate, CallStatistics, IdSpan, Session, SessionStore, Turn
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 ROLES: frozenset[str] = frozenset(ROLE_PRIORITY)
 # Requests with more text than this (characters) are rendered and encoded on the render thread, not the event
@@ -53,7 +56,7 @@ class Router:
         if renderer is None:
             if not cfg.model_path:
                 raise ConfigError("router.model_path is empty: the router needs the served model's tokenizer")
-            renderer = ChatRenderer.from_model_dir(cfg.model_path)
+            renderer = ChatRenderer.from_model_dir(cfg.model_path, cfg.tool_parser, cfg.reasoning_parser)
         self.cfg = cfg
         self.renderer = renderer
         self.model_name = cfg.model_name or Path(cfg.model_path).name or "gyre"
@@ -121,40 +124,55 @@ class Router:
 
     async def _prepare_chat(
         self, session: Session, req: ChatRequest, tools: list[dict[str, Any]] | None
-    ) -> tuple[Turn | None, list[int]]:
-        """The earlier call this request extends (if any) and the ids to append: rendering costs the new messages.
+    ) -> tuple[Turn | None, list[int], Divergence | None]:
+        """The earlier call this request extends (if any), the ids to append, and where they differ from the
+        template's canonical render: rendering costs the new messages.
 
         With a parent, the input is ``parent.full`` + ids; without one, ``ids`` is the whole rendered input.
         ``tools`` are those rendered (`rendered_tools`). A request that cannot fit the context is refused before it
-        is rendered; a long one renders off the loop.
+        is rendered; a long one renders off the loop. A request that extends an earlier call but cannot be chained
+        (the template shows no turn boundary; or a divergence with ``router.continuation = "canonical"``) is a new
+        branch whose record says why.
         """
+        kwargs = req.chat_template_kwargs
+        divergence: Divergence | None = None
         try:
             parent = session.find_extended(req.messages, tools)
             if parent is not None:
                 at = len(parent.raw_messages)
                 reply = normalize_messages([self._restore(session, req.messages[at])], at)[0]
-                if reply == parent.reply:
+                if _without_reasoning(reply) == _without_reasoning(parent.reply):
                     new = normalize_messages(
                         [self._restore(session, m) for m in req.messages[at + 1 :]], at + 1
                     )
                     chars = self._check_fits(len(parent.full), new, tools)
-                    render = self.renderer.render_extension
+                    render = self.renderer.render_continuation
                     try:
-                        return parent, await self._render(chars, render, new, tools, parent.ended_with_eos)
-                    except ValueError:
-                        pass  # the template is not prefix-stable here: render the whole conversation
+                        ids, divergence = await self._render(
+                            chars, render, parent.reply, new, parent.output_ids, tools, kwargs
+                        )
+                    except ValueError as exc:
+                        divergence = Divergence(kind="unchained", index=0)
+                        log.warning("session %s: a call could not be chained, rendered as a new branch: %s",
+                                    session.execution_id, exc)  # fmt: skip
+                    else:
+                        if divergence is None or self.cfg.continuation == "exact":
+                            if divergence is not None:  # an offset in the reply's turn -> one in this input
+                                start = len(parent.full) - len(parent.output_ids)
+                                divergence = Divergence(kind=divergence.kind, index=start + divergence.index)
+                            return parent, ids, divergence
             if len(req.messages) <= INLINE_MESSAGES:
                 normalized, chars = self._normalize_and_fit(session, req.messages, tools)
             else:  # 150,000 empty messages took the loop 0.3 s to normalise and count before their 413
                 normalized, chars = await self.off_loop(self._normalize_and_fit, session, req.messages, tools)
             if chars <= INLINE_RENDER_CHARS:
-                return None, self.renderer.render_full(normalized, tools)
-            key, cached = self.renderer.cached_render(normalized, tools)
+                return None, self.renderer.render_full(normalized, tools, kwargs), divergence
+            key, cached = self.renderer.cached_render(normalized, tools, kwargs)
             if cached is not None:
-                return None, cached
-            ids = await self._render(chars, self.renderer.render_uncached, normalized, tools)
+                return None, cached, divergence
+            ids = await self._render(chars, self.renderer.render_uncached, normalized, tools, kwargs)
             self.renderer.remember_render(key, ids)
-            return None, ids
+            return None, ids, divergence
         except RouterError:
             raise
         except ValueError as exc:
@@ -182,11 +200,10 @@ class Router:
             )  # fmt: skip
         return chars
 
-    async def _render(self, chars: int, fn: Any, *args: Any) -> list[int]:
+    async def _render(self, chars: int, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` here when the text is short, else on the render thread."""
         if chars <= INLINE_RENDER_CHARS:
-            ids: list[int] = fn(*args)
-            return ids
+            return fn(*args)
         return await asyncio.get_running_loop().run_in_executor(self._render_thread, fn, *args)
 
     @staticmethod
@@ -205,6 +222,7 @@ class Router:
             max_new_tokens=max_tokens,
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
+            top_k=_top_k(req),
             stop=req.stop,
             sampling_seed=req.seed,
         )
@@ -218,8 +236,16 @@ class Router:
         check_tools(req.tools)
         # a grammar is built (and checked: a 400 for what cannot be enforced) off the loop; cached per schema
         grammar = await self.off_loop(constraint, req) if needs_grammar(req) else constraint(req)
+        if "ebnf" in grammar and self.renderer.format.name != "hermes":
+            raise RouterError(
+                f"tool_choice {req.tool_choice!r} (and a JSON answer beside tools) is enforced with a grammar of "
+                f"Hermes <tool_call> blocks; this model writes {self.renderer.format.name} calls, for which Gyre "
+                "has no grammar yet: use tool_choice 'auto'", 400, param="tool_choice",
+            )  # fmt: skip
+        if req.chat_template_kwargs is not None and not isinstance(req.chat_template_kwargs, dict):
+            raise RouterError("chat_template_kwargs must be an object", 400, param="chat_template_kwargs")
         tools = rendered_tools(req)
-        parent, new_ids = await self._prepare_chat(session, req, tools)
+        parent, new_ids, divergence = await self._prepare_chat(session, req, tools)
         length = len(new_ids) + (len(parent.full) if parent is not None else 0)
         if self.context_length and length >= self.context_length:  # never shipped to an engine
             raise RouterError(f"the request does not fit the model: it renders to {length} tokens; the "
@@ -230,27 +256,49 @@ class Router:
         top_n = (req.top_logprobs or 0) if req.logprobs else 0
         call_id = f"chatcmpl-{uuid.uuid4().hex}"
         params = msgspec.structs.replace(self._params(req, max_tokens), **grammar)
-        return _ChatCall(call_id, time.time(), parent, new_ids, inputs, params, top_n, tools)
+        return _ChatCall(call_id, time.time(), parent, new_ids, inputs, params, top_n, tools, divergence)
+
+    def _reply_parser(self, req: ChatRequest, call: _ChatCall) -> Any:
+        """A parser of this call's reply: the family's tool calls where the request parses them (`_parses_tools`),
+        its reasoning always."""
+        offered = None if self.cfg.forward_unknown_tools else offered_functions(call.tools)
+        loose = call.params.ebnf is not None  # the grammar wrote the call syntax, in whatever tokens
+        return self.renderer.reply_parser(call.input_ids, call.tools, _parses_tools(req), offered, loose)
+
+    def _parse_reply(self, req: ChatRequest, call: _ChatCall, gen: Generation) -> ParsedReply:
+        """The whole reply parsed: what streaming it through `_reply_parser` gives, in one piece."""
+        parser = self._reply_parser(req, call)
+        stops = _StopFilter(req.stop)
+        parser.feed(stops.feed(self.renderer.marked_reply(gen.output_ids)) + stops.finish())
+        parser.finish()
+        parsed: ParsedReply = parser.result()
+        return parsed
 
     def _finish_chat(
-        self, session: Session, req: ChatRequest, role: Role, call: _ChatCall, gen: Generation
+        self,
+        session: Session,
+        req: ChatRequest,
+        role: Role,
+        call: _ChatCall,
+        gen: Generation,
+        parsed: ParsedReply | None = None,
     ) -> dict[str, Any]:
-        """Record the call, remember it for the next turn, and build the ``chat.completion`` body."""
-        text = _before_stop(self.renderer.reply_text(gen.output_ids), gen)  # OpenAI: without the stop string
-        calls: list[dict[str, Any]] = []
-        if _parses_tools(req):
-            offered = None if self.cfg.forward_unknown_tools else offered_functions(call.tools)
-            parsed = parse_tool_calls(text, offered)
-            calls, content = parsed.tool_calls, parsed.content
-        else:  # OpenAI, SGLang and vLLM alike: a request without tools gets the model's text, whatever it holds
-            content = text.strip()
+        """Record the call, remember it for the next turn, and build the ``chat.completion`` body.
+
+        ``parsed`` is the reply as a stream parsed it; without it the reply is parsed here, the same way."""
+        if parsed is None:
+            parsed = self._parse_reply(req, call, gen)
+        calls, content = parsed.tool_calls, parsed.content
         for tc in calls:
             session.tool_payloads[tc["id"]] = tc
         message: dict[str, Any] = {"role": "assistant", "content": content or None}
+        if parsed.reasoning:
+            message["reasoning_content"] = parsed.reasoning
         if calls:
             message["tool_calls"] = calls
-        ended_with_eos = gen.finish_reason.get("matched") == self.renderer.eos_token_id
-        self._record(session, call.call_id, role, call.new_ids, gen, call.submitted, call.parent)
+        self._record(
+            session, call.call_id, role, call.new_ids, gen, call.submitted, call.parent, call.divergence
+        )
         reply = normalize_messages([message])[0]
         turn = Turn(
             call.call_id,
@@ -258,28 +306,50 @@ class Router:
             call.tools,
             reply,
             call.inputs.extend(gen.output_ids),  # in place: the input's buffer ends with this call's input
-            ended_with_eos,
+            gen.output_ids,
         )
         session.remember(turn, extended=call.parent)
         finish = "tool_calls" if calls else _finish(gen)
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        # SGLang's field: the stop string or token id that ended the reply (None: length or abort)
+        choice["matched_stop"] = (
+            gen.finish_reason.get("matched") if gen.finish_reason.get("type") == "stop" else None
+        )
         if req.logprobs:
             choice["logprobs"] = {
                 "content": self._logprob_content(gen.output_ids, gen.logprobs, gen.top_logprobs, call.top_n)
             }
+        usage: dict[str, Any] = _usage(len(call.inputs), len(gen.output_ids))
+        usage["completion_tokens_details"] = {
+            "reasoning_tokens": self._reasoning_tokens(gen.output_ids, parsed)
+        }
         body: dict[str, Any] = {
             "id": call.call_id,
             "object": "chat.completion",
             "created": int(call.submitted),
             "model": self.model_name,
             "choices": [choice],
-            "usage": _usage(len(call.inputs), len(gen.output_ids)),
+            "usage": usage,
             "system_fingerprint": f"gyre-w{gen.weight_version}",
         }
         if req.return_token_ids:
             body["prompt_token_ids"] = call.inputs.copy()  # O(history): only when the client asks
             choice["token_ids"] = gen.output_ids
         return body
+
+    def _reasoning_tokens(self, output_ids: list[int], parsed: ParsedReply) -> int:
+        """The reply's ids spent on reasoning: up to its closing marker where that is one token, else its text's."""
+        if not parsed.reasoning:
+            return 0
+        reasoning = self.renderer.format.fmt.reasoning
+        if reasoning is not None:
+            closing = self.renderer.format.mark(reasoning[1])
+            for i, text in enumerate(
+                self.renderer.decode_tokens(output_ids) if closing != reasoning[1] else []
+            ):
+                if text == reasoning[1]:
+                    return i + 1
+        return len(self.renderer.encode(parsed.reasoning))
 
     async def chat(
         self, token: str, req: ChatRequest, role: Role = "main", control: CallControl | None = None
@@ -297,10 +367,12 @@ class Router:
     ) -> AsyncIterator[dict[str, Any]]:
         """The same call as ``chat``, streamed as ``chat.completion.chunk`` objects while tokens arrive.
 
-        Content streams as it is decoded; where the request's tool calls are parsed (`_parses_tools`), text that may
-        open a ``<tool_call>`` block is held back, and tool calls arrive whole at the end. The record and the next
-        turn's token-exact prefix are those of the whole call, however many engines it took. Nothing is sent before
-        the first token, so a failure before it is still an HTTP error status.
+        The reply is decoded incrementally and parsed as it comes (`gyre.router.formats`): reasoning streams as
+        ``reasoning_content`` deltas, content as ``content`` deltas, each tool call as one delta once its block is
+        complete; text that may still open a block or a stop string is held back, and nothing sent is taken back.
+        The deltas add up to ``chat``'s message for the same ids. The record and the next turn's token-exact prefix
+        are those of the whole call, however many engines it took. Nothing is sent before the first token, so a
+        failure before it is still an HTTP error status.
         """
         session = self.session(token)
         call = await self._start_chat(session, req)
@@ -311,61 +383,65 @@ class Router:
             "model": self.model_name,
         }
         stream = self.pool.generate_stream(call.input_ids, call.params, session.affinity, call.top_n, control)
-        stops = [s for s in ([req.stop] if isinstance(req.stop, str) else req.stop or []) if s]
-        ids: list[int] = []
-        sent = ""  # content already streamed
-        started = False
+        decoder, stops, parser = (
+            self.renderer.reply_decoder(),
+            _StopFilter(req.stop),
+            self._reply_parser(req, call),
+        )
+        terminators = self.renderer.format.terminator_ids | {self.renderer.eos_token_id}
+        held: list[dict[str, Any]] = []  # logprobs of ids whose text has not been sent yet
         gen: Generation | None = None
-        # the same rule as the whole reply's, so streamed text is never taken back
-        use_tools = _parses_tools(req)
+        started = False
+        last: list[int] = []
+
+        continuous = bool((req.stream_options or {}).get("continuous_usage_stats"))
+        produced = 0  # ids received so far
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+            entry: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+            if req.logprobs and held and (delta or finish):
+                entry["logprobs"] = {"content": list(held)}
+                held.clear()
+            out = {**base, "choices": [entry]}
+            if continuous:  # vLLM's and SGLang's option: usage so far on every chunk
+                out["usage"] = _usage(len(call.inputs), produced)
+            return out
+
+        def deltas(items: list[Delta]) -> Iterator[dict[str, Any]]:
+            for item in items:
+                if item.reasoning:
+                    yield chunk({"reasoning_content": item.reasoning})
+                if item.content:
+                    yield chunk({"content": item.content})
+                if item.tool_call is not None:
+                    yield chunk({"tool_calls": [{"index": item.tool_call.index, **item.tool_call.openai()}]})
+
         async for item in _mapped(stream):
             if isinstance(item, Generation):
                 gen = item
                 break
+            produced += len(item.ids)
             if not started:
                 started = True
-                yield {
-                    **base,
-                    "choices": [
-                        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                    ],
-                }
-            ids.extend(item.ids)
-            visible = _hold_stops(self.renderer.streamable_content(ids, hold_tool_calls=use_tools), stops)
-            if len(visible) > len(sent) and visible.startswith(sent):
-                delta: dict[str, Any] = {"content": visible[len(sent) :]}
-                entry: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": None}
-                if req.logprobs:
-                    lps = self._logprob_content(item.ids, item.logprobs, item.top_logprobs, call.top_n)
-                    entry["logprobs"] = {"content": lps}
-                sent = visible
-                yield {**base, "choices": [entry]}
+                yield chunk({"role": "assistant", "content": ""})
+            if req.logprobs:
+                held.extend(self._logprob_content(item.ids, item.logprobs, item.top_logprobs, call.top_n))
+            # a terminator is held until more follows: as the reply's last id it is not text (`marked_reply`)
+            ids, last = [*last, *item.ids], []
+            if ids and ids[-1] in terminators:
+                ids, last = ids[:-1], ids[-1:]
+            for out in deltas(parser.feed(stops.feed(decoder.feed(ids)))):
+                yield out
         assert gen is not None
         session.affinity = gen.engine
-        body = self._finish_chat(session, req, role, call, gen)
+        produced = len(gen.output_ids)
         if not started:
-            yield {
-                **base,
-                "choices": [
-                    {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-                ],
-            }
-        message = body["choices"][0]["message"]
-        content = message.get("content") or ""
-        if content.startswith(sent) and len(content) > len(
-            sent
-        ):  # text after tool calls, or held back to the end
-            yield {
-                **base,
-                "choices": [{"index": 0, "delta": {"content": content[len(sent) :]}, "finish_reason": None}],
-            }
-        if message.get("tool_calls"):
-            calls = [{"index": i, **tc} for i, tc in enumerate(message["tool_calls"])]
-            yield {**base, "choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}]}
-        final: dict[str, Any] = {
-            **base,
-            "choices": [{"index": 0, "delta": {}, "finish_reason": body["choices"][0]["finish_reason"]}],
-        }
+            yield chunk({"role": "assistant", "content": ""})
+        for out in deltas(parser.feed(stops.feed(decoder.finish()) + stops.finish()) + parser.finish()):
+            yield out
+        body = self._finish_chat(session, req, role, call, gen, parser.result())
+        final = chunk({}, body["choices"][0]["finish_reason"])
+        final["choices"][0]["matched_stop"] = body["choices"][0]["matched_stop"]
         if req.return_token_ids:
             final["prompt_token_ids"], final["token_ids"] = call.inputs.copy(), gen.output_ids
         yield final
@@ -463,6 +539,7 @@ class Router:
         gen: Generation,
         submitted: float,
         parent: Turn | None,
+        divergence: Divergence | None = None,
     ) -> CallRecord:
         finish = str(gen.finish_reason.get("type", "stop"))
         record = CallRecord(
@@ -481,6 +558,7 @@ class Router:
             # per-token versions only where a call moved across versions: most records stay one number
             output_versions=gen.versions if len(set(gen.versions)) > 1 else None,
             source=gen.source,
+            divergence=divergence,
         )
         if self.journal is not None:  # journaled before the caller can see the response
             self.journal.append(record)
@@ -523,6 +601,7 @@ class _ChatCall:
     params: SamplingParams
     top_n: int
     tools: list[dict[str, Any]] | None  # as rendered: none for tool_choice "none"
+    divergence: Divergence | None = None  # where the input differs from the template's canonical render
 
     @property
     def input_ids(self) -> list[int]:
@@ -556,6 +635,46 @@ def _parses_tools(req: ChatRequest) -> bool:
     """Whether the reply's ``<tool_call>`` blocks may become tool calls: the request offered tools and did not
     say ``tool_choice: "none"`` (SGLang's rule). Records never depend on it: they keep the sampled ids."""
     return bool(req.tools) and req.tool_choice != "none"
+
+
+class _StopFilter:
+    """Reply text cut before the first stop string (OpenAI returns content without it), fed in any chunks: a tail
+    that may become one is held back, so the pieces add up to the whole text's cut however it is chunked."""
+
+    def __init__(self, stop: str | list[str] | None) -> None:
+        self.stops = [s for s in ([stop] if isinstance(stop, str) else stop or []) if s]
+        self.held, self.stopped = "", False
+
+    def feed(self, text: str) -> str:
+        if self.stopped or not self.stops:
+            return "" if self.stopped else text
+        text = self.held + text
+        cut = min((at for at in (text.find(s) for s in self.stops) if at >= 0), default=-1)
+        if cut >= 0:
+            self.held, self.stopped = "", True
+            return text[:cut]
+        keep = max((k for s in self.stops for k in range(1, min(len(s), len(text) + 1)) if text.endswith(s[:k])),
+                   default=0)  # fmt: skip
+        self.held = text[len(text) - keep :]
+        return text[: len(text) - keep]
+
+    def finish(self) -> str:
+        held, self.held = self.held, ""
+        return "" if self.stopped else held
+
+
+def _top_k(req: ChatRequest | CompletionRequest) -> int:
+    top_k = getattr(req, "top_k", None)
+    return -1 if top_k is None else int(top_k)
+
+
+def _without_reasoning(message: dict[str, Any]) -> dict[str, Any]:
+    """A normalized assistant message without its reasoning: a client may echo it or not, the turn is the same."""
+    return (
+        {k: v for k, v in message.items() if k != "reasoning_content"}
+        if "reasoning_content" in message
+        else message
+    )
 
 
 def _before_stop(text: str, gen: Generation) -> str:

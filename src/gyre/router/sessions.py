@@ -73,7 +73,7 @@ class Turn:
     tools: list[dict[str, Any]] | None
     reply: dict[str, Any]  # our assistant reply, normalised (what the client must echo back)
     full: IdSpan  # input + output: the prefix of any call that extends this one
-    ended_with_eos: bool
+    output_ids: list[int]  # the ids the engine produced (the tail of ``full``)
 
 
 @dataclass(eq=False)

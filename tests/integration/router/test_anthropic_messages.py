@@ -32,7 +32,9 @@ TOOLS: Any = [
 REPLIES = {  # the last user message -> the model's reply
     "act": 'THOUGHT: list the files.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call>',
     "hello": "Hello there, how can I help?",
+    "add": "<think>\nI should add.\n</think>\n\nThe answer is 4.",  # a reasoning model's reply (Qwen3's markers)
 }
+REASONING, ANSWER = "I should add.", "The answer is 4."
 AFTER_TOOL = "There are three files."  # the reply to a tool result
 
 
@@ -223,6 +225,22 @@ def test_tool_choice(router: str) -> None:
             {
                 "model": "tiny",
                 "max_tokens": 8,
+                "messages": [{"role": "assistant", "content": [{"type": "thinking", "thinking": 3}]}],
+            },
+            "content[0].thinking must be a string",
+        ),
+        (
+            {
+                "model": "tiny",
+                "max_tokens": 8,
+                "messages": [{"role": "user", "content": [{"type": "thinking", "thinking": "x"}]}],
+            },
+            "content[0]",
+        ),
+        (
+            {
+                "model": "tiny",
+                "max_tokens": 8,
                 "messages": [
                     {"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "b"}]}
                 ],
@@ -261,6 +279,69 @@ def test_unknown_session_is_a_401_in_anthropic_shape(router: str) -> None:
     with pytest.raises(anthropic.AuthenticationError) as refused:
         client.messages.create(model="tiny", max_tokens=8, messages=[{"role": "user", "content": "hello"}])
     assert refused.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+    client.close()
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_reasoning_is_a_thinking_block_before_the_text(router: str, streamed: bool) -> None:
+    client, base_url = _session(router, f"thinking-{streamed}")
+    messages: Any = [{"role": "user", "content": "add"}]
+    if streamed:
+        events = list(client.messages.create(model="tiny", max_tokens=64, messages=messages, stream=True))
+        starts = [e for e in events if e.type == "content_block_start"]
+        assert [(e.index, e.content_block.type) for e in starts] == [(0, "thinking"), (1, "text")]  # type: ignore[union-attr]
+        assert starts[0].content_block.thinking == ""  # type: ignore[union-attr]
+        deltas = [e for e in events if e.type == "content_block_delta"]
+        thinking = [e.delta for e in deltas if e.index == 0]
+        *pieces, signature = thinking
+        assert {d.type for d in pieces} == {"thinking_delta"}
+        assert "".join(d.thinking for d in pieces) == REASONING  # type: ignore[union-attr]
+        assert signature.type == "signature_delta" and signature.signature == ""
+        # the thinking block closes before the text block opens
+        at = [(e.type, getattr(e, "index", None)) for e in events]
+        assert at.index(("content_block_stop", 0)) < at.index(("content_block_start", 1))
+        assert "".join(e.delta.text for e in deltas if e.index == 1) == ANSWER  # type: ignore[union-attr]
+        with client.messages.stream(model="tiny", max_tokens=64, messages=messages) as stream:
+            reply = stream.get_final_message()
+    else:
+        reply = client.messages.create(model="tiny", max_tokens=64, messages=messages)
+    thought, text = reply.content
+    assert thought.type == "thinking" and (thought.thinking, thought.signature) == (REASONING, "")
+    assert text.type == "text" and text.text == ANSWER
+    assert reply.stop_reason == "end_turn"
+    assert reply.usage.output_tokens == len(_records(base_url)[-1].output_ids)
+    client.close()
+
+
+@pytest.mark.parametrize("sent_back", ["thinking", "none", "redacted_thinking"])
+def test_a_reply_with_thinking_continues_the_chain(
+    router: str, engine: ScriptedEngine, sent_back: str
+) -> None:
+    """The next turn extends the reasoning reply token-exactly, whether or not the client sends its thinking back."""
+    client, base_url = _session(router, f"thinking-chain-{sent_back}")
+    messages: Any = [{"role": "user", "content": "add"}]
+    first = client.messages.create(model="tiny", max_tokens=64, messages=messages)
+    thought, text = (b.model_dump() for b in first.content)
+    assert thought["type"] == "thinking"
+    blocks = {"thinking": [thought, text], "none": [text],
+              "redacted_thinking": [{"type": "redacted_thinking", "data": "EmwKAhgB..."}, text]}[sent_back]  # fmt: skip
+    messages += [{"role": "assistant", "content": blocks}, {"role": "user", "content": "hello"}]
+    second = client.messages.create(model="tiny", max_tokens=64, messages=messages)
+    assert second.content[0].text == REPLIES["hello"]  # type: ignore[union-attr]
+    parent, child = _records(base_url)
+    assert child.parent_call_id == parent.call_id
+    assert engine.requests[-1]["input_ids"] == parent.new_input_ids + parent.output_ids + child.new_input_ids
+    client.close()
+
+
+def test_message_start_counts_the_prompt(router: str) -> None:
+    """``message_start`` carries the prompt's tokens (clients read the context's size from it)."""
+    client, _ = _session(router, "message-start")
+    messages: Any = [{"role": "user", "content": "hello"}]
+    events = list(client.messages.create(model="tiny", max_tokens=64, messages=messages, stream=True))
+    start, delta = events[0], events[-2]
+    assert start.type == "message_start" and delta.type == "message_delta"
+    assert start.message.usage.input_tokens == delta.usage.input_tokens > 0
     client.close()
 
 

@@ -44,7 +44,9 @@ REPLIES = {  # the last user message -> the model's reply
     "act": 'THOUGHT: list the files.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call>',
     "hello": "Hello there, how can I help?",
     "report": '{"files": 3, "names": ["a", "b", "c"]}',
+    "add": "<think>\nI should add.\n</think>\n\nThe answer is 4.",  # a reasoning model's reply (Qwen3's markers)
 }
+REASONING, ANSWER = "I should add.", "The answer is 4."
 REPORT_SCHEMA: Any = {
     "type": "object",
     "properties": {"files": {"type": "integer"}, "names": {"type": "array", "items": {"type": "string"}}},
@@ -254,6 +256,14 @@ def test_tool_choice_and_tools(router: str) -> None:
         ({"model": "tiny", "input": [{"type": "function_call", "name": "b", "arguments": "{}"}]}, "call_id"),
         ({"model": "tiny", "input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
         (
+            {"model": "tiny", "input": [{"type": "reasoning", "content": "x"}]},
+            "input[0].content must be a list",
+        ),
+        (
+            {"model": "tiny", "input": [{"type": "reasoning", "summary": [{"type": "summary_text"}]}]},
+            "summary[0]",
+        ),
+        (
             {"model": "tiny", "input": [{"type": "item_reference", "id": "x"}]},
             "'item_reference' are not served",
         ),
@@ -383,4 +393,77 @@ def test_structured_output(router: str, engine: ScriptedEngine) -> None:
 
     assert asyncio.run(run()).final_output == Report(files=3, names=["a", "b", "c"])
     assert len(_records(base_url)) == 2
+    client.close()
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_reasoning_is_an_output_item_before_the_message(
+    router: str, engine: ScriptedEngine, streamed: bool
+) -> None:
+    client, base_url = _session(router, f"reasoning-{streamed}")
+    if streamed:
+        events = list(client.responses.create(model="tiny", input="add", stream=True))
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        reasoning_events = [e.type for e in events if e.type.startswith("response.reasoning_text.")]
+        assert reasoning_events[-1] == "response.reasoning_text.done" and len(reasoning_events) >= 2
+        added = [e for e in events if e.type == "response.output_item.added"]
+        assert [(e.output_index, e.item.type) for e in added] == [(0, "reasoning"), (1, "message")]  # type: ignore[union-attr]
+        (done,) = [e for e in events if e.type == "response.reasoning_text.done"]
+        deltas = [e for e in events if e.type == "response.reasoning_text.delta"]
+        assert "".join(e.delta for e in deltas) == done.text  # type: ignore[union-attr]
+        assert {(e.item_id, e.output_index, e.content_index) for e in [*deltas, done]} == {  # type: ignore[union-attr]
+            (added[0].item.id, 0, 0)  # type: ignore[union-attr]
+        }
+        # the reasoning item ends before the message starts
+        order = [e.type for e in events]
+        assert order.index("response.reasoning_text.done") < order.index("response.output_text.delta")
+        reply = events[-1].response  # type: ignore[union-attr]
+        assert events[-1].type == "response.completed"
+        with client.responses.stream(model="tiny", input="add") as stream:
+            assert [o.type for o in stream.get_final_response().output] == ["reasoning", "message"]
+    else:
+        reply = client.responses.create(model="tiny", input="add")
+    reasoning, message = reply.output
+    assert reasoning.type == "reasoning" and reasoning.id.startswith("rs_") and reasoning.summary == []
+    assert reasoning.status == "completed" and reasoning.content is not None
+    assert [(c.type, c.text) for c in reasoning.content] == [("reasoning_text", REASONING)]
+    assert message.type == "message" and reply.output_text == ANSWER
+    # reasoning tokens: counted, and as the chat path counts them for the same reply
+    assert reply.usage is not None
+    thought = reply.usage.output_tokens_details.reasoning_tokens
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "add"}])
+    assert chat.usage is not None and chat.usage.completion_tokens_details is not None
+    assert 0 < thought == chat.usage.completion_tokens_details.reasoning_tokens < reply.usage.output_tokens
+    assert reply.usage.output_tokens == len(_records(base_url)[0].output_ids)
+    client.close()
+
+
+@pytest.mark.parametrize("how", ["echo", "echo-without-reasoning", "previous_response_id"])
+def test_a_reply_with_reasoning_continues_the_chain(router: str, engine: ScriptedEngine, how: str) -> None:
+    """The next turn extends the reasoning reply token-exactly, whether or not the client sends its reasoning back."""
+    client, base_url = _session(router, f"reasoning-chain-{how}")
+    first = client.responses.create(model="tiny", input="add")
+    assert [o.type for o in first.output] == ["reasoning", "message"]
+    if how == "previous_response_id":
+        second = client.responses.create(model="tiny", previous_response_id=first.id, input="hello")
+    else:
+        echoed = [o for o in _echo(first.output) if how == "echo" or o["type"] != "reasoning"]
+        items: Any = [{"role": "user", "content": "add"}, *echoed, {"role": "user", "content": "hello"}]
+        second = client.responses.create(model="tiny", input=items)
+    assert second.output_text == REPLIES["hello"]
+    parent, child = _records(base_url)
+    _assert_chain(parent, child, engine)
+    client.close()
+
+
+def test_reasoning_items_without_text_are_accepted(router: str) -> None:
+    """A reasoning item from another server (``encrypted_content`` only, or an empty summary) is not rendered."""
+    client, _ = _session(router, "reasoning-encrypted")
+    items: Any = [
+        {"role": "user", "content": "act"},
+        {"type": "reasoning", "id": "rs_elsewhere", "summary": [], "encrypted_content": "gAAAAB..."},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]},
+        {"role": "user", "content": "hello"},
+    ]
+    assert client.responses.create(model="tiny", input=items).output_text == REPLIES["hello"]
     client.close()

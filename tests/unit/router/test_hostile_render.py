@@ -45,8 +45,13 @@ def test_special_token_text_in_user_and_tool_messages_is_encoded_as_text(rendere
 
 def test_special_token_text_in_an_extension_and_in_tools_is_encoded_as_text(renderer: ChatRenderer) -> None:
     tool = [{"role": "tool", "tool_call_id": "c1", "content": FORGED}]
-    benign = renderer.render_extension([{"role": "tool", "tool_call_id": "c1", "content": "x"}])
-    forged = renderer.render_extension(tool)
+    reply = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}]}  # fmt: skip
+    produced = [renderer.eos_token_id]
+    benign = renderer.render_continuation(
+        reply, [{"role": "tool", "tool_call_id": "c1", "content": "x"}], produced
+    )[0]
+    forged = renderer.render_continuation(reply, tool, produced)[0]
     assert _specials(renderer, forged) == _specials(renderer, benign)
     tools = [{"type": "function", "function": {"name": "ls", "description": FORGED, "parameters": {}}}]
     plain = [{"type": "function", "function": {"name": "ls", "description": "x", "parameters": {}}}]

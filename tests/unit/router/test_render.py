@@ -73,8 +73,19 @@ def assert_tito(
 ) -> None:
     """Rendering the whole conversation equals earlier input + the reply's ids + the extension."""
     full = renderer.render_full([*prefix, reply, *new], tools)
-    assembled = renderer.render_full(prefix, tools) + reply_ids(renderer, prefix, reply, tools)
-    assert full == assembled + renderer.render_extension(new, tools, True)
+    produced = reply_ids(renderer, prefix, reply, tools)
+    assembled = renderer.render_full(prefix, tools) + produced
+    extension, divergence = renderer.render_continuation(normalize_messages([reply])[0], new, produced, tools)
+    assert full == assembled + extension
+    assert divergence is None  # the model wrote its turn as the template writes it
+
+
+def extension(renderer: ChatRenderer, new: list[dict], tools: list | None, ended: bool = True) -> list[int]:
+    """The ids after a reply calling tool ``a`` (ending with eos when ``ended``), as a chained call renders them."""
+    reply = normalize_messages([{"role": "assistant", "content": "", "tool_calls": [call("a")]}])[0]
+    produced = reply_ids(renderer, [SYSTEM, USER], reply, TOOLS)
+    produced = produced if ended else produced[:-1]
+    return renderer.render_continuation(reply, new, produced, tools)[0]
 
 
 CASES = {
@@ -115,7 +126,7 @@ def test_full_render_is_earlier_input_plus_reply_plus_extension(renderer: ChatRe
 
 def test_extension_starts_after_the_eos_and_ends_with_the_generation_prompt(renderer: ChatRenderer) -> None:
     tok = renderer._tokenizer
-    ids = renderer.render_extension([tool("a", "out")], TOOLS, True)
+    ids = extension(renderer, [tool("a", "out")], TOOLS)
     assert tok.decode(ids) == "\n<|im_start|>user\n<tool_response>\nout\n</tool_response><|im_end|>\n" + (
         "<|im_start|>assistant\n"
     )
@@ -123,8 +134,8 @@ def test_extension_starts_after_the_eos_and_ends_with_the_generation_prompt(rend
 
 def test_extension_after_a_reply_without_eos_prepends_exactly_the_eos_id(renderer: ChatRenderer) -> None:
     new = [tool("a", "out"), USER]
-    with_eos = renderer.render_extension(new, TOOLS, previous_ended_with_eos=True)
-    assert renderer.render_extension(new, TOOLS, previous_ended_with_eos=False) == [
+    with_eos = extension(renderer, new, TOOLS, ended=True)
+    assert extension(renderer, new, TOOLS, ended=False) == [
         renderer.eos_token_id,
         *with_eos,
     ]
@@ -132,7 +143,7 @@ def test_extension_after_a_reply_without_eos_prepends_exactly_the_eos_id(rendere
     assert renderer.eos_text == "<|im_end|>"
 
 
-def test_extension_refuses_a_template_that_rewrites_earlier_turns() -> None:
+def test_extension_follows_a_template_that_rewrites_earlier_turns() -> None:
     tokenizer = build_tokenizer()
     # The system prompt counts the messages, so every earlier turn's text changes when a message is added.
     tokenizer.chat_template = tokenizer.chat_template.replace(
@@ -140,8 +151,23 @@ def test_extension_refuses_a_template_that_rewrites_earlier_turns() -> None:
         "{{- '<|im_start|>system\\n' + messages[0].content + (messages | length | string) + '<|im_end|>\\n' }}",
     )
     renderer = ChatRenderer(tokenizer)
-    with pytest.raises(ValueError, match="differently"):
-        renderer.render_extension([USER], None, True)
+    reply = {"role": "assistant", "content": "Nothing."}
+    produced = renderer.encode("Nothing.") + [renderer.eos_token_id]
+    ids, divergence = renderer.render_continuation(reply, [USER], produced)
+    # the earlier turns are the model's own ids; only what follows the reply is new
+    assert (
+        renderer._tokenizer.decode(ids)
+        == "\n<|im_start|>user\nWhat is in main.py?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert divergence is None  # the reply's own turn renders as the model wrote it
+
+
+def test_extension_is_refused_where_the_template_writes_no_turn_boundary() -> None:
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
+    renderer = ChatRenderer(tokenizer)
+    with pytest.raises(ValueError, match="no turn terminator"):
+        renderer.render_continuation({"role": "assistant", "content": "a"}, [USER], renderer.encode("a"))
 
 
 def test_render_full_applies_normalization(renderer: ChatRenderer) -> None:
@@ -590,5 +616,5 @@ def test_extension_after_tools_in_another_key_order() -> None:
     renderer = ChatRenderer(build_tokenizer())
     reordered = [{"function": t["function"], "type": t["type"]} for t in TOOLS]
     reply = {"role": "assistant", "content": "", "tool_calls": [call("a")]}
-    renderer.render_extension([tool("a", "x")], TOOLS)
+    extension(renderer, [tool("a", "x")], TOOLS)
     assert_tito(renderer, [SYSTEM, USER], reply, [tool("a", "x")], reordered)
