@@ -72,6 +72,15 @@ class _Sample(msgspec.Struct, frozen=True, kw_only=True):  # of control.loop.Loo
     version: int = -1
 
 
+class _Divergence(msgspec.Struct, frozen=True):  # of records.Divergence
+    kind: str = ""
+
+
+class _Call(msgspec.Struct, frozen=True, kw_only=True):  # the fields of records.CallRecord the report reads
+    parent_call_id: str | None = None
+    divergence: _Divergence | None = None
+
+
 class _Summary(
     msgspec.Struct, frozen=True
 ):  # of training.TrainSummary (train.json, written when the run ends)
@@ -86,6 +95,7 @@ def write_report(run_dir: str | Path) -> Path:
     switches = _read(run.switches, SwitchRecord)
     evals = _read(run.eval, _Eval)
     timeline = _read(run.timeline, _Sample)
+    calls = _read(run.calls, _Call)
     summary = (
         msgspec.json.decode(run.summary.read_bytes(), type=_Summary) if run.summary.exists() else _Summary()
     )
@@ -120,9 +130,25 @@ table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 8px;te
 <body><h1>Gyre run {html.escape(run.root.name)}</h1>
 <p>{len(steps)} steps applied, {len(executions)} executions, {len(switches)} role switches, {len(evals)} held-out
 evaluations{f"; cells idle {idle:.0%} of the time" if idle is not None else ""}.</p>
-{body}{_eval_table(evals)}{_step_table(steps)}</body></html>"""
+{_chains(calls)}{body}{_eval_table(evals)}{_step_table(steps)}</body></html>"""
     run.report.write_text(page, encoding="utf-8")
     return run.report
+
+
+def _chains(calls: list[_Call]) -> str:
+    """How the calls chained: a later call extends the earlier one token-exactly, or starts a new branch; where
+    the chat template's own render of an earlier reply differs from what the model produced, the record says so."""
+    if not calls:
+        return ""
+    branches = sum(c.parent_call_id is None for c in calls)
+    kinds: dict[str, int] = defaultdict(int)
+    for c in calls:
+        if c.divergence is not None:
+            kinds[c.divergence.kind] += 1
+    where = ", ".join(f"{kind} {n}" for kind, n in sorted(kinds.items())) or "none"
+    return (f"<p>Model calls: {len(calls)}, of which {len(calls) - branches} extend an earlier call and {branches} "
+            f"start a branch. Inputs that differ from the chat template's own render (divergences, by kind): "
+            f"{html.escape(where)}. See the Models page of the manual for what each kind means.</p>")  # fmt: skip
 
 
 def _read(path: Path, type_: Any) -> list[Any]:

@@ -5,12 +5,13 @@ Everything here is pure text and data: no tokenizer, no template.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import uuid
 from collections.abc import Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgspec
+if TYPE_CHECKING:
+    from gyre.router.modelfamilies import ParsedReply
 
 ROLES = ("system", "user", "assistant", "tool")
 TOOL_CALL_OPEN = "<tool_call>"
@@ -124,27 +125,6 @@ def _normalize_tool_call(where: str, call: Any) -> dict[str, Any]:
     }
 
 
-class ParsedReply(msgspec.Struct):
-    """An assistant reply decoded from sampled ids: text, OpenAI tool calls, and the blocks left in the text."""
-
-    content: str  # text outside the blocks returned as tool calls, stripped; every other block stays in it
-    tool_calls: list[dict[str, Any]]  # OpenAI form; function.arguments is a JSON object's text
-    malformed: list[str]  # raw text of each tool-call block that did not parse
-    unknown: list[str] = msgspec.field(
-        default_factory=list
-    )  # raw text of each call to a function not offered
-
-    def message(self) -> dict[str, Any]:
-        """The assistant message a client sends back when it continues the conversation."""
-        out: dict[str, Any] = {"role": "assistant", "content": self.content}
-        if self.tool_calls:
-            out["tool_calls"] = self.tool_calls
-        return out
-
-
-_MISSING = object()
-
-
 def offered_functions(tools: list[Any] | None) -> frozenset[str]:
     """The function names a request's ``tools`` offer (``tools[i].function.name``); anything else is ignored."""
     names: set[str] = set()
@@ -159,72 +139,15 @@ def offered_functions(tools: list[Any] | None) -> frozenset[str]:
 def parse_tool_calls(text: str, offered: Collection[str] | None = None) -> ParsedReply:
     """Split decoded reply text into content and ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` calls.
 
-    The rules are SGLang's, except that nothing the model wrote is dropped: ``parameters`` is read as a synonym of
-    ``arguments`` (both given and different: malformed); arguments must be a JSON object, or a string holding one's
-    text (kept as written); a missing or null one is ``{}``. A block that is unterminated (no closing tag before the
-    next opening one or the end) or breaks these rules is listed in ``malformed``; a call to a function not in
-    ``offered`` (None: any name is accepted) in ``unknown``. Both stay in ``content`` exactly as written.
-    """
-    content: list[str] = []
-    calls: list[dict[str, Any]] = []
-    malformed: list[str] = []
-    unknown: list[str] = []
-    pos = 0
-    while (start := text.find(TOOL_CALL_OPEN, pos)) >= 0:
-        content.append(text[pos:start])
-        body = start + len(TOOL_CALL_OPEN)
-        close = text.find(TOOL_CALL_CLOSE, body)
-        reopen = text.find(TOOL_CALL_OPEN, body)
-        if (
-            close < 0 or 0 <= reopen < close
-        ):  # unterminated: the block runs to the next opening tag or the end
-            end = reopen if reopen >= 0 else len(text)
-            call = None
-        else:
-            end = close + len(TOOL_CALL_CLOSE)
-            call = _parse_call(text[body:close])
-        if call is None:
-            malformed.append(text[start:end])
-            content.append(text[start:end])
-        elif offered is not None and call["function"]["name"] not in offered:
-            unknown.append(text[start:end])
-            content.append(text[start:end])
-        else:
-            calls.append(call)
-        pos = end
-    content.append(text[pos:])
-    return ParsedReply("".join(content).strip(), calls, malformed, unknown)
+    The Hermes format's parser (`gyre.router.modelfamilies`) on plain text: the rules are SGLang's, except that nothing the
+    model wrote is dropped (``parameters`` is read as a synonym of ``arguments``; a block that is unterminated or
+    breaks the rules is listed in ``malformed``, a call to a function not in ``offered`` in ``unknown``, and both
+    stay in ``content`` as written). The router parses sampled ids instead, each marker matched as its token."""
+    from gyre.router.modelfamilies import FORMATS
 
-
-def _parse_call(body: str) -> dict[str, Any] | None:
-    """One tool call in OpenAI form from a block's JSON, or None if it is not a valid call."""
-    try:
-        obj = json.loads(body)
-    except (
-        ValueError,
-        RecursionError,
-    ):  # JSONDecodeError, UnicodeError for lone surrogates; nesting past ~1000
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        return None
-    arguments, parameters = obj.get("arguments", _MISSING), obj.get("parameters", _MISSING)
-    if arguments is _MISSING:
-        arguments = parameters
-    elif parameters is not _MISSING and parameters != arguments:
-        return None  # two different argument sets: which one the model meant is not ours to guess
-    if arguments is _MISSING or arguments is None:
-        arguments = "{}"
-    elif isinstance(arguments, dict):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    elif not isinstance(arguments, str) or not _holds_object(arguments):
-        return None
-    call_id = "call_" + uuid.uuid4().hex[:24]
-    return {"id": call_id, "type": "function", "function": {"name": obj["name"], "arguments": arguments}}
-
-
-def _holds_object(text: str) -> bool:
-    """Whether ``text`` is the JSON text of an object."""
-    try:
-        return isinstance(json.loads(text), dict)
-    except (ValueError, RecursionError):
-        return False
+    plain = dataclasses.replace(FORMATS["hermes"], reasoning=None).bind({}, frozenset(), "")
+    parser = plain.parser(offered=offered)
+    parser.feed(text)
+    parser.finish()
+    result: ParsedReply = parser.result()
+    return result

@@ -31,9 +31,9 @@ import msgspec
 
 from gyre.errors import ConfigError
 from gyre.journal.records import Divergence
-from gyre.router.formats import BoundFormat, MarkedDecoder, ParsedReply, choose_format, marked_text
-from gyre.router.formats.parser import _MARKED
-from gyre.router.messages import TOOL_CALL_OPEN, normalize_messages
+from gyre.router.messages import normalize_messages
+from gyre.router.modelfamilies import BoundFormat, MarkedDecoder, ParsedReply, choose_format, marked_text
+from gyre.router.modelfamilies.replyparser import _MARKED
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -210,8 +210,9 @@ class ChatRenderer:
         """``render_full`` without its cache; safe to call from another thread (it touches no cache)."""
         normalized = normalize_messages(messages)
         plain = _plain_tools(tools) and _plain_tools([kwargs or {}])
-        marked, encode = self._marked([normalized, tools])
-        return encode(self._template(marked[0], marked[1], True, plain, kwargs))
+        # special-token text in the kwargs' strings is text too: a request cannot forge a turn through them
+        marked, encode = self._marked([normalized, tools, kwargs or {}])
+        return encode(self._template(marked[0], marked[1], True, plain, marked[2]))
 
     def remember_render(self, key: bytes | None, ids: list[int]) -> None:
         """Keep ``ids`` as ``render_full``'s result for ``key`` (from ``cached_render``)."""
@@ -256,6 +257,7 @@ class ChatRenderer:
         output_ids: list[int],
         tools: list[dict[str, Any]] | None = None,
         kwargs: dict[str, Any] | None = None,
+        context: list[dict[str, Any]] | None = None,
     ) -> tuple[list[int], Divergence | None]:
         """Ids of only ``new_messages`` as they follow the earlier call whose reply was ``output_ids``, ending with
         the generation prompt; and where the template's own render of that reply turn differs from the ids the
@@ -265,45 +267,61 @@ class ChatRenderer:
         renders a short conversation ending with ``reply`` (the earlier call's normalised message) and the new
         messages, and only what follows the reply's turn is taken, cut at the family's terminator. A reply that
         did not end with a terminator (length, a stop string) gets the template's terminator appended: it is
-        context now. Raises ``ValueError`` when the template shows no turn boundary after the reply.
+        context now. ``context``: the normalised messages just before the reply (from the turn before it), so the
+        reply renders as it does in the conversation (DeepSeek writes a reply after a tool output otherwise than
+        after a user message). Raises ``ValueError`` when the template shows no turn boundary after the reply.
         """
         new = normalize_messages(new_messages)
         plain = _plain_tools(tools) and _plain_tools([kwargs or {}])
-        marked, encode = self._marked([[*_DUMMY_PREFIX, reply, *new], tools])
-        convo, marked_tools = marked
-        head, marked_reply = convo[:2], convo[2]
+        before = list(context or [])
+        marked, encode = self._marked([[*_DUMMY_PREFIX, *before, reply, *new], tools, kwargs or {}])
+        convo, marked_tools, kwargs = marked
+        head = convo[: len(_DUMMY_PREFIX) + len(before)]
+        marked_reply = convo[len(head)]
         whole = self._template(convo, marked_tools, True, plain, kwargs)
         alone = self._template([*head, marked_reply], marked_tools, False, plain, kwargs)
         fmt = self.format
         closing = (*fmt.closing_texts, *([self._eos_text] if self._eos_text not in fmt.closing_texts else []))
         # where the reply's own text is, past the dummy user's: the boundary cannot come before it
-        user_at = whole.find(_DUMMY_PREFIX[1]["content"])
+        start = self._template(head, marked_tools, True, plain, kwargs)
+        user_at = len(start) if whole.startswith(start) else whole.find(_DUMMY_PREFIX[1]["content"])
         anchor = (marked_reply.get("content") or "").strip()[:32]
         reply_at = whole.find(anchor, user_at) if anchor and user_at >= 0 else -1
         cut, terminator, opens = _turn_end(alone, whole, closing, fmt.opening_texts, max(reply_at, 0))
         last = self.decode_tokens([output_ids[-1]])[0] if output_ids else ""
         ended = bool(output_ids) and output_ids[-1] in fmt.terminator_ids | {self._eos_id}
-        if (
-            opens
-        ):  # GLM: the reply's last id opens the next turn; the template writes it as the extension's first
+        appended: list[int] = []
+        if opens:  # GLM: the reply's last id opens the next turn, which the template writes first
             skip = ended and last == terminator
             ids = encode(whole[cut + len(terminator) :] if skip else whole[cut:])
-            turn_end = cut
-            appended: list[int] = []
         else:
             ids = encode(whole[cut:])
             appended = [] if ended else encode(terminator)
-            turn_end = cut
         # the template's own render of the reply's turn, against the ids the model produced
         divergence = None
-        start = self._template(head, marked_tools, True, plain, kwargs)
-        if whole.startswith(start) and turn_end >= len(start):
-            canonical = encode(whole[len(start) : turn_end])
+        at = (
+            len(start)
+            if whole.startswith(start)
+            else self._reply_start(whole, cut, head, marked_tools, plain, kwargs)
+        )
+        if 0 <= at <= cut:
+            canonical = encode(whole[at:cut])
             produced = list(output_ids) + appended
             if opens and ended:
                 produced = produced[:-1]
             divergence = self._divergence(canonical, produced)
         return appended + ids, divergence
+
+    def _reply_start(
+        self, whole: str, cut: int, head: list[dict[str, Any]], tools: Any, plain: bool, kwargs: Any
+    ) -> int:
+        """Where the reply's turn starts in ``whole`` when the messages before it render otherwise once more follow
+        (Qwen3 drops the earlier turn's reasoning): after the last generation prompt before ``cut``; -1 if none."""
+        bare = self._template(head, tools, False, plain, kwargs)
+        prompt = self._template(head, tools, True, plain, kwargs)
+        opening = prompt[len(bare) :] if prompt.startswith(bare) else ""
+        found = whole.rfind(opening, 0, cut) if opening else -1
+        return found + len(opening) if found >= 0 else -1
 
     def _divergence(self, canonical: list[int], produced: list[int]) -> Divergence | None:
         """How the produced ids of a reply turn differ from the template's render of it; None when they don't."""
@@ -313,7 +331,7 @@ class ChatRenderer:
                   min(len(canonical), len(produced)))  # fmt: skip
         texts = self._decode(canonical, False), self._decode(produced, False)
         ends = self.format.terminator_ids | {i for i, t in self._added.items() if t in self.format.specials}
-        opening = self.format.fmt.reasoning[0] if self.format.fmt.reasoning else None
+        closing = self.format.fmt.reasoning[1] if self.format.fmt.reasoning else None
         kind: Literal["reasoning", "terminator", "tokenization", "render"]
         if texts[0] == texts[1]:
             kind = "tokenization"  # the same text, split into other ids
@@ -324,8 +342,12 @@ class ChatRenderer:
             and {canonical[-1], produced[-1]} <= ends
         ):
             kind = "terminator"  # gpt-oss: <|return|> sampled, <|end|> in history
-        elif opening is not None and (opening in texts[1]) != (opening in texts[0]):
-            kind = "reasoning"  # the template drops (or adds) the reasoning of earlier turns
+        elif (
+            closing is not None
+            and closing in texts[1]
+            and _after(texts[1], closing) == _after(texts[0], closing)
+        ):
+            kind = "reasoning"  # the template drops (or empties) the reasoning of earlier turns
         else:
             kind = "render"
         return Divergence(kind=kind, index=at)
@@ -400,7 +422,7 @@ class ChatRenderer:
         )
 
     def reply_decoder(self) -> MarkedDecoder:
-        """An incremental decoder of one reply's ids into marked text (`gyre.router.formats.decode`)."""
+        """An incremental decoder of one reply's ids into marked text (`gyre.router.modelfamilies.marked`)."""
         return MarkedDecoder(self._plain_decode, self._added)
 
     def marked_reply(self, output_ids: list[int]) -> str:
@@ -412,32 +434,6 @@ class ChatRenderer:
 
     def _plain_decode(self, ids: list[int]) -> str:
         return self._decode(ids, skip_special_tokens=False)
-
-    def reply_text(self, output_ids: list[int]) -> str:
-        """The sampled reply as text: without its closing eos token and without special tokens."""
-        ids = list(output_ids)
-        if ids and ids[-1] == self._eos_id:
-            ids.pop()
-        return self._decode(ids, skip_special_tokens=True)
-
-    def streamable_content(self, output_ids: list[int], hold_tool_calls: bool = True) -> str:
-        """The part of a reply still being generated that can be streamed as content without taking it back.
-
-        Stops before a ``<tool_call>`` block (and holds back a tail that may be the start of one), before an
-        incomplete UTF-8 sequence, and before trailing whitespace; leading whitespace is dropped. The streamed text
-        is so always a prefix of the final message content when no text follows the tool calls.
-        """
-        text = self.reply_text(output_ids)
-        if hold_tool_calls:
-            at = text.find(TOOL_CALL_OPEN)
-            if at >= 0:
-                text = text[:at]
-            else:
-                for k in range(min(len(TOOL_CALL_OPEN) - 1, len(text)), 0, -1):
-                    if text.endswith(TOOL_CALL_OPEN[:k]):
-                        text = text[:-k]
-                        break
-        return text.rstrip("\ufffd").strip()
 
     def _template(
         self,
@@ -696,6 +692,11 @@ def _rust_tokenizers(tokenizer: PreTrainedTokenizerBase) -> tuple[Any, Any]:
         else None
     )
     return encoder, decoder
+
+
+def _after(text: str, marker: str) -> str:
+    """``text`` after the last ``marker`` in it (all of it without one), leading whitespace dropped."""
+    return (text[text.rfind(marker) + len(marker) :] if marker in text else text).lstrip()
 
 
 def _history_call(fmt: Any, call: dict[str, Any], objects: bool) -> dict[str, Any]:

@@ -26,8 +26,8 @@ from gyre.journal import Journal
 from gyre.journal.records import ROLE_PRIORITY, CallRecord, CallTiming, Divergence, Role
 from gyre.protocol import SamplingParams
 from gyre.router.constraints import constraint, needs_grammar, rendered_tools
-from gyre.router.formats import Delta, ParsedReply
 from gyre.router.messages import normalize_messages, offered_functions
+from gyre.router.modelfamilies import Delta, ParsedReply
 from gyre.router.openai_types import ChatRequest, CompletionRequest, RouterError
 from gyre.router.pool import CallAborted, CallControl, Chunk, EnginePool, Generation, NoCapacity
 from gyre.router.render import ChatRenderer
@@ -147,9 +147,10 @@ class Router:
                     )
                     chars = self._check_fits(len(parent.full), new, tools)
                     render = self.renderer.render_continuation
+                    context = self._last_turn(session, parent)
                     try:
                         ids, divergence = await self._render(
-                            chars, render, parent.reply, new, parent.output_ids, tools, kwargs
+                            chars, render, parent.reply, new, parent.output_ids, tools, kwargs, context
                         )
                     except ValueError as exc:
                         divergence = Divergence(kind="unchained", index=0)
@@ -181,6 +182,20 @@ class Router:
             raise RouterError(
                 f"the chat template cannot render these messages: {exc!r}", 422, param="messages"
             ) from None
+
+    def _last_turn(self, session: Session, parent: Turn) -> list[dict[str, Any]]:
+        """The messages of ``parent``'s request from its last assistant turn on (normalised), which the reply
+        followed: what the template may render the reply differently after (a tool output, a user message)."""
+        messages = parent.raw_messages
+        at = len(messages) - 1
+        while at >= 0 and not (isinstance(messages[at], dict) and messages[at].get("role") == "assistant"):
+            at -= 1
+        if at < 0:
+            return []  # the reply followed the first messages: the dummy user stands for them
+        try:
+            return normalize_messages([self._restore(session, m) for m in messages[at:]], at)
+        except ValueError:
+            return []
 
     def _normalize_and_fit(
         self, session: Session, messages: list[Any], tools: Any
@@ -367,7 +382,7 @@ class Router:
     ) -> AsyncIterator[dict[str, Any]]:
         """The same call as ``chat``, streamed as ``chat.completion.chunk`` objects while tokens arrive.
 
-        The reply is decoded incrementally and parsed as it comes (`gyre.router.formats`): reasoning streams as
+        The reply is decoded incrementally and parsed as it comes (`gyre.router.modelfamilies`): reasoning streams as
         ``reasoning_content`` deltas, content as ``content`` deltas, each tool call as one delta once its block is
         complete; text that may still open a block or a stop string is held back, and nothing sent is taken back.
         The deltas add up to ``chat``'s message for the same ids. The record and the next turn's token-exact prefix
@@ -685,20 +700,6 @@ def _before_stop(text: str, gen: Generation) -> str:
         if at >= 0:
             return text[:at]
     return text
-
-
-def _hold_stops(visible: str, stops: list[str]) -> str:
-    """Streamable ``visible`` text cut before a stop string, and before a tail that may become one."""
-    for stop in stops:
-        at = visible.find(stop)
-        if at >= 0:
-            visible = visible[:at]
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(visible)), 0, -1):
-            if visible.endswith(stop[:k]):
-                visible = visible[:-k]
-                break
-    return visible.rstrip()
 
 
 def _text_chars(value: Any) -> int:

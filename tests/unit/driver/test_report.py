@@ -78,3 +78,20 @@ def test_the_finished_runs_idle_fraction_is_the_one_shown(tmp_path: Path) -> Non
 def test_a_directory_that_is_not_a_run_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["report", str(tmp_path)]) == 2
     assert "not a gyre train run directory" in capsys.readouterr().err
+
+
+def test_the_report_counts_chained_calls_branches_and_divergences(tmp_path: Path) -> None:
+    from gyre.journal.records import CallRecord, CallTiming, Divergence
+
+    calls = Journal(tmp_path / "journal", "calls.jsonl")
+    timing = CallTiming(submitted_s=1.0, first_token_s=1.5, finished_s=2.0)
+    for n, (parent, divergence) in enumerate([(None, None), ("c0", None), ("c1", Divergence(kind="reasoning", index=9)),
+                                              (None, Divergence(kind="unchained", index=0))]):  # fmt: skip
+        calls.append(CallRecord(call_id=f"c{n}", session="s", role="main", parent_call_id=parent,
+                                prefix_len=5 if parent else 0, new_input_ids=[1, 2], output_ids=[3],
+                                output_logprobs=[-0.5], finish_reason="stop", weight_version=0, cell="cell-0",
+                                timing=timing, divergence=divergence))  # fmt: skip
+    calls.close()
+    page = write_report(tmp_path).read_text()
+    assert "Model calls: 4, of which 2 extend an earlier call and 2 start a branch" in page
+    assert "reasoning 1, unchained 1" in page

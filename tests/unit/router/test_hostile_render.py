@@ -65,3 +65,16 @@ def test_special_tokens_of_a_raw_completion_prompt_stay_special(renderer: ChatRe
     """A completion prompt is raw model input (as with every OpenAI-compatible server)."""
     ids = renderer.encode("<|im_start|>user")
     assert ids[0] == renderer._tokenizer.convert_tokens_to_ids("<|im_start|>")
+
+
+def test_special_token_text_in_chat_template_kwargs_is_encoded_as_text() -> None:
+    """A request's template kwargs reach the template (Qwen3's enable_thinking); their strings cannot forge a turn."""
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template += "{{ note | default('') }}"
+    renderer = ChatRenderer(tokenizer)
+    user = [{"role": "user", "content": "hi"}]
+    benign = renderer.render_full(user, None, {"note": "done I obey"})
+    forged = renderer.render_full(user, None, {"note": FORGED})
+    assert len(forged) > len(benign) and _specials(renderer, forged) == _specials(renderer, benign)
+    with pytest.raises(ValueError, match="may not set messages"):
+        renderer.render_full(user, None, {"messages": []})

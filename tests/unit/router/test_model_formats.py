@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gyre.router.formats import Delta
-from gyre.router.formats.parser import MARK_OPEN
+from gyre.router.modelfamilies import Delta
+from gyre.router.modelfamilies.replyparser import MARK_OPEN
 from gyre.router.render import ChatRenderer
 from model_families import FAMILIES, family_tokenizer, reply_text
 

@@ -3,7 +3,7 @@
 ``<|channel|>analysis<|message|>...<|end|>`` is reasoning; ``final`` (and ``commentary`` with no recipient, a
 preamble the user sees) is content; a message to ``functions.NAME`` (``to=`` in the role header or after the
 channel) is a tool call whose body is its JSON arguments, ended by ``<|call|>``. Same contract as
-`gyre.router.formats.parser.ReplyParser`: fed in any chunks, the deltas add up to the whole parse.
+`gyre.router.modelfamilies.replyparser.ReplyParser`: fed in any chunks, the deltas add up to the whole parse.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-from gyre.router.formats.parser import (
+from gyre.router.modelfamilies.replyparser import (
     Delta,
     ParsedReply,
     ToolCall,
@@ -22,7 +22,7 @@ from gyre.router.formats.parser import (
 )
 
 if TYPE_CHECKING:
-    from gyre.router.formats.families import BoundFormat
+    from gyre.router.modelfamilies.registry import BoundFormat
 
 _RECIPIENT = re.compile(r"to=(\S+)")
 _CHANNEL = re.compile(r"<\|channel\|>\s*(\w+)")
@@ -124,7 +124,7 @@ class HarmonyParser:
             self._say(text, out)
 
     def _close_call(self, end: str, out: list[Delta]) -> None:
-        from gyre.router.formats.families import _object_text
+        from gyre.router.modelfamilies.registry import _object_text
 
         name = self.recipient[len("functions.") :]
         arguments = _object_text(_unmark(self.body, ()).strip())

@@ -1,5 +1,5 @@
-"""Model formats: per family, how replies hold tool calls and reasoning and how turns end (`families`), parsed
-from sampled ids with special tokens kept, whole or streamed (`parser`, `harmony`, `decode`).
+"""Model families: per family, how replies hold tool calls and reasoning and how turns end (`registry`), parsed
+from sampled ids with special tokens kept, whole or streamed (`replyparser`, `harmony`, `marked`).
 
 `choose_format` picks a family by SGLang's parser names or from the chat template, and refuses a template whose
 tool markup no family claims.
@@ -8,10 +8,10 @@ tool markup no family claims.
 from __future__ import annotations
 
 from gyre.errors import ConfigError
-from gyre.router.formats.decode import MarkedDecoder, marked_text
-from gyre.router.formats.families import FORMATS, BoundFormat, ModelFormat, detect
-from gyre.router.formats.harmony import HarmonyParser
-from gyre.router.formats.parser import Delta, ParsedReply, ReplyParser, ToolCall
+from gyre.router.modelfamilies.harmony import HarmonyParser
+from gyre.router.modelfamilies.marked import MarkedDecoder, marked_text
+from gyre.router.modelfamilies.registry import FORMATS, BoundFormat, ModelFormat, detect
+from gyre.router.modelfamilies.replyparser import Delta, ParsedReply, ReplyParser, ToolCall
 
 # SGLang's reasoning parser names -> the markers that open and close reasoning
 REASONING_PARSERS: dict[str, tuple[str, str]] = {

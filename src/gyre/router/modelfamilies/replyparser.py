@@ -1,7 +1,7 @@
 """One reply's text to content, reasoning and tool calls, fed in any chunks: the streaming parser of every family.
 
 The text is *marked*: every added token the model sampled (``<|im_end|>``, ``<think>``, a family's tool markers)
-is wrapped as ``MARK_OPEN + text + MARK_CLOSE`` by `gyre.router.formats.decode.MarkedDecoder`, so a marker that is
+is wrapped as ``MARK_OPEN + text + MARK_CLOSE`` by `gyre.router.modelfamilies.marked.MarkedDecoder`, so a marker that is
 one token is matched by that token, never by text that spells it (a user's ``<tool_call>`` echoed by the model).
 
 Invariant (the property tests check it): for every way of cutting the same text into chunks, the deltas `feed` and
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 if TYPE_CHECKING:
-    from gyre.router.formats.families import BoundFormat
+    from gyre.router.modelfamilies.registry import BoundFormat
 
 MARK_OPEN, MARK_CLOSE = "\ue000", "\ue001"  # around each added token's text in marked text
 _MARKED = re.compile(f"{MARK_OPEN}([^{MARK_CLOSE}]*){MARK_CLOSE}")

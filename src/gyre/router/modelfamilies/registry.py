@@ -1,7 +1,7 @@
 """The model families: how each writes tool calls and reasoning, ends a turn, and wants its history.
 
 A `ModelFormat` is pure data and functions of text; `ModelFormat.bind` fits it to a tokenizer (each marker that is
-one token in it is matched only as that token, see `gyre.router.formats.parser`). Names are SGLang's
+one token in it is matched only as that token, see `gyre.router.modelfamilies.replyparser`). Names are SGLang's
 (``--tool-call-parser`` and ``--reasoning-parser``), so a deployment's flags carry over. The readers follow the
 published formats of each family (the model cards, SGLang's detectors, the chat templates); nothing the model wrote
 is dropped: a block that does not read is malformed and stays in the content.
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gyre.router.formats.parser import MARK_CLOSE, MARK_OPEN, Block
+from gyre.router.modelfamilies.replyparser import MARK_CLOSE, MARK_OPEN, Block
 
 Read = Callable[[str, dict[str, Any]], list[tuple[str, str, str | None]] | None]
 _MISSING = object()
@@ -123,10 +123,10 @@ class BoundFormat:
     def parser(self, **options: Any) -> Any:
         """A new parser for one reply (`ReplyParser`'s options); harmony's for gpt-oss."""
         if self.fmt.custom == "harmony":
-            from gyre.router.formats.harmony import HarmonyParser
+            from gyre.router.modelfamilies.harmony import HarmonyParser
 
             return HarmonyParser(self, **options)
-        from gyre.router.formats.parser import ReplyParser
+        from gyre.router.modelfamilies.replyparser import ReplyParser
 
         return ReplyParser(self, **options)
 

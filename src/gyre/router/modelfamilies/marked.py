@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from gyre.router.formats.parser import MARK_CLOSE, MARK_OPEN
+from gyre.router.modelfamilies.replyparser import MARK_CLOSE, MARK_OPEN
 
 _WINDOW = 6  # ids decoded again before the undecided tail: enough for any byte-level character
 
