@@ -29,19 +29,30 @@ _CHECKED_ENTRIES = (
 _LIBRARY_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
 
 
-def constraint(req: ChatRequest) -> dict[str, str]:
+def constraint(req: ChatRequest, family: str = "hermes") -> dict[str, str]:
     """The ``SamplingParams`` fields (``json_schema`` or ``ebnf``) ``req`` asks for; empty when it asks none.
 
-    Raises `RouterError` (400) for a malformed ``response_format`` or ``tool_choice``, a named tool not offered, and
-    a schema or tool the grammar library refuses. May take milliseconds the first time a schema is seen: call it off
-    the event loop."""
+    ``family`` is the model's (`gyre.router.modelfamilies`): a forced call is written in its own syntax. Raises
+    `RouterError` (400) for a malformed ``response_format`` or ``tool_choice``, a named tool not offered, a schema or
+    tool the grammar library refuses, and a forced call in a family whose markers a grammar cannot write (special
+    tokens). May take milliseconds the first time a schema is seen: call it off the event loop."""
     answer = _answer_schema(req.response_format)
     choice = _choice(req.tool_choice, req.tools)
     if choice == "none" or (choice == "auto" and (not req.tools or answer is None)):
         return {} if answer is None else {"json_schema": _checked_schema(answer)}
-    tools = _tool_schemas(req.tools, None if choice in ("auto", "required") else choice)
+    only = None if choice in ("auto", "required") else choice
     parallel = req.parallel_tool_calls is not False
-    return {"ebnf": _grammar(tools, parallel, answer if choice == "auto" else None)}
+    answer = answer if choice == "auto" else None
+    if family in ("hermes", "qwen25", "qwen"):
+        return {"ebnf": _grammar(_tool_schemas(req.tools, only), parallel, answer)}
+    if family not in _SHAPES:
+        raise RouterError(
+            f"tool_choice {req.tool_choice!r} (and a JSON answer beside tools) is enforced with a grammar of the "
+            f"model's call syntax; {family} writes its calls with special tokens, which a grammar cannot write: use "
+            "tool_choice 'auto'", 400, param="tool_choice",
+        )  # fmt: skip
+    functions = json.dumps(_functions(req.tools, only))
+    return {"ebnf": _family_grammar(functions, family, parallel, answer)}
 
 
 def needs_grammar(req: ChatRequest) -> bool:
@@ -125,6 +136,114 @@ def _tool_schemas(tools: list[dict[str, Any]] | None, only: str | None) -> str:
         raise RouterError("tool_choice asks for a tool call, but tools offers no function with a name", 400,
                           param="tools")  # fmt: skip
     return json.dumps(calls[0] if len(calls) == 1 else {"anyOf": calls})
+
+
+def _functions(tools: list[dict[str, Any]] | None, only: str | None) -> list[tuple[str, Any]]:
+    """(name, parameters schema) of the offered functions (or only the named one)."""
+    out = []
+    for i, tool in enumerate(tools or []):
+        function = _function(tool)
+        name = function.get("name")
+        if not isinstance(name, str) or (only is not None and name != only):
+            continue
+        parameters = function.get("parameters", {"type": "object"})
+        if not isinstance(parameters, dict):
+            raise RouterError(f"tools[{i}].function.parameters must be a JSON schema object", 400,
+                              param=f"tools[{i}].function.parameters")  # fmt: skip
+        out.append((name, parameters))
+    if not out:
+        raise RouterError("tool_choice asks for a tool call, but tools offers no function with a name", 400,
+                          param="tools")  # fmt: skip
+    return out
+
+
+# How each family writes forced calls: (section opening, section closing, a call's opening with {name} (and {index}:
+# a number), its closing,
+# several calls allowed, arguments as "json" or as XML pairs "glm"/"coder"); markers as text (the grammar lets the
+# engine write each as its token; the router reads such replies with markers as text too)
+_SHAPES: dict[str, tuple[str, str, str, str, bool, str]] = {
+    "kimi_k2": ("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+                "<|tool_call_begin|>functions.{name}:{index}<|tool_call_argument_begin|>", "<|tool_call_end|>", True,
+                "json"),
+    "deepseekv31": ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>",
+                    "<｜tool▁call▁end｜>", True, "json"),
+    "deepseekv3": ("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>",
+                   "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n", "\n```<｜tool▁call▁end｜>", True,
+                   "json"),
+    "llama3": ("", "", '{"name": "{name}", "parameters": ', "}", False, "json"),
+    "glm45": ("", "", "<tool_call>{name}\n", "</tool_call>", True, "glm"),
+    "qwen3_coder": ("", "", "<tool_call>\n<function={name}>\n", "</function>\n</tool_call>", True, "coder"),
+}  # fmt: skip
+
+
+@functools.lru_cache(maxsize=_CHECKED_ENTRIES)
+def _family_grammar(functions: str, family: str, parallel: bool, answer: str | None) -> str:
+    """The EBNF text of one or more calls (just one unless ``parallel`` and the family allows more) in ``family``'s
+    syntax, each to an offered function with arguments matching its schema; or else ``answer``'s JSON."""
+    import xgrammar
+
+    opening, closing, head, tail, several, arguments = _SHAPES[family]
+    calls = []
+    for name, schema in json.loads(functions):
+        try:
+            if arguments == "json":
+                body = xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False)
+            else:
+                body = _pairs_grammar(schema, arguments)
+        except RouterError:
+            raise
+        except Exception as exc:
+            raise RouterError(f"tools: the parameters of {name!r} cannot be enforced: {_library_error(exc)}", 400,
+                              param="tools") from None  # fmt: skip
+        written = (
+            json.dumps(name, ensure_ascii=False)[1:-1] if family == "llama3" else name
+        )  # inside a JSON string
+        before, _, after = head.replace("{name}", written).partition("{index}")
+        index = [xgrammar.Grammar.from_ebnf("root ::= [0-9]+"), _text(after)] if "{index}" in head else []
+        calls.append(xgrammar.Grammar.concat(_text(before), *index, body, _text(tail)))
+    call = calls[0] if len(calls) == 1 else xgrammar.Grammar.union(*calls)
+    more = ' ("\\n"? root)*' if parallel and several else ""
+    text = f"gyre_calls ::= {_literal(opening)} root{more} {_literal(closing)}\n{call}"
+    grammar = xgrammar.Grammar.from_ebnf(text, root_rule_name="gyre_calls")
+    if answer is not None:
+        grammar = xgrammar.Grammar.union(grammar, xgrammar.Grammar.from_json_schema(answer))
+    return str(grammar)
+
+
+def _pairs_grammar(schema: dict[str, Any], style: str) -> Any:
+    """GLM's ``<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n`` or Qwen3-Coder's ``<parameter=K>\nV\n</parameter>\n``
+    for each property in order (the required ones always, the others optionally); a string's value is text without
+    ``</``, any other a JSON value of its schema."""
+    import xgrammar
+
+    given = schema.get("properties")
+    properties: dict[str, Any] = given if isinstance(given, dict) else {}
+    required = set(schema.get("required") or [])
+    parts = [_text("")]
+    for key, sub in properties.items():
+        sub = sub if isinstance(sub, dict) else {}
+        if sub.get("type") == "string":
+            value = xgrammar.Grammar.from_ebnf('root ::= ([^<] | "<" [^/])*')
+        else:
+            value = xgrammar.Grammar.from_json_schema(json.dumps(sub), any_whitespace=False)
+        if style == "glm":
+            pair = [_text(f"<arg_key>{key}</arg_key>\n<arg_value>"), value, _text("</arg_value>\n")]
+        else:
+            pair = [_text(f"<parameter={key}>\n"), value, _text("\n</parameter>\n")]
+        joined = xgrammar.Grammar.concat(*pair)
+        parts.append(joined if key in required else xgrammar.Grammar.union(joined, _text("")))
+    return xgrammar.Grammar.concat(*parts) if len(parts) > 1 else parts[0]
+
+
+def _literal(text: str) -> str:
+    """``text`` as an EBNF string literal (JSON's escapes)."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _text(text: str) -> Any:
+    import xgrammar
+
+    return xgrammar.Grammar.from_ebnf(f"root ::= {_literal(text)}")
 
 
 def _library_error(exc: Exception) -> str:

@@ -250,13 +250,8 @@ class Router:
             raise RouterError("messages must not be empty", 400, param="messages")
         check_tools(req.tools)
         # a grammar is built (and checked: a 400 for what cannot be enforced) off the loop; cached per schema
-        grammar = await self.off_loop(constraint, req) if needs_grammar(req) else constraint(req)
-        if "ebnf" in grammar and self.renderer.format.name != "hermes":
-            raise RouterError(
-                f"tool_choice {req.tool_choice!r} (and a JSON answer beside tools) is enforced with a grammar of "
-                f"Hermes <tool_call> blocks; this model writes {self.renderer.format.name} calls, for which Gyre "
-                "has no grammar yet: use tool_choice 'auto'", 400, param="tool_choice",
-            )  # fmt: skip
+        family = self.renderer.format.name  # a forced call is written in the model's own syntax
+        grammar = await self.off_loop(constraint, req, family) if needs_grammar(req) else constraint(req, family)
         if req.chat_template_kwargs is not None and not isinstance(req.chat_template_kwargs, dict):
             raise RouterError("chat_template_kwargs must be an object", 400, param="chat_template_kwargs")
         tools = rendered_tools(req)
