@@ -37,14 +37,20 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import itertools
 import json
 import multiprocessing
 import random
+import re
 import shutil
 import socket
+import sys
 import tempfile
 import time
+import zlib
 from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +61,9 @@ from rich.table import Table
 
 from gyre.engine.launcher import launch_embedded
 from gyre.engine.models import init_model
+from gyre.engine.scripted import ScriptedEngine
 from gyre.journal import read_journal
-from gyre.journal.records import CallRecord
+from gyre.journal.records import CallRecord, expand_inputs
 from gyre.router.spawn import launch_router
 
 # agent path -> the --targets name that fuzzes it
@@ -95,6 +102,22 @@ JUNK: list[Any] = [
     {"a": None},
 ]
 
+BASH: Any = {"type": "function", "function": {"name": "bash", "description": "Run a command.", "parameters": {
+    "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}  # fmt: skip
+DEFAULT_FAMILIES = (
+    "qwen3,gpt-oss,glm45"  # the reasoning families, three call formats (tests/model_families.py)
+)
+
+
+@dataclass(frozen=True)
+class FamilyTarget:
+    """What the generator knows of one family's router: its fuzz session, markers and replies."""
+
+    token: str  # the fuzz session on that router
+    markers: tuple[str, ...]  # every text that is one token in the family's tokenizer
+    replies: int  # hostile replies the model has (`family_replies`), picked by ``pick:N`` in the last message
+    cheap: int  # the first ``cheap`` of them stream cheaply; the rest are asked for only unstreamed
+
 
 class Generator:
     """Seeded hostile requests: each is (port name, method, path, headers, body bytes, how to send it)."""
@@ -104,6 +127,7 @@ class Generator:
         self.token = token
         self.targets = {*TARGETS.values(), "admin"}  # what requests go to
         self.response_ids: list[str] = []  # responses answered so far (some requests continue one)
+        self.families: dict[str, FamilyTarget] = {}  # the family routers' requests go to, by family
 
     def junk(self, depth: int = 0) -> Any:
         rng = self.rng
@@ -411,6 +435,478 @@ class Generator:
         body = {"model": "default", "messages": messages, "max_tokens": 1}
         return "agent", "POST", f"/s/{self.token}/v1/chat/completions", {}, json.dumps(body).encode()
 
+    # ---- the model families' routers (issue 55) -------------------------------------------------------------------
+    def family(self) -> tuple[str, str, str, dict[str, str], bytes]:
+        """A request to a family's router: near-valid chat, Messages, Responses or completions bodies with the
+        family's markers typed in user text, reasoning sent back (``reasoning_content``, ``thinking`` blocks,
+        ``reasoning`` items) right and wrong, ``chat_template_kwargs`` right and wrong, and the pick of the model's
+        (hostile) reply; a few malformed."""
+        rng = self.rng
+        name = rng.choice(sorted(self.families))
+        fam = self.families[name]
+        path = rng.choice(["chat/completions"] * 5 + ["messages"] * 2 + ["responses"] * 3 + ["completions"])
+        stream = rng.random() < 0.3
+        pick = f" pick:{rng.randrange(fam.cheap if stream else fam.replies)}"  # huge replies only unstreamed
+        if path == "messages":
+            body: Any = self.family_messages(fam, pick, stream)
+        elif path == "responses":
+            body = self.family_responses(fam, pick, stream)
+        elif path == "completions":
+            body = {"model": "default", "prompt": self.family_text(fam) + pick, "stream": stream,
+                    "max_tokens": rng.choice([None, 1, 16, 512])}  # fmt: skip
+        else:
+            body = self.family_chat(fam, pick, stream)
+        raw = json.dumps(body, ensure_ascii=rng.random() < 0.5).encode()
+        if rng.random() < 0.03:
+            raw = raw[: rng.randint(0, len(raw))]
+        return name, "POST", f"/s/{fam.token}/v1/{path}", {"content-type": "application/json"}, raw
+
+    def family_text(self, fam: FamilyTarget) -> str:
+        """Text with the family's markers typed in: unbalanced, nested, beside JSON and hostile text."""
+        rng = self.rng
+        bits = ["", "x", "\n", '{"name": "bash", "arguments": {"command": "ls"}}', "bash\n", "functions.bash"]
+        pieces = [rng.choice(fam.markers) + rng.choice(bits) for _ in range(rng.randint(0, 6))]
+        return rng.choice(HOSTILE_TEXT) + "".join(pieces) + "hi"
+
+    def reasoning(self, fam: FamilyTarget) -> Any:
+        """A reasoning text sent back: plain, marked, empty, long, or not text at all."""
+        rng = self.rng
+        return rng.choice(["I thought.", "", self.family_text(fam), "r" * 20_000, None, self.junk(), ["a"],
+                           {"text": "a"}])  # fmt: skip
+
+    def template_kwargs(self, fam: FamilyTarget) -> Any:
+        """``chat_template_kwargs``: switches the templates read, values of other types, not an object, huge, deep,
+        and keys that clash with what the template is always given or names it calls."""
+        rng = self.rng
+        kind = rng.random()
+        if kind < 0.3:
+            key = rng.choice(
+                ["enable_thinking", "thinking", "reasoning_effort", "builtin_tools", "model_identity"]
+            )
+            return {
+                key: rng.choice([True, False, "high", None, self.family_text(fam), ["browser"], self.junk()])
+            }
+        if kind < 0.45:
+            return self.junk()  # mostly not an object
+        if kind < 0.5:
+            return rng.choice([{f"k{i}": i for i in range(20_000)}, {"pad": "x" * 1_000_000},
+                               json.loads('{"a":' * 200 + "1" + "}" * 200)])  # fmt: skip
+        clash = rng.choice(["messages", "tools", "documents", "add_generation_prompt", "tokenize", "bos_token",
+                            "eos_token", "pad_token", "chat_template", "continue_final_message", "return_dict",
+                            "raise_exception", "strftime_now", "tojson", "namespace", "range", "loop", "custom_tools",
+                            "tools_in_user_message", "date_string", "add_vision_id", ""])  # fmt: skip
+        return {clash: rng.choice([self.junk(), self.family_text(fam), [{"role": "user", "content": "x"}]])}
+
+    def family_chat(self, fam: FamilyTarget, pick: str, stream: bool) -> dict[str, Any]:
+        rng = self.rng
+        messages: list[Any] = [{"role": "user", "content": self.family_text(fam)}]
+        if rng.random() < 0.5:  # a history: an assistant turn with its reasoning, maybe a call and its result
+            call_id = rng.choice(["c1", "call_0", "abcDEF000", "", 5])
+            assistant: dict[str, Any] = {"role": "assistant", "reasoning_content": self.reasoning(fam),
+                                         "content": rng.choice(["", None, "Looking.", self.family_text(fam)])}  # fmt: skip
+            messages.append(assistant)
+            if rng.random() < 0.7:
+                arguments = rng.choice(['{"command": "ls"}', "{", self.family_text(fam), {"command": "ls"},
+                                        self.junk()])  # fmt: skip
+                name = rng.choice(["bash", "bash", "rm_rf", "", self.family_text(fam)])
+                assistant["tool_calls"] = [{"id": call_id, "type": "function",
+                                            "function": {"name": name, "arguments": arguments}}]  # fmt: skip
+                messages.append({"role": "tool", "tool_call_id": call_id, "content": self.family_text(fam)})
+            messages.append({"role": "user", "content": self.family_text(fam)})
+        messages[-1]["content"] += pick
+        body: dict[str, Any] = {"model": "default", "messages": messages, "stream": stream,
+                                "tools": [BASH] if rng.random() < 0.8 else self.junk(),
+                                "max_tokens": rng.choice([None, None, None, 1, 2, 5, 17, 64, 4096])}  # fmt: skip
+        if rng.random() < 0.4:
+            body["chat_template_kwargs"] = self.template_kwargs(fam)
+        if stream and rng.random() < 0.5:
+            body["stream_options"] = {"include_usage": True, "continuous_usage_stats": rng.random() < 0.5}
+        for name in ("top_k", "tool_choice", "separate_reasoning", "return_token_ids", "logprobs"):
+            if rng.random() < 0.05:
+                body[name] = self.junk()
+        return body
+
+    def family_messages(self, fam: FamilyTarget, pick: str, stream: bool) -> dict[str, Any]:
+        rng = self.rng
+        messages: list[Any] = [{"role": "user", "content": self.family_text(fam)}]
+        if rng.random() < 0.6:  # an assistant turn sent back: thinking blocks (signed or not), text, tool use
+            blocks = [{"type": "thinking", "thinking": self.reasoning(fam),
+                       "signature": rng.choice(["", "sig", self.junk()])}]  # fmt: skip
+            if rng.random() < 0.2:
+                blocks.append({"type": "redacted_thinking", "data": rng.choice(["abc", self.junk()])})
+            if rng.random() < 0.3:
+                blocks.append(blocks[0])  # two thinking blocks
+            blocks.append({"type": "text", "text": self.family_text(fam)})
+            use = rng.random() < 0.6
+            if use:
+                blocks.append({"type": "tool_use", "id": "t1", "name": rng.choice(["bash", "rm_rf", ""]),
+                               "input": rng.choice([{"command": "ls"}, self.junk()])})  # fmt: skip
+            if rng.random() < 0.2:
+                rng.shuffle(blocks)  # thinking after the text, the call before it
+            messages.append({"role": "assistant", "content": blocks})
+            after: list[Any] = [{"type": "text", "text": self.family_text(fam)}]
+            if use:
+                after.insert(
+                    0, {"type": "tool_result", "tool_use_id": "t1", "content": self.family_text(fam)}
+                )
+            messages.append({"role": "user", "content": after})
+        last = messages[-1]
+        if isinstance(last["content"], str):
+            last["content"] += pick
+        else:
+            last["content"].append({"type": "text", "text": pick})
+        body: dict[str, Any] = {"model": "default", "messages": messages, "stream": stream,
+                                "max_tokens": rng.choice([1, 16, 512, 4096]),
+                                "tools": [{"name": "bash", "input_schema": BASH["function"]["parameters"]}]}  # fmt: skip
+        if rng.random() < 0.4:
+            body["thinking"] = rng.choice([{"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"},
+                                           {"type": "enabled", "budget_tokens": -1}, self.junk()])  # fmt: skip
+        if rng.random() < 0.1:
+            body["system"] = self.family_text(fam)
+        return body
+
+    def family_responses(self, fam: FamilyTarget, pick: str, stream: bool) -> dict[str, Any]:
+        rng = self.rng
+        items: list[Any] = [{"type": "message", "role": "user", "content": self.family_text(fam)}]
+        if rng.random() < 0.6:  # a turn sent back: its reasoning item, a call and the call's output
+            reasoning: dict[str, Any] = {"type": "reasoning", "id": rng.choice(["rs_1", "", 5])}
+            for key, part in (("content", "reasoning_text"), ("summary", "summary_text")):
+                if rng.random() < 0.6:
+                    reasoning[key] = rng.choice([[{"type": part, "text": self.reasoning(fam)}], self.junk()])
+            if rng.random() < 0.2:
+                reasoning["encrypted_content"] = rng.choice(["gAAAA", self.junk()])
+            items += [reasoning, {"type": "function_call", "call_id": "c1", "name": rng.choice(["bash", "rm_rf"]),
+                                  "arguments": rng.choice(['{"command": "ls"}', "{", self.family_text(fam)])},
+                      {"type": "function_call_output", "call_id": "c1", "output": self.family_text(fam)},
+                      {"type": "message", "role": "user", "content": self.family_text(fam)}]  # fmt: skip
+            if rng.random() < 0.2:
+                items.insert(rng.randrange(len(items)), reasoning)  # a reasoning item out of place
+        items[-1]["content"] += pick
+        body: dict[str, Any] = {"model": "default", "input": items, "stream": stream,
+                                "tools": [{"type": "function", **BASH["function"]}],
+                                "max_output_tokens": rng.choice([None, None, 1, 16, 512])}  # fmt: skip
+        if rng.random() < 0.3:
+            body["reasoning"] = rng.choice([{"effort": "high", "summary": "auto"}, self.junk()])
+        if rng.random() < 0.2:
+            body["chat_template_kwargs"] = self.template_kwargs(fam)
+        if rng.random() < 0.15:
+            body["previous_response_id"] = rng.choice(self.response_ids or ["resp_nope"])
+        return body
+
+
+# ---- the model families (issue 55): hostile replies in each format, routers in front of them, chained turns ----
+PICK = re.compile(
+    r"pick:(\d{1,6})"
+)  # the reply a request asks the family's model for (the last one it holds)
+ECHO = "\x00echo\x00"  # the reply that copies the end of its prompt, markers and terminators included
+MALFORMED: dict[str, list[str]] = {  # per family: broken calls and reasoning its parser must survive
+    "qwen3": ['<tool_call>\n{"name": "bash", "arguments": {</tool_call>', "<tool_call>\n[1, 2]\n</tool_call>",
+              '<tool_call>\n{"name": 5, "arguments": []}\n</tool_call>', '<tool_call>\n{"arguments": {}}\n</tool_call>',
+              "<tool_call>", "</tool_call>", "<think>", "</think>", "</think></think><think>",
+              '<think>\n<tool_call>\n{"name": "bash", "arguments": {}}\n</tool_call>\n</think>\n\n',
+              '<tool_call>\n<tool_call>\n{"name": "bash", "arguments": {}}\n</tool_call>\n</tool_call>'],
+    "glm45": ["<tool_call>bash\n<arg_key>command</arg_key>\n</tool_call>", "<tool_call>\n<arg_value>x</arg_value>\n</tool_call>",
+              "<tool_call>bash\n<arg_key>a</arg_key><arg_key>b</arg_key><arg_value>1</arg_value></tool_call>",
+              '<tool_call>bash\n<arg_key>command</arg_key>\n<arg_value>{"unclosed": </arg_value>\n</tool_call>',
+              "<tool_call>bash\n<arg_key>c</arg_key>\n<arg_value>1</arg_value>\n<arg_key>c</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+              "<tool_call></tool_call>", "<arg_key>", "\n<think>", "</think>\n<think></think></think>",
+              "\n<think><tool_call>bash\n</tool_call></think>\n<tool_call><tool_call>bash\n</tool_call>"],
+    "gpt-oss": ["<|channel|>commentary to=functions.bash <|constrain|>json<|message|>{not json",
+                "<|channel|>commentary to=<|message|>{}", "<|channel|><|message|>", "<|message|>x",
+                "<|start|>assistant<|start|>assistant", "<|channel|>analysis<|message|>never ended",
+                "<|channel|>final<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b",
+                '<|channel|>commentary to=functions.bash<|message|>{"command":"ls"}',
+                '<|channel|>commentary to=functions.rm_rf <|constrain|>json<|message|>{"path":"/"}',
+                "<|channel|>analysis<|message|><|channel|>final<|message|>x<|end|>",
+                "<|channel|>commentary to=functions.bash <|constrain|>json<|message|>[1,2]",
+                "<|channel|>nonsense<|message|>x<|end|>", "<|end|><|end|><|start|>"],
+}  # fmt: skip
+
+
+def _tests_on_path() -> None:
+    """`tests/` importable: the families' templates, tokenizers and replies (`model_families`)."""
+    tests = str(Path(__file__).resolve().parent.parent / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+
+
+def family_replies(family: str) -> tuple[list[str], int]:
+    """The replies of ``family``'s model, most of them hostile, and how many come first that stream cheaply (under
+    ~600 tokens: the scripted engine's stream is quadratic in the reply); the rest are huge (100,000 characters:
+    cut at the context). Cut mid-call and mid-reasoning, malformed, unknown tools and names, odd arguments, only
+    reasoning, markers nested, random marker soup, a terminator mid-reply, an empty reply, an echo of the prompt."""
+    _tests_on_path()
+    from model_families import FAMILIES, reply_text
+
+    fam = FAMILIES[family]
+
+    def reply(reasoning: str | None = None, content: str = "", calls: Any = ()) -> str:
+        """`reply_text`, or "" where the family cannot write it (reasoning where it never reasons, two calls for
+        gpt-oss)."""
+        try:
+            return reply_text(family, reasoning=reasoning, content=content, calls=calls)
+        except ValueError:
+            return ""
+
+    think = "reasoning" if family in ("qwen3", "glm45", "gpt-oss", "deepseekv31") else None
+    whole = reply(think and "I should look first.", "Looking.", [("bash", {"command": "ls"})])
+    answer = reply(think and "That is all.", "All done.")
+    rng = random.Random(family)  # the same replies every run
+    soup = [*fam.markers, "x", "\n", '{"name": "bash", "arguments": ', "}", "bash", "functions.bash", " "]
+    odd_arguments = [{}, {"command": None}, {"command": [1, {"a": []}]}, json.loads('{"a":' * 50 + "1" + "}" * 50),
+                     {"command": "".join(fam.markers)}]  # fmt: skip
+    cheap = [
+        whole, answer, reply(think and "Only thinking."), reply(content="No thinking."),
+        answer[: answer.find("That is") + 4],  # cut in the reasoning (the engine appends its end)
+        *[whole[: len(whole) * k // 5] for k in range(1, 5)],  # cut in the call
+        reply(content="Cleaning up.", calls=[("rm_rf", {"path": "/"})]),  # a tool nobody offered
+        *[reply(calls=[(n, {"command": "ls"})]) for n in ("", "functions.bash", "bash\n<arg_key>", "b" * 300)],
+        *[reply(calls=[("bash", arguments)]) for arguments in odd_arguments],
+        reply(think and "Many.", calls=[("bash", {"command": f"echo {i}"}) for i in range(8)]),
+        reply(whole if think else None, answer),  # a whole reply inside the reasoning and the text
+        reply(content=whole), reply(calls=[("bash", {"command": whole})]),
+        *[m + end for m in MALFORMED.get(family, []) for end in ("", fam.reply_end)],
+        *["".join(rng.choice(soup) for _ in range(rng.randint(1, 30))) for _ in range(12)],
+        "Before." + fam.reply_end + "After.",  # its terminator in mid-reply
+        fam.reply_end,  # an empty reply
+        ECHO,
+    ]  # fmt: skip
+    huge = [
+        reply(think and "Big.", calls=[("bash", {"command": "x" * 100_000})]),
+        reply(think and "y" * 100_000, "Done."),
+        reply(content="z" * 100_000),
+    ]
+    cheap = [r for r in cheap if r]
+    return cheap + [r for r in huge if r], len(cheap)
+
+
+def family_script(tokenizer: Any, replies: list[str], cheap: int) -> Callable[[list[int]], str]:
+    """The family's model: the reply the prompt's last ``pick:N`` names (where none does, a cheap one chosen by the
+    prompt's hash); `ECHO` copies the prompt's last 300 characters."""
+
+    def reply(ids: list[int]) -> str:
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+        found = PICK.findall(text)
+        chosen = (
+            replies[int(found[-1]) % len(replies)]
+            if found
+            else replies[zlib.crc32(str(ids).encode()) % cheap]
+        )
+        return text[-300:] if chosen == ECHO else chosen
+
+    return reply
+
+
+@dataclass(frozen=True)
+class ServedFamily:
+    """One family's router in front of its scripted model; the engine keeps every request it was sent."""
+
+    name: str
+    engine: ScriptedEngine
+    url: str
+    admin: str
+    journal: Path  # the router's calls.jsonl
+    markers: tuple[str, ...]
+    replies: int
+    cheap: int
+
+
+@contextlib.contextmanager
+def serve_family(name: str, tmp: Path, overrides: list[str]) -> Iterator[ServedFamily]:
+    """Family ``name``'s model directory (its tokenizer and real chat template; no weights), its scripted model, and
+    a router in front of it journaling to a folder of its own."""
+    _tests_on_path()
+    from model_families import FAMILIES, family_tokenizer
+
+    model = tmp / f"family-{name}"
+    tokenizer = family_tokenizer(name)
+    tokenizer.save_pretrained(model)
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 32768}))  # the context it reads
+    replies, cheap = family_replies(name)
+    script = family_script(tokenizer, replies, cheap)
+    with ScriptedEngine(tokenizer, script, stops=FAMILIES[name].stops) as engine:
+        proc, admin = launch_router(model, [engine.url], journal_dir=model / "journal", overrides=overrides,
+                                    log_path=model / "router.log")  # fmt: skip
+        with proc:
+            yield ServedFamily(name, engine, proc.url, admin, model / "journal" / "calls.jsonl",
+                               FAMILIES[name].markers, len(replies), cheap)  # fmt: skip
+
+
+def _events(text: str) -> list[Any]:
+    """The JSON data of a server-sent event stream, in order ([DONE] left out)."""
+    return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:") and line[5:].strip() != "[DONE]"]  # fmt: skip
+
+
+def _chat_message(events: list[Any]) -> dict[str, Any]:
+    """A streamed chat reply's assistant message, its deltas joined."""
+    content, reasoning = "", ""
+    calls: dict[int, dict[str, Any]] = {}
+    for chunk in events:
+        for choice in chunk.get("choices") or []:
+            delta = choice["delta"]
+            content += delta.get("content") or ""
+            reasoning += delta.get("reasoning_content") or ""
+            for call in delta.get("tool_calls") or []:
+                whole = calls.setdefault(call["index"], {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})  # fmt: skip
+                whole["id"] += call.get("id") or ""
+                for key in ("name", "arguments"):
+                    whole["function"][key] += (call.get("function") or {}).get(key) or ""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return message
+
+
+def _message_blocks(events: list[Any]) -> list[dict[str, Any]]:
+    """A streamed Messages reply's content blocks, rebuilt from its events."""
+    blocks: dict[int, dict[str, Any]] = {}
+    for event in events:
+        if event.get("type") == "content_block_start":
+            blocks[event["index"]] = dict(event["content_block"])
+        elif event.get("type") == "content_block_delta":
+            block, delta = blocks[event["index"]], event["delta"]
+            for key, field in (("text_delta", "text"), ("thinking_delta", "thinking"), ("signature_delta", "signature"),
+                               ("input_json_delta", "partial_json")):  # fmt: skip
+                if delta["type"] == key:
+                    block[field] = block.get(field, "") + delta[field]
+        elif event.get("type") == "content_block_stop" and "partial_json" in blocks[event["index"]]:
+            block = blocks[event["index"]]
+            block["input"] = json.loads(block.pop("partial_json") or "{}")
+    return [blocks[i] for i in sorted(blocks)]
+
+
+async def chain_probe(
+    http: httpx.AsyncClient, served: ServedFamily, seed: int, stop: asyncio.Event
+) -> list[dict[str, Any]]:
+    """Conversations on one family's router until ``stop``, each in a session of its own and through one face (chat,
+    Messages, or Responses continued by ``previous_response_id`` or by sending the output back; streamed or not):
+    the client sends each reply back as it got it, then a result for each call or a user turn, each turn picking the
+    model's next (hostile) reply. Per session: its execution id, face, the calls answered 2xx, and what was refused."""
+    rng = random.Random(seed)
+    sessions: list[dict[str, Any]] = []
+    while not stop.is_set():
+        execution_id = f"chain-{len(sessions)}"
+        opened = (
+            await http.post(f"{served.admin}/admin/sessions", json={"execution_id": execution_id})
+        ).json()
+        base, stream = opened["base_url"], rng.random() < 0.5
+        face = rng.choice(["chat", "messages", "responses", "responses replayed"])
+        entry: dict[str, Any] = {"execution_id": execution_id, "face": face + " streamed" * stream, "answered": 0,
+                                 "refused": []}  # fmt: skip
+        sessions.append(entry)
+        history: list[Any] = []
+        calls: list[tuple[str, str]] = []  # (call id, name) of the last reply's calls
+        previous = None  # the last response's id
+        for turn in range(rng.randint(2, 4)):
+            pick = f"pick:{rng.randrange(served.cheap if stream else served.replies)}"
+            limit = rng.choice([None, None, None, 8, 64])
+            if face == "chat":
+                history += [{"role": "tool", "tool_call_id": i, "content": f"RESULT {pick}"} for i, _ in calls] or [
+                    {"role": "user", "content": f"Go on. {pick}"}]  # fmt: skip
+                body: dict[str, Any] = {
+                    "model": "default",
+                    "messages": history,
+                    "tools": [BASH],
+                    "max_tokens": limit,
+                }
+                path = "chat/completions"
+            elif face == "messages":
+                results = [{"type": "tool_result", "tool_use_id": i, "content": "RESULT"} for i, _ in calls]
+                history.append(
+                    {"role": "user", "content": [*results, {"type": "text", "text": f"Go on. {pick}"}]}
+                )
+                body = {"model": "default", "messages": history, "max_tokens": limit or 4096,
+                        "tools": [{"name": "bash", "input_schema": BASH["function"]["parameters"]}]}  # fmt: skip
+                path = "messages"
+            else:
+                items = [{"type": "function_call_output", "call_id": i, "output": "RESULT"} for i, _ in calls]
+                items.append({"type": "message", "role": "user", "content": f"Go on. {pick}"})
+                history += items
+                body = {"model": "default", "input": items if previous else history, "max_output_tokens": limit,
+                        "tools": [{"type": "function", **BASH["function"]}]}  # fmt: skip
+                if previous:
+                    body["previous_response_id"] = previous
+                path = "responses"
+            body["stream"] = stream
+            resp = await http.post(f"{base}/{path}", json=body)
+            events = _events(resp.text) if stream and resp.status_code == 200 else []
+            failed = [e for e in events if "error" in e or e.get("type") in ("error", "response.failed")]
+            if resp.status_code != 200 or failed:
+                entry["refused"].append(
+                    {"turn": turn, "status": resp.status_code, "answer": resp.text[-300:]}
+                )
+                break
+            entry["answered"] += 1
+            if face == "chat":
+                message = _chat_message(events) if stream else resp.json()["choices"][0]["message"]
+                history.append(message)  # sent back as it came, reasoning included
+                calls = [(c["id"], c["function"]["name"]) for c in message.get("tool_calls") or []]
+            elif face == "messages":
+                blocks = _message_blocks(events) if stream else resp.json()["content"]
+                history.append({"role": "assistant", "content": blocks})
+                calls = [(b["id"], b["name"]) for b in blocks if b["type"] == "tool_use"]
+            else:
+                response = events[-1]["response"] if stream else resp.json()
+                previous = response["id"] if face == "responses" else None
+                history += response["output"]  # replayed: the output items sent back as input
+                calls = [
+                    (o["call_id"], o["name"]) for o in response["output"] if o["type"] == "function_call"
+                ]
+            if stop.is_set():
+                break
+    return sessions
+
+
+def check_family(served: ServedFamily, sessions: list[dict[str, Any]]) -> dict[str, Any]:
+    """Once the router has stopped: every call the engine was sent has a record whose input, expanded through its
+    parents, is exactly what was sent, and no record holds an input the engine never saw (lost and phantom calls);
+    and in each chained conversation every call after the first extends the one before it (mis-chained: it names
+    another parent; broken: it names none and does not say why; unchained: its record says why not)."""
+    records = list(read_journal(served.journal, CallRecord))
+    try:
+        expanded = expand_inputs(records)
+    except ValueError as exc:  # a parent later or missing, or a prefix of another length
+        return {"records": len(records), "expand_error": str(exc), "lost": -1, "phantom": -1}
+    sent = Counter(tuple(r["input_ids"]) for r in served.engine.requests)
+    recorded = Counter(tuple(expanded[r.call_id]) for r in records)
+    by_session: dict[str, list[CallRecord]] = {}
+    for record in records:
+        by_session.setdefault(record.session, []).append(record)
+    chains: Counter[str] = Counter()
+    examples: list[dict[str, Any]] = []
+    for entry in sessions:
+        ours = by_session.get(entry["execution_id"], [])
+        chains["lost"] += max(0, entry["answered"] - len(ours))
+        for before, after in itertools.pairwise(ours):
+            if after.parent_call_id == before.call_id:
+                kind = "chained"
+            elif after.parent_call_id is not None:
+                kind = "mis-chained"
+            elif after.divergence is not None:
+                kind = f"unchained ({after.divergence.kind})"
+            else:
+                kind = "broken"
+            chains[kind] += 1
+            if kind in ("mis-chained", "broken"):
+                examples.append({"face": entry["face"], "call": after.call_id, "kind": kind})
+    refused = [dict(r, face=e["face"]) for e in sessions for r in e["refused"]]
+    return {
+        "engine_calls": sum(sent.values()),
+        "records": len(records),
+        "aborted": sum(r.finish_reason == "abort" for r in records),
+        "lost": sum((sent - recorded).values()),
+        "phantom": sum((recorded - sent).values()),
+        "divergences": dict(Counter(r.divergence.kind for r in records if r.divergence is not None)),
+        "conversations": len(sessions),
+        "turns": sum(e["answered"] for e in sessions),
+        "chains": dict(sorted(chains.items())),
+        "chain_examples": examples[:5],
+        "refused_echoes": len(refused),
+        "refused_examples": refused[:5],
+    }
+
 
 async def half_sent(port: int, path: str) -> int:
     """Send a head promising 1000 bytes and 10 of them; the status the server answers (0: none)."""
@@ -541,7 +1037,9 @@ async def flood(port: int, kind: str, target: int, stop: asyncio.Event, counts: 
     await asyncio.gather(*(one() for _ in range(target)))
 
 
-async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict[str, Any]:
+async def fuzz(
+    args: argparse.Namespace, agent_url: str, admin_url: str, families: dict[str, ServedFamily]
+) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=httpx.Timeout(120)) as http:
         token = (await http.post(f"{admin_url}/admin/sessions", json={"execution_id": "fuzz"})).json()[
             "token"
@@ -551,14 +1049,23 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
         ]
         gen = Generator(args.seed, token)
         gen.targets = set(args.targets.split(","))
+        for name, served in families.items():
+            opened = await http.post(f"{served.admin}/admin/sessions", json={"execution_id": "fuzz"})
+            gen.families[name] = FamilyTarget(
+                opened.json()["token"], served.markers, served.replies, served.cheap
+            )
+        urls = {"agent": agent_url, "admin": admin_url, **{name: s.url for name, s in families.items()}}
+        only_families = not gen.targets & set(TARGETS.values())  # no agent endpoint of the main router fuzzed
         rng = random.Random(args.seed + 1)
         statuses: Counter[str] = Counter()
+        port_statuses: Counter[tuple[str, str]] = Counter()  # (port or family, status class)
+        refusals: Counter[tuple[str, str]] = Counter()  # (family, the 4xx's message, cut short)
         codes: Counter[int] = Counter()  # exact statuses
         by_port: Counter[str] = Counter()
         server_errors: list[dict[str, Any]] = []
         slowest = 0.0
-        # the agent calls answered 2xx (or still running at the client's timeout), and when each was sent: for the
-        # baseline
+        # the agent calls answered 2xx (or still running at the client's timeout), the families' included, and when
+        # each was sent: for the baseline
         valid: list[tuple[float, str, str, dict[str, str], bytes]] = []
         fuzz_started = 0.0
         queue: asyncio.Queue[int] = asyncio.Queue()
@@ -601,9 +1108,27 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
                 port_name, method, path, headers, body_bytes = gen.hostile_schema()
             elif roll < 0.25 and "admin" in gen.targets:
                 port_name, method, path, headers, body_bytes = gen.admin()
+            elif gen.families and (only_families or roll < 0.45):
+                port_name, method, path, headers, body_bytes = gen.family()
             else:
                 port_name, method, path, headers, body_bytes = gen.agent()
-            url = (agent_url if port_name == "agent" else admin_url) + path
+            url = urls[port_name] + path
+            if (
+                port_name in gen.families and rng.random() < 0.03
+            ):  # hang up mid-call, as the family's model replies
+                by_port[port_name] += 1
+                try:
+                    resp = await http.request(method, url, headers=headers, content=body_bytes, timeout=0.05)
+                    bucket = f"{resp.status_code // 100}xx"
+                except httpx.TimeoutException:
+                    bucket = "hung up"
+                statuses[bucket] += 1
+                port_statuses[port_name, bucket] += 1
+                if bucket == "5xx":
+                    server_errors.append(
+                        {"kind": "hang-up", "port": port_name, "path": path, "status": resp.status_code}
+                    )
+                return
             started = time.monotonic()
             try:
                 resp = await http.request(method, url, headers=headers, content=body_bytes)
@@ -619,10 +1144,13 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
             else:
                 accepted = 200 <= status < 300
             slowest = max(slowest, time.monotonic() - started)
-            if port_name == "agent" and accepted:
+            if port_name != "admin" and accepted:
                 valid.append((started - fuzz_started, method, url, headers, body_bytes))
             by_port[port_name] += 1
             statuses[f"{status // 100}xx" if status else "no answer"] += 1
+            port_statuses[port_name, f"{status // 100}xx" if status else "no answer"] += 1
+            if port_name in gen.families and 400 <= status < 500:
+                refusals[port_name, re.sub(r"\d+", "N", re.sub(r'.*"message": ?"', "", text))[:80]] += 1
             codes[status] += 1
             if status >= 500 or not status:
                 server_errors.append({"port": port_name, "method": method, "path": path, "status": status,
@@ -658,9 +1186,14 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
             asyncio.ensure_future(flood(agent_port, kind, n, stop, flood_counts))
             for kind, n in (("silent", args.flood), ("trickle", args.flood // 4), ("hangup", 4))
         ]
+        probes = [
+            asyncio.ensure_future(chain_probe(http, served, args.seed + 2 + i, stop))
+            for i, served in enumerate(families.values())
+        ]
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
         stop.set()
         await asyncio.gather(*floods)
+        conversations = dict(zip(families, await asyncio.gather(*probes), strict=True))
         latencies, health = await observed.stop()
         wall_s = time.monotonic() - started
         # the baseline: the same valid calls at the same moments, without the attacks (what the polite session's
@@ -669,6 +1202,9 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
         await replay()
         loaded, loaded_health = await loaded_observer.stop()
         alive = (await http.get(f"{agent_url}/health")).status_code == 200
+        families_alive = {
+            name: (await http.get(f"{s.url}/health")).status_code == 200 for name, s in families.items()
+        }
     return {
         "requests": sum(by_port.values()),
         "by_port": dict(by_port),
@@ -694,7 +1230,13 @@ async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict
         "quiet_health_p99_s": _p99(quiet_health),
         "floods": dict(sorted(flood_counts.items())),
         "router_alive": alive,
-    }
+        "families_alive": families_alive,
+        "conversations": conversations,  # the chained conversations on each family's router (`check_family`)
+        "by_family": {name: {bucket: n for (port, bucket), n in sorted(port_statuses.items()) if port == name}
+                      for name in families},
+        "family_refusals": {name: [[message, n] for (port, message), n in refusals.most_common() if port == name][:8]
+                            for name in families},  # the commonest 4xx answers' messages
+    }  # fmt: skip
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:
@@ -817,9 +1359,16 @@ def main() -> None:
     )
     parser.add_argument(
         "--targets",
-        default="chat,completions,messages,responses,admin",
-        help="what is fuzzed, comma-separated: the agent endpoints chat, completions, messages, responses, and the "
-        "admin API (a few hostile-schema, oversized and hang-up requests always go to chat)",
+        default="chat,completions,messages,responses,admin,families",
+        help="what is fuzzed, comma-separated: the agent endpoints chat, completions, messages, responses, the "
+        "admin API, and the model families' routers (a few hostile-schema, oversized and hang-up requests always go "
+        "to chat)",
+    )
+    parser.add_argument(
+        "--families",
+        default=DEFAULT_FAMILIES,
+        help="the model families (tests/model_families.py names, or 'all') each given a router and a scripted model "
+        "with hostile replies, when 'families' is a target",
     )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fuzz_router.json")
     parser.add_argument(
@@ -846,21 +1395,41 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         memory = refusal_memory(model, engine.url, tmp) if "chat" in args.targets.split(",") else []
         if args.memory_only:
             return {"refusal_memory": memory}
-        proc, admin = launch_router(
-            model, [engine.url], journal_dir=tmp / "journal",
-            overrides=["router.body_timeout_s=5", f"router.max_connections={MAX_CONNECTIONS}"],
-            log_path=tmp / "router.log",
-        )  # fmt: skip
-        with proc:
-            rss_start = rss_mib(proc.proc.pid)
-            result = asyncio.run(fuzz(args, proc.url, admin))
-            result["router_rss_start_mib"] = rss_start
-            result["router_rss_mib"] = rss_mib(proc.proc.pid)
+        overrides = ["router.body_timeout_s=5", f"router.max_connections={MAX_CONNECTIONS}"]
+        with contextlib.ExitStack() as stack:
+            served = {
+                name: stack.enter_context(serve_family(name, tmp, overrides)) for name in family_names(args)
+            }
+            proc, admin = launch_router(model, [engine.url], journal_dir=tmp / "journal", overrides=overrides,
+                                        log_path=tmp / "router.log")  # fmt: skip
+            with proc:
+                rss_start = rss_mib(proc.proc.pid)
+                result = asyncio.run(fuzz(args, proc.url, admin, served))
+                result["router_rss_start_mib"] = rss_start
+                result["router_rss_mib"] = rss_mib(proc.proc.pid)
+        # the family routers have stopped: their journals are whole
+        result["families"] = {
+            name: {"statuses": result["by_family"][name], "alive": result["families_alive"][name],
+                   **check_family(s, result["conversations"][name])}
+            for name, s in served.items()
+        }  # fmt: skip
         records = list(read_journal(tmp / "journal" / "calls.jsonl", CallRecord))
     result["refusal_memory"] = memory
     result["journal_records"] = len(records)
     result["journal_aborted"] = sum(r.finish_reason == "abort" for r in records)
     return result
+
+
+def family_names(args: argparse.Namespace) -> list[str]:
+    """The families given a router in this run."""
+    if "families" not in args.targets.split(","):
+        return []
+    if args.families == "all":
+        _tests_on_path()
+        from model_families import FAMILIES
+
+        return sorted(FAMILIES)
+    return [name for name in args.families.split(",") if name]
 
 
 def report(console: Console, args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -906,9 +1475,39 @@ def report(console: Console, args: argparse.Namespace, result: dict[str, Any]) -
     )
     for example in result["server_error_examples"]:
         console.print(example)
+    if result["families"]:
+        report_families(console, result["families"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     console.print(f"wrote {args.out}")
+
+
+def report_families(console: Console, families: dict[str, Any]) -> None:
+    """The families' table: statuses, calls against records (target: none lost, none phantom) and the chained
+    conversations (target: none mis-chained or broken)."""
+    table = Table(
+        title="Model families: hostile replies and requests, each family's router and scripted model"
+    )
+    for column in ("family", "requests", "2xx", "4xx", "5xx", "hung up", "engine calls", "records", "lost",
+                   "phantom", "turns", "chained", "unchained", "mis-chained", "broken", "refused echoes"):  # fmt: skip
+        table.add_column(column, justify="right")
+    for name, f in families.items():
+        st, chains = f["statuses"], f.get("chains", {})
+        unchained = sum(n for kind, n in chains.items() if kind.startswith("unchained"))
+        table.add_row(name, f"{sum(st.values()):,}", *(f"{st.get(k, 0):,}" for k in ("2xx", "4xx", "5xx", "hung up")),
+                      f"{f.get('engine_calls', '?')}", f"{f['records']}", f"{f['lost']}", f"{f['phantom']}",
+                      f"{f.get('turns', '?')}", f"{chains.get('chained', 0)}", f"{unchained}",
+                      f"{chains.get('mis-chained', 0)}", f"{chains.get('broken', 0) + chains.get('lost', 0)}",
+                      f"{f.get('refused_echoes', '?')}")  # fmt: skip
+    console.print(table)
+    for name, f in families.items():
+        console.print(
+            f"{name}: alive {f['alive']}; divergences {f.get('divergences')}; chains {f.get('chains')}"
+        )
+        for example in [*f.get("chain_examples", []), *f.get("refused_examples", [])]:
+            console.print(f"  {example}")
+        if "expand_error" in f:
+            console.print(f"  journal does not expand: {f['expand_error']}")
 
 
 if __name__ == "__main__":

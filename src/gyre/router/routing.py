@@ -251,7 +251,9 @@ class Router:
         check_tools(req.tools)
         # a grammar is built (and checked: a 400 for what cannot be enforced) off the loop; cached per schema
         family = self.renderer.format.name  # a forced call is written in the model's own syntax
-        grammar = await self.off_loop(constraint, req, family) if needs_grammar(req) else constraint(req, family)
+        grammar = (
+            await self.off_loop(constraint, req, family) if needs_grammar(req) else constraint(req, family)
+        )
         if req.chat_template_kwargs is not None and not isinstance(req.chat_template_kwargs, dict):
             raise RouterError("chat_template_kwargs must be an object", 400, param="chat_template_kwargs")
         tools = rendered_tools(req)
