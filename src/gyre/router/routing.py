@@ -446,12 +446,19 @@ class Router:
                 yield out
         assert gen is not None
         session.affinity = gen.engine
-        produced = len(gen.output_ids)
         if not started:
             yield chunk({"role": "assistant", "content": ""})
         for out in deltas(parser.feed(stops.feed(decoder.finish()) + stops.finish()) + parser.finish()):
             yield out
-        body = self._finish_chat(session, req, role, call, gen, parser.result())
+        parsed = parser.result()
+        if produced != len(
+            gen.output_ids
+        ):  # the pool's chunks are the output's pieces; the record is what counts
+            log.warning("call %s: streamed %d ids of %d; its message is parsed from the whole output",
+                        call.call_id, produced, len(gen.output_ids))  # fmt: skip
+            parsed = None
+        produced = len(gen.output_ids)
+        body = self._finish_chat(session, req, role, call, gen, parsed)
         final = chunk({}, body["choices"][0]["finish_reason"])
         final["choices"][0]["matched_stop"] = body["choices"][0]["matched_stop"]
         if req.return_token_ids:

@@ -177,3 +177,27 @@ def test_a_call_to_a_function_not_offered_stays_in_the_content(renderer: ChatRen
     parser.finish()
     parsed = parser.result()
     assert parsed.tool_calls == [] and len(parsed.unknown) == 1 and "rm_rf" in parsed.content
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(data=st.data())
+def test_any_reply_parses_the_same_however_it_is_chunked(family: str, data: st.DataObject) -> None:
+    """Random replies from the family's markers, pieces of its calls and plain text: never an error, and the deltas
+    of any chunking add up to the whole parse (content, reasoning, calls, malformed blocks)."""
+    renderer = ChatRenderer(family_tokenizer(family))
+    call = reply_text(family, content="", calls=CALLS[:1], end=False)
+    pieces = [*FAMILIES[family].markers, call, call[: len(call) // 2], call[len(call) // 2 :], '{"a": 1}', " ", "\n",
+              "Zürich 🌦️", "<", "think>", "[", "to=functions.bash"]  # fmt: skip
+    text = "".join(data.draw(st.lists(st.sampled_from(pieces), max_size=12)))
+    ids = list(renderer._tokenizer.encode(text, add_special_tokens=False))
+    prompt = _prompt(renderer, family, data.draw(st.booleans()))
+    parser = renderer.reply_parser(prompt, TOOLS)
+    parser.feed(renderer.marked_reply(ids))
+    parser.finish()
+    whole = parser.result()
+    cuts = data.draw(st.lists(st.integers(0, len(ids)), max_size=len(ids)))
+    deltas, result = _streamed(renderer, prompt, ids, cuts)
+    assert "".join(d.content for d in deltas) == whole.content == result.content
+    assert "".join(d.reasoning for d in deltas) == whole.reasoning == result.reasoning
+    assert [c["function"] for c in result.tool_calls] == [c["function"] for c in whole.tool_calls]
+    assert result.malformed == whole.malformed and result.unknown == whole.unknown

@@ -197,6 +197,16 @@ class ReplyParser:
             if not final and opening.startswith(head):
                 return False  # may still open it
             self.reasoning_done = True
+        if (
+            self.fmt.json_at_start
+            and self.blocks
+            and not self.content.started
+            and not self.calls
+            and _lead(self.pending, self.fmt.specials).startswith("{")
+        ):  # Llama-3's bare JSON call: the reply is a call when it opens with an object
+            self.block, self.block_text, self.opened = self.blocks[0], "", ""
+            self.pending = _lead(self.pending, self.fmt.specials)  # the block's body, read as any block's
+            return True
         # content: up to the next tool block
         patterns = [(b.open, b) for b in self.blocks]
         first, found = len(self.pending), None  # type: int, tuple[str, Block] | None
@@ -204,21 +214,10 @@ class ReplyParser:
             at = self.pending.find(pattern, 0, first + len(pattern))
             if 0 <= at < first:
                 first, found = at, (pattern, block)
-        if (
-            found is None
-            and self.fmt.json_at_start
-            and self.blocks
-            and not self.content.started
-            and not self.calls
-            and self.pending.lstrip().startswith("{")
-        ):  # Llama-3's bare JSON call: the reply is a call when it opens with an object
-            self.block, self.block_text, self.opened = self.blocks[0], self.pending.lstrip(), ""
-            self.pending = ""
-            return True
         if found is None:
             keep = 0 if final else _partial(self.pending, [p for p, _ in patterns])
             if not final and self.fmt.json_at_start and self.blocks and not self.content.started:
-                keep = len(self.pending) if not self.pending.strip() else keep
+                keep = len(self.pending) if not _lead(self.pending, self.fmt.specials) else keep
             self._say(self.pending[: len(self.pending) - keep], out)
             self.pending = self.pending[len(self.pending) - keep :]
             return False
@@ -293,6 +292,15 @@ def _partial(text: str, patterns: Collection[str]) -> int:
                 longest = k
                 break
     return longest
+
+
+def _lead(text: str, specials: Collection[str]) -> str:
+    """``text`` without the whitespace and special tokens it opens with (text that is no content)."""
+    while True:
+        text = text.lstrip()
+        if not text.startswith(MARK_OPEN) or (end := text.find(MARK_CLOSE)) < 0 or text[1:end] not in specials:
+            return text
+        text = text[end + 1 :]
 
 
 def _unmark(text: str, specials: Collection[str]) -> str:
