@@ -104,6 +104,11 @@ JUNK: list[Any] = [
 
 BASH: Any = {"type": "function", "function": {"name": "bash", "description": "Run a command.", "parameters": {
     "type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}  # fmt: skip
+ANTHROPIC_BASH: Any = {
+    "name": "bash",
+    "description": "Run a command.",
+    "input_schema": BASH["function"]["parameters"],
+}
 DEFAULT_FAMILIES = (
     "qwen3,gpt-oss,glm45"  # the reasoning families, three call formats (tests/model_families.py)
 )
@@ -557,7 +562,7 @@ class Generator:
             last["content"].append({"type": "text", "text": pick})
         body: dict[str, Any] = {"model": "default", "messages": messages, "stream": stream,
                                 "max_tokens": rng.choice([1, 16, 512, 4096]),
-                                "tools": [{"name": "bash", "input_schema": BASH["function"]["parameters"]}]}  # fmt: skip
+                                "tools": [ANTHROPIC_BASH if rng.random() < 0.8 else {"name": "bash", "input_schema": {}}]}  # fmt: skip
         if rng.random() < 0.4:
             body["thinking"] = rng.choice([{"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"},
                                            {"type": "enabled", "budget_tokens": -1}, self.junk()])  # fmt: skip
@@ -668,6 +673,9 @@ def family_replies(family: str) -> tuple[list[str], int]:
         *[m + end for m in MALFORMED.get(family, []) for end in ("", fam.reply_end)],
         *["".join(rng.choice(soup) for _ in range(rng.randint(1, 30))) for _ in range(12)],
         "Before." + fam.reply_end + "After.",  # its terminator in mid-reply
+        whole + answer,  # a second turn after the first's terminator
+        # characters of several bytes, which a cut (max_tokens) splits: every byte is a token here
+        reply(think and "思考😀\u2028", "答え😀\u0085", [("bash", {"command": "echo 😀 \u2029 é"})]),
         fam.reply_end,  # an empty reply
         ECHO,
     ]  # fmt: skip
@@ -782,8 +790,10 @@ async def chain_probe(
 ) -> list[dict[str, Any]]:
     """Conversations on one family's router until ``stop``, each in a session of its own and through one face (chat,
     Messages, or Responses continued by ``previous_response_id`` or by sending the output back; streamed or not):
-    the client sends each reply back as it got it, then a result for each call or a user turn, each turn picking the
-    model's next (hostile) reply. Per session: its execution id, face, the calls answered 2xx, and what was refused."""
+    the client sends each reply back as it got it (or without its reasoning, as some clients do), then a result for
+    each call or a user turn, each turn picking the model's next (hostile) reply; chat conversations sometimes turn
+    thinking off or on (``chat_template_kwargs``). Per session: its execution id, face, the calls answered 2xx, and
+    what was refused."""
     rng = random.Random(seed)
     sessions: list[dict[str, Any]] = []
     while not stop.is_set():
@@ -793,8 +803,17 @@ async def chain_probe(
         ).json()
         base, stream = opened["base_url"], rng.random() < 0.5
         face = rng.choice(["chat", "messages", "responses", "responses replayed"])
-        entry: dict[str, Any] = {"execution_id": execution_id, "face": face + " streamed" * stream, "answered": 0,
-                                 "refused": []}  # fmt: skip
+        drop = rng.random() < 0.3  # the reasoning is not sent back
+        kwargs = rng.choice(
+            [None, None, {"enable_thinking": False}, {"enable_thinking": True}, {"thinking": True}]
+        )
+        label = (
+            face
+            + " streamed" * stream
+            + " without reasoning" * drop
+            + f" {kwargs}" * (face == "chat" and kwargs is not None)
+        )
+        entry: dict[str, Any] = {"execution_id": execution_id, "face": label, "answered": 0, "refused": []}  # fmt: skip
         sessions.append(entry)
         history: list[Any] = []
         calls: list[tuple[str, str]] = []  # (call id, name) of the last reply's calls
@@ -805,12 +824,8 @@ async def chain_probe(
             if face == "chat":
                 history += [{"role": "tool", "tool_call_id": i, "content": f"RESULT {pick}"} for i, _ in calls] or [
                     {"role": "user", "content": f"Go on. {pick}"}]  # fmt: skip
-                body: dict[str, Any] = {
-                    "model": "default",
-                    "messages": history,
-                    "tools": [BASH],
-                    "max_tokens": limit,
-                }
+                body: dict[str, Any] = {"model": "default", "messages": history, "tools": [BASH], "max_tokens": limit,
+                                        "chat_template_kwargs": kwargs}  # fmt: skip
                 path = "chat/completions"
             elif face == "messages":
                 results = [{"type": "tool_result", "tool_use_id": i, "content": "RESULT"} for i, _ in calls]
@@ -818,7 +833,7 @@ async def chain_probe(
                     {"role": "user", "content": [*results, {"type": "text", "text": f"Go on. {pick}"}]}
                 )
                 body = {"model": "default", "messages": history, "max_tokens": limit or 4096,
-                        "tools": [{"name": "bash", "input_schema": BASH["function"]["parameters"]}]}  # fmt: skip
+                        "tools": [ANTHROPIC_BASH]}  # fmt: skip
                 path = "messages"
             else:
                 items = [{"type": "function_call_output", "call_id": i, "output": "RESULT"} for i, _ in calls]
@@ -841,16 +856,23 @@ async def chain_probe(
             entry["answered"] += 1
             if face == "chat":
                 message = _chat_message(events) if stream else resp.json()["choices"][0]["message"]
-                history.append(message)  # sent back as it came, reasoning included
+                history.append({k: v for k, v in message.items() if not (drop and k == "reasoning_content")})
                 calls = [(c["id"], c["function"]["name"]) for c in message.get("tool_calls") or []]
             elif face == "messages":
                 blocks = _message_blocks(events) if stream else resp.json()["content"]
-                history.append({"role": "assistant", "content": blocks})
+                history.append(
+                    {
+                        "role": "assistant",
+                        "content": [b for b in blocks if not (drop and b["type"] == "thinking")],
+                    }
+                )
                 calls = [(b["id"], b["name"]) for b in blocks if b["type"] == "tool_use"]
             else:
                 response = events[-1]["response"] if stream else resp.json()
                 previous = response["id"] if face == "responses" else None
-                history += response["output"]  # replayed: the output items sent back as input
+                history += [
+                    o for o in response["output"] if not (drop and o["type"] == "reasoning")
+                ]  # replayed
                 calls = [
                     (o["call_id"], o["name"]) for o in response["output"] if o["type"] == "function_call"
                 ]
@@ -1476,38 +1498,40 @@ def report(console: Console, args: argparse.Namespace, result: dict[str, Any]) -
     for example in result["server_error_examples"]:
         console.print(example)
     if result["families"]:
-        report_families(console, result["families"])
+        report_families(console, result["families"], result["family_refusals"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     console.print(f"wrote {args.out}")
 
 
-def report_families(console: Console, families: dict[str, Any]) -> None:
-    """The families' table: statuses, calls against records (target: none lost, none phantom) and the chained
+def report_families(console: Console, families: dict[str, Any], refusals: dict[str, Any]) -> None:
+    """The families' tables: statuses, then calls against records (target: none lost, none phantom) and the chained
     conversations (target: none mis-chained or broken)."""
-    table = Table(
-        title="Model families: hostile replies and requests, each family's router and scripted model"
+    statuses = Table(
+        title="Model families: hostile requests and replies, each family's router and scripted model"
     )
-    for column in ("family", "requests", "2xx", "4xx", "5xx", "hung up", "engine calls", "records", "lost",
-                   "phantom", "turns", "chained", "unchained", "mis-chained", "broken", "refused echoes"):  # fmt: skip
-        table.add_column(column, justify="right")
+    for column in ("family", "requests", "2xx", "4xx", "5xx", "hung up", "alive after"):
+        statuses.add_column(column, justify="right")
+    chains = Table(title="Model families: every engine call recorded, every continuation chained")
+    for column in ("family", "engine calls", "records", "lost", "phantom", "turns", "chained", "unchained",
+                   "mis-chained", "broken", "refused echoes"):  # fmt: skip
+        chains.add_column(column, justify="right")
     for name, f in families.items():
-        st, chains = f["statuses"], f.get("chains", {})
-        unchained = sum(n for kind, n in chains.items() if kind.startswith("unchained"))
-        table.add_row(name, f"{sum(st.values()):,}", *(f"{st.get(k, 0):,}" for k in ("2xx", "4xx", "5xx", "hung up")),
-                      f"{f.get('engine_calls', '?')}", f"{f['records']}", f"{f['lost']}", f"{f['phantom']}",
-                      f"{f.get('turns', '?')}", f"{chains.get('chained', 0)}", f"{unchained}",
-                      f"{chains.get('mis-chained', 0)}", f"{chains.get('broken', 0) + chains.get('lost', 0)}",
-                      f"{f.get('refused_echoes', '?')}")  # fmt: skip
-    console.print(table)
+        st, kinds = f["statuses"], f.get("chains", {})
+        statuses.add_row(name, f"{sum(st.values()):,}", *(f"{st.get(k, 0):,}" for k in ("2xx", "4xx", "5xx", "hung up")),
+                         str(f["alive"]))  # fmt: skip
+        unchained = sum(n for kind, n in kinds.items() if kind.startswith("unchained"))
+        chains.add_row(name, *(str(f.get(k, "?")) for k in ("engine_calls", "records", "lost", "phantom", "turns")),
+                       str(kinds.get("chained", 0)), str(unchained), str(kinds.get("mis-chained", 0)),
+                       str(kinds.get("broken", 0) + kinds.get("lost", 0)), str(f.get("refused_echoes", "?")))  # fmt: skip
+    console.print(statuses)
+    console.print(chains)
     for name, f in families.items():
-        console.print(
-            f"{name}: alive {f['alive']}; divergences {f.get('divergences')}; chains {f.get('chains')}"
-        )
+        console.print(f"{name}: divergences {f.get('divergences')}; commonest 4xx {refusals.get(name)}")
         for example in [*f.get("chain_examples", []), *f.get("refused_examples", [])]:
             console.print(f"  {example}")
         if "expand_error" in f:
-            console.print(f"  journal does not expand: {f['expand_error']}")
+            console.print(f"  the journal does not expand: {f['expand_error']}")
 
 
 if __name__ == "__main__":

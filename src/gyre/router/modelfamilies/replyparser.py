@@ -298,7 +298,11 @@ def _lead(text: str, specials: Collection[str]) -> str:
     """``text`` without the whitespace and special tokens it opens with (text that is no content)."""
     while True:
         text = text.lstrip()
-        if not text.startswith(MARK_OPEN) or (end := text.find(MARK_CLOSE)) < 0 or text[1:end] not in specials:
+        if (
+            not text.startswith(MARK_OPEN)
+            or (end := text.find(MARK_CLOSE)) < 0
+            or text[1:end] not in specials
+        ):
             return text
         text = text[end + 1 :]
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 
 """Tests for filesize humanizing."""
+
 from __future__ import annotations
 
 import pytest

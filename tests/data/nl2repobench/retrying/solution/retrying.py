@@ -26,6 +26,7 @@ MAX_WAIT = 1073741823
 def _retry_if_exception_of_type(retryable_types):
     def _retry_if_exception_these_types(exception):
         return isinstance(exception, retryable_types)
+
     return _retry_if_exception_these_types
 
 
@@ -37,6 +38,7 @@ def retry(*dargs, **dkw):
     """
     # support both @retry and @retry() as valid syntax
     if len(dargs) == 1 and callable(dargs[0]):
+
         def wrap_simple(f):
 
             @six.wraps(f)
@@ -48,6 +50,7 @@ def retry(*dargs, **dkw):
         return wrap_simple(dargs[0])
 
     else:
+
         def wrap(f):
 
             @six.wraps(f)
@@ -60,35 +63,52 @@ def retry(*dargs, **dkw):
 
 
 class Retrying(object):
+    def __init__(
+        self,
+        stop=None,
+        wait=None,
+        stop_max_attempt_number=None,
+        stop_max_delay=None,
+        wait_fixed=None,
+        wait_random_min=None,
+        wait_random_max=None,
+        wait_incrementing_start=None,
+        wait_incrementing_increment=None,
+        wait_incrementing_max=None,
+        wait_exponential_multiplier=None,
+        wait_exponential_max=None,
+        retry_on_exception=None,
+        retry_on_result=None,
+        wrap_exception=False,
+        stop_func=None,
+        wait_func=None,
+        wait_jitter_max=None,
+        before_attempts=None,
+        after_attempts=None,
+    ):
 
-    def __init__(self,
-                 stop=None, wait=None,
-                 stop_max_attempt_number=None,
-                 stop_max_delay=None,
-                 wait_fixed=None,
-                 wait_random_min=None, wait_random_max=None,
-                 wait_incrementing_start=None, wait_incrementing_increment=None,
-                 wait_incrementing_max=None,
-                 wait_exponential_multiplier=None, wait_exponential_max=None,
-                 retry_on_exception=None,
-                 retry_on_result=None,
-                 wrap_exception=False,
-                 stop_func=None,
-                 wait_func=None,
-                 wait_jitter_max=None,
-                 before_attempts=None,
-                 after_attempts=None):
-
-        self._stop_max_attempt_number = 5 if stop_max_attempt_number is None else stop_max_attempt_number
+        self._stop_max_attempt_number = (
+            5 if stop_max_attempt_number is None else stop_max_attempt_number
+        )
         self._stop_max_delay = 100 if stop_max_delay is None else stop_max_delay
         self._wait_fixed = 1000 if wait_fixed is None else wait_fixed
         self._wait_random_min = 0 if wait_random_min is None else wait_random_min
         self._wait_random_max = 1000 if wait_random_max is None else wait_random_max
-        self._wait_incrementing_start = 0 if wait_incrementing_start is None else wait_incrementing_start
-        self._wait_incrementing_increment = 100 if wait_incrementing_increment is None else wait_incrementing_increment
-        self._wait_exponential_multiplier = 1 if wait_exponential_multiplier is None else wait_exponential_multiplier
-        self._wait_exponential_max = MAX_WAIT if wait_exponential_max is None else wait_exponential_max
-        self._wait_incrementing_max = MAX_WAIT if wait_incrementing_max is None else wait_incrementing_max
+        self._wait_incrementing_start = (
+            0 if wait_incrementing_start is None else wait_incrementing_start
+        )
+        self._wait_incrementing_increment = (
+            100 if wait_incrementing_increment is None else wait_incrementing_increment
+        )
+        self._wait_exponential_multiplier = (
+            1 if wait_exponential_multiplier is None else wait_exponential_multiplier
+        )
+        self._wait_exponential_max = (
+            MAX_WAIT if wait_exponential_max is None else wait_exponential_max
+        )
+        self._wait_incrementing_max = (
+            MAX_WAIT if wait_incrementing_max is None else wait_incrementing_max
+        )
         self._wait_jitter_max = 0 if wait_jitter_max is None else wait_jitter_max
         self._before_attempts = before_attempts
         self._after_attempts = after_attempts
@@ -106,7 +126,9 @@ class Retrying(object):
             self.stop = stop_func
 
         elif stop is None:
-            self.stop = lambda attempts, delay: any(f(attempts, delay) for f in stop_funcs)
+            self.stop = lambda attempts, delay: any(
+                f(attempts, delay) for f in stop_funcs
+            )
 
         else:
             self.stop = getattr(self, stop)
@@ -120,7 +142,10 @@ class Retrying(object):
         if wait_random_min is not None or wait_random_max is not None:
             wait_funcs.append(self.random_sleep)
 
-        if wait_incrementing_start is not None or wait_incrementing_increment is not None:
+        if (
+            wait_incrementing_start is not None
+            or wait_incrementing_increment is not None
+        ):
             wait_funcs.append(self.incrementing_sleep)
 
         if wait_exponential_multiplier is not None or wait_exponential_max is not None:
@@ -130,7 +155,9 @@ class Retrying(object):
             self.wait = wait_func
 
         elif wait is None:
-            self.wait = lambda attempts, delay: max(f(attempts, delay) for f in wait_funcs)
+            self.wait = lambda attempts, delay: max(
+                f(attempts, delay) for f in wait_funcs
+            )
 
         else:
             self.wait = getattr(self, wait)
@@ -143,8 +170,7 @@ class Retrying(object):
             # should be allowed to retry on, and avoids having to create
             # a callback that does the same thing
             if isinstance(retry_on_exception, (tuple)):
-                retry_on_exception = _retry_if_exception_of_type(
-                    retry_on_exception)
+                retry_on_exception = _retry_if_exception_of_type(retry_on_exception)
             self._retry_on_exception = retry_on_exception
 
         # retry on result filter
@@ -181,7 +207,9 @@ class Retrying(object):
         Sleep an incremental amount of time after each attempt, starting at
         wait_incrementing_start and incrementing by wait_incrementing_increment
         """
-        result = self._wait_incrementing_start + (self._wait_incrementing_increment * (previous_attempt_number - 1))
+        result = self._wait_incrementing_start + (
+            self._wait_incrementing_increment * (previous_attempt_number - 1)
+        )
         if result > self._wait_incrementing_max:
             result = self._wait_incrementing_max
         if result < 0:
@@ -189,7 +217,7 @@ class Retrying(object):
         return result
 
     def exponential_sleep(self, previous_attempt_number, delay_since_first_attempt_ms):
-        exp = 2 ** previous_attempt_number
+        exp = 2**previous_attempt_number
         result = self._wait_exponential_multiplier * exp
         if result > self._wait_exponential_max:
             result = self._wait_exponential_max
@@ -278,7 +306,9 @@ class Attempt(object):
 
     def __repr__(self):
         if self.has_exception:
-            return "Attempts: {0}, Error:\n{1}".format(self.attempt_number, "".join(traceback.format_tb(self.value[2])))
+            return "Attempts: {0}, Error:\n{1}".format(
+                self.attempt_number, "".join(traceback.format_tb(self.value[2]))
+            )
         else:
             return "Attempts: {0}, Value: {1}".format(self.attempt_number, self.value)
 

@@ -135,9 +135,7 @@ class TestLogging:
         with pytest.raises(ValueError):
             f()
 
-        assert [
-            ("stamina", 30, "stamina.retry_scheduled")
-        ] == caplog.record_tuples
+        assert [("stamina", 30, "stamina.retry_scheduled")] == caplog.record_tuples
 
     @pytest.mark.anyio
     async def test_async(self, caplog):
@@ -152,9 +150,7 @@ class TestLogging:
         with pytest.raises(ValueError):
             await f()
 
-        assert [
-            ("stamina", 30, "stamina.retry_scheduled")
-        ] == caplog.record_tuples
+        assert [("stamina", 30, "stamina.retry_scheduled")] == caplog.record_tuples
 
 
 class TestSetOnRetryHooks:

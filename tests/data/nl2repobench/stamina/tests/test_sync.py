@@ -193,9 +193,7 @@ def test_backoff_computation_clamps():
         backoff = rci._backoff_for_attempt_number(i)
         assert backoff <= 0.42
 
-        jittered = rci._jittered_backoff_for_rcs(
-            SimpleNamespace(attempt_number=i)
-        )
+        jittered = rci._jittered_backoff_for_rcs(SimpleNamespace(attempt_number=i))
         assert jittered <= 0.42
 
 
@@ -287,9 +285,7 @@ class TestRetryingCaller:
             "wait_exp_base=666, wait_initial=23, wait_jitter=0.42, "
             "wait_max=123)>"
         ) == r
-        assert f"<BoundRetryingCaller(ValueError, {r})>" == repr(
-            rc.on(ValueError)
-        )
+        assert f"<BoundRetryingCaller(ValueError, {r})>" == repr(rc.on(ValueError))
 
 
 def test_testing_mode_context():

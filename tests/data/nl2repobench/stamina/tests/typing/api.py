@@ -131,9 +131,7 @@ for attempt in retry_context(on=ValueError, timeout=13):
         x: int = attempt.num
         y: float = attempt.next_wait
 
-for attempt in retry_context(
-    on=ValueError, timeout=dt.timedelta(seconds=13.0)
-):
+for attempt in retry_context(on=ValueError, timeout=dt.timedelta(seconds=13.0)):
     with attempt:
         ...
 

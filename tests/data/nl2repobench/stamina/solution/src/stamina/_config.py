@@ -63,9 +63,7 @@ class _Config:
     lock: Lock
     _is_active: bool
     _testing: _Testing | None
-    _on_retry: (
-        tuple[RetryHook, ...] | tuple[RetryHook | RetryHookFactory, ...] | None
-    )
+    _on_retry: tuple[RetryHook, ...] | tuple[RetryHook | RetryHookFactory, ...] | None
     _get_on_retry: Callable[[], tuple[RetryHook, ...]]
 
     def __init__(self, lock: Lock) -> None:
@@ -100,9 +98,7 @@ class _Config:
         return self._get_on_retry()
 
     @on_retry.setter
-    def on_retry(
-        self, value: tuple[RetryHook | RetryHookFactory, ...] | None
-    ) -> None:
+    def on_retry(self, value: tuple[RetryHook | RetryHookFactory, ...] | None) -> None:
         with self.lock:
             self._get_on_retry = self._init_on_first_retry
             self._on_retry = value

@@ -289,9 +289,7 @@ class BoundRetryingCaller:
         self._on = on
 
     def __repr__(self) -> str:
-        return (
-            f"<BoundRetryingCaller({guess_name(self._on)}, {self._caller!r})>"
-        )
+        return f"<BoundRetryingCaller({guess_name(self._on)}, {self._caller!r})>"
 
     def __call__(
         self, callable_: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
@@ -440,9 +438,9 @@ class _RetryContextIterator:
         args: tuple[object, ...],
         kw: dict[str, object],
     ) -> _RetryContextIterator:
-        if (
-            isinstance(on, type) and issubclass(on, BaseException)
-        ) or isinstance(on, tuple):
+        if (isinstance(on, type) and issubclass(on, BaseException)) or isinstance(
+            on, tuple
+        ):
             _retry = _t.retry_if_exception_type(on)
         else:
             _retry = _t.retry_if_exception(on)
@@ -501,9 +499,7 @@ class _RetryContextIterator:
 
         t_kw = self._t_kw.copy()
 
-        t_kw["stop"] = _t.stop_after_attempt(
-            testing.get_attempts(self._attempts)
-        )
+        t_kw["stop"] = _t.stop_after_attempt(testing.get_attempts(self._attempts))
 
         return t_kw
 
