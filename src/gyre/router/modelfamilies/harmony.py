@@ -45,9 +45,11 @@ class HarmonyParser:
         self.call_id = call_id or fmt.call_id
         self.m = {t: fmt.mark(t) for t in ("<|message|>", "<|end|>", "<|call|>", "<|return|>", "<|start|>")}
         self.ends = (self.m["<|end|>"], self.m["<|call|>"], self.m["<|return|>"])
-        self.pending, self.header = "", ""
+        self.pending = ""
+        self.header: list[str] = []  # the open message's header so far, in pieces
         self.in_body = False
-        self.channel, self.recipient, self.body = "", "", ""
+        self.channel, self.recipient = "", ""
+        self.body: list[str] = []  # a call's arguments so far, in pieces
         self.content, self.thinking = _Stripped(), _Stripped()
         self.calls: list[ToolCall] = []
         self.malformed: list[str] = []
@@ -68,8 +70,8 @@ class HarmonyParser:
             pass
         if self.in_body and self._is_call():
             self._close_call("", out)  # its <|call|> ended the reply (and was taken off), or it was cut
-        elif not self.in_body and self.header.strip():
-            self._say(_unmark(self.header, self.fmt.specials), out)
+        elif not self.in_body and "".join(self.header).strip():
+            self._say(_unmark("".join(self.header), self.fmt.specials), out)
         return out
 
     def result(self) -> ParsedReply:
@@ -85,17 +87,17 @@ class HarmonyParser:
             at = self.pending.find(self.m["<|message|>"])
             if at < 0:
                 keep = 0 if final else _partial(self.pending, (self.m["<|message|>"],))
-                self.header += self.pending[: len(self.pending) - keep]
+                self.header.append(self.pending[: len(self.pending) - keep])
                 self.pending = self.pending[len(self.pending) - keep :]
                 return False
-            self.header += self.pending[:at]
+            self.header.append(self.pending[:at])
             self.pending = self.pending[at + len(self.m["<|message|>"]) :]
-            plain = _unmark(self.header, ())
+            plain = _unmark("".join(self.header), ())
             channel = _CHANNEL.search(plain)
             recipient = _RECIPIENT.search(plain)
             self.channel = channel.group(1) if channel else ""
             self.recipient = recipient.group(1) if recipient else ""
-            self.in_body, self.body = True, ""
+            self.in_body, self.body = True, []
             return True
         first, which = len(self.pending), ""
         for end in self.ends:
@@ -111,12 +113,12 @@ class HarmonyParser:
         self.pending = self.pending[first + len(which) :]
         if self._is_call():
             self._close_call(which, out)
-        self.in_body, self.header, self.body = False, "", ""
+        self.in_body, self.header, self.body = False, [], []
         return True
 
     def _body(self, text: str, out: list[Delta]) -> None:
         if self._is_call():
-            self.body += text
+            self.body.append(text)
         elif self.channel == "analysis":
             if text and (piece := self.thinking.add(_unmark(text, self.fmt.specials))):
                 out.append(Delta(reasoning=piece))
@@ -127,8 +129,9 @@ class HarmonyParser:
         from gyre.router.modelfamilies.registry import _object_text
 
         name = self.recipient[len("functions.") :]
-        arguments = _object_text(_unmark(self.body, ()).strip())
-        raw = _unmark(self.header + self.m["<|message|>"] + self.body + end, self.fmt.specials)
+        body = "".join(self.body)
+        arguments = _object_text(_unmark(body, ()).strip())
+        raw = _unmark("".join(self.header) + self.m["<|message|>"] + body + end, self.fmt.specials)
         if arguments is None or not name:
             self.malformed.append(raw)
             self._say(raw, out)

@@ -89,7 +89,7 @@ class _Stripped:
 
     def __init__(self) -> None:
         self.started = False
-        self.held = ""
+        self.held: list[str] = []  # whitespace since the last text, in pieces
         self.text: list[str] = []
 
     def add(self, piece: str) -> str:
@@ -100,10 +100,10 @@ class _Stripped:
             self.started = True
         body = piece.rstrip()
         if not body:
-            self.held += piece
+            self.held.append(piece)
             return ""
-        out = self.held + body
-        self.held = piece[len(body) :]
+        out = "".join(self.held) + body
+        self.held = [piece[len(body) :]]
         self.text.append(out)
         return out
 
@@ -133,7 +133,9 @@ class ReplyParser:
         self.reasoning_done = fmt.reasoning is None or self.state == "reasoning"  # no opening expected
         self.pending = ""
         self.block: Block | None = None
-        self.block_text = ""  # the open block's text so far, its opening marker included
+        self.block_text: list[
+            str
+        ] = []  # the open block's text so far, its opening marker included, in pieces
         self.opened = ""  # the marker that opened it ("" for a bare JSON call)
         self.content, self.thinking = _Stripped(), _Stripped()
         self.calls: list[ToolCall] = []
@@ -156,7 +158,7 @@ class ReplyParser:
         while self._step(out, final=True):
             pass
         if self.block is not None:
-            self._close_block(self.block_text, out, complete=self.block.close is None)
+            self._close_block("".join(self.block_text), out, complete=self.block.close is None)
         self.finished = True
         return out
 
@@ -204,7 +206,7 @@ class ReplyParser:
             and not self.calls
             and _lead(self.pending, self.fmt.specials).startswith("{")
         ):  # Llama-3's bare JSON call: the reply is a call when it opens with an object
-            self.block, self.block_text, self.opened = self.blocks[0], "", ""
+            self.block, self.block_text, self.opened = self.blocks[0], [], ""
             self.pending = _lead(self.pending, self.fmt.specials)  # the block's body, read as any block's
             return True
         # content: up to the next tool block
@@ -224,7 +226,7 @@ class ReplyParser:
         pattern, block = found
         self._say(self.pending[:first], out)
         self.pending = self.pending[first + len(pattern) :]
-        self.block, self.block_text, self.opened = block, pattern, pattern
+        self.block, self.block_text, self.opened = block, [pattern], pattern
         return True
 
     def _step_block(self, out: list[Delta], final: bool) -> bool:
@@ -238,23 +240,23 @@ class ReplyParser:
                 first, which = at, pattern
         if not which:
             keep = 0 if final else _partial(self.pending, ends)
-            self.block_text += self.pending[: len(self.pending) - keep]
+            self.block_text.append(self.pending[: len(self.pending) - keep])
             self.pending = self.pending[len(self.pending) - keep :]
             return False
         if which == block.close:
-            self.block_text += self.pending[: first + len(which)]
+            self.block_text.append(self.pending[: first + len(which)])
             self.pending = self.pending[first + len(which) :]
-            self._close_block(self.block_text, out, complete=True)
+            self._close_block("".join(self.block_text), out, complete=True)
         else:  # the next block opens first: this one ends here (unterminated, unless it needs no close)
-            self.block_text += self.pending[:first]
+            self.block_text.append(self.pending[:first])
             self.pending = self.pending[first:]
-            self._close_block(self.block_text, out, complete=block.close is None)
+            self._close_block("".join(self.block_text), out, complete=block.close is None)
         return True
 
     def _close_block(self, text: str, out: list[Delta], complete: bool) -> None:
         block = self.block
         assert block is not None
-        self.block, self.block_text = None, ""
+        self.block, self.block_text = None, []
         body = text[len(self.opened) :]
         if block.close and complete:
             body = body[: len(body) - len(block.close)]
