@@ -256,6 +256,7 @@ class Router:
         )
         if req.chat_template_kwargs is not None and not isinstance(req.chat_template_kwargs, dict):
             raise RouterError("chat_template_kwargs must be an object", 400, param="chat_template_kwargs")
+        check_tools(req.chat_template_kwargs, "chat_template_kwargs")
         tools = rendered_tools(req)
         parent, new_ids, divergence = await self._prepare_chat(session, req, tools)
         length = len(new_ids) + (len(parent.full) if parent is not None else 0)
@@ -730,14 +731,15 @@ def _text_chars(value: Any) -> int:
     return total
 
 
-def check_tools(tools: Any) -> None:
+def check_tools(tools: Any, field: str = "tools") -> None:
     """Refuse (400, naming the limit) ``tools`` larger than a scaffold ever sends: more than `MAX_TOOLS` tools,
-    nested deeper than `MAX_TOOLS_DEPTH`, or more than `MAX_TOOLS_NODES` JSON values in all. Iterative."""
+    nested deeper than `MAX_TOOLS_DEPTH`, or more than `MAX_TOOLS_NODES` JSON values in all. Iterative. ``field``:
+    the request field checked (``chat_template_kwargs`` gets the same limits)."""
     if tools is None:
         return
     if len(tools) > MAX_TOOLS:
         raise RouterError(
-            f"tools holds {len(tools)} tools; at most {MAX_TOOLS} are accepted", 400, param="tools"
+            f"{field} holds {len(tools)} entries; at most {MAX_TOOLS} are accepted", 400, param=field
         )
     # values are counted as they are found, a whole array or object at a time, so a wide one is refused before
     # its members are looked at
@@ -745,12 +747,12 @@ def check_tools(tools: Any) -> None:
     while stack:
         item, depth = stack.pop()
         if depth > MAX_TOOLS_DEPTH:
-            raise RouterError(f"tools is nested deeper than {MAX_TOOLS_DEPTH} levels", 400, param="tools")
+            raise RouterError(f"{field} is nested deeper than {MAX_TOOLS_DEPTH} levels", 400, param=field)
         if isinstance(item, dict | list):
             nodes += len(item)
             if nodes > MAX_TOOLS_NODES:
-                raise RouterError(f"tools holds more than {MAX_TOOLS_NODES} JSON values; a tool schema that large "
-                                  "is not accepted", 400, param="tools")  # fmt: skip
+                raise RouterError(f"{field} holds more than {MAX_TOOLS_NODES} JSON values; that large is not "
+                                  "accepted", 400, param=field)  # fmt: skip
             children = item.values() if isinstance(item, dict) else item
             stack.extend((v, depth + 1) for v in children if isinstance(v, dict | list))
 
