@@ -29,6 +29,22 @@ call: bodies over the size limit (declared, and chunked with no length), under i
 router's peak resident memory during the request (``VmHWM``, reset just before it through ``/proc/PID/clear_refs``)
 less its memory before is the request's cost; the target is at most 3x the body limit, and no 5xx.
 ``--memory-only`` runs this part alone.
+
+The model families (issue 55; ``--families``, default Qwen3, gpt-oss and GLM-4.5): each gets a model directory with its
+real chat template and markers (``tests/model_families.py``), a scripted model whose replies are hostile in the
+family's own format (cut mid-call and mid-reasoning, malformed calls, unknown tools and odd names and arguments, huge
+arguments and reasoning, reasoning only, markers nested, random marker soup, its terminator mid-reply, multi-byte
+characters a cut splits, an echo of the prompt), and a router in front of it. After the main router's part,
+``--family-requests`` requests go to those routers in a part of their own (their processes and the scripted models in
+this one would otherwise load the main part's figures): chat, Messages, Responses and completions bodies with the
+family's markers typed in user text, reasoning sent back (``reasoning_content``, ``thinking`` and
+``redacted_thinking`` blocks, ``reasoning`` items) right and wrong, ``chat_template_kwargs`` right and wrong (not an
+object, huge, deep, keys that clash with what the template is always given or names it calls), each naming the reply
+it gets (``pick:N``). Beside them, on each family's router, chained conversations through every face, streamed and
+not, send each reply back as the client got it. Once the routers stop, every call the scripted model was sent must
+have a record whose input, expanded through its parents, is exactly what was sent (none lost, none phantom), and
+every later call of a conversation must extend the one before it (none mis-chained, none broken without saying why).
+``--targets families`` runs this part alone.
 """
 
 from __future__ import annotations
@@ -109,6 +125,7 @@ ANTHROPIC_BASH: Any = {
     "description": "Run a command.",
     "input_schema": BASH["function"]["parameters"],
 }
+BARE_BASH: Any = {"name": "bash", "input_schema": {}}  # no description: gpt-oss's template refuses it
 DEFAULT_FAMILIES = (
     "qwen3,gpt-oss,glm45"  # the reasoning families, three call formats (tests/model_families.py)
 )
@@ -507,8 +524,12 @@ class Generator:
         messages: list[Any] = [{"role": "user", "content": self.family_text(fam)}]
         if rng.random() < 0.5:  # a history: an assistant turn with its reasoning, maybe a call and its result
             call_id = rng.choice(["c1", "call_0", "abcDEF000", "", 5])
-            assistant: dict[str, Any] = {"role": "assistant", "reasoning_content": self.reasoning(fam),
-                                         "content": rng.choice(["", None, "Looking.", self.family_text(fam)])}  # fmt: skip
+            content = rng.choice(["", None, "Looking.", self.family_text(fam)])
+            assistant: dict[str, Any] = {
+                "role": "assistant",
+                "reasoning_content": self.reasoning(fam),
+                "content": content,
+            }
             messages.append(assistant)
             if rng.random() < 0.7:
                 arguments = rng.choice(['{"command": "ls"}', "{", self.family_text(fam), {"command": "ls"},
@@ -562,7 +583,7 @@ class Generator:
             last["content"].append({"type": "text", "text": pick})
         body: dict[str, Any] = {"model": "default", "messages": messages, "stream": stream,
                                 "max_tokens": rng.choice([1, 16, 512, 4096]),
-                                "tools": [ANTHROPIC_BASH if rng.random() < 0.8 else {"name": "bash", "input_schema": {}}]}  # fmt: skip
+                                "tools": [ANTHROPIC_BASH if rng.random() < 0.8 else BARE_BASH]}  # fmt: skip
         if rng.random() < 0.4:
             body["thinking"] = rng.choice([{"type": "enabled", "budget_tokens": 1024}, {"type": "disabled"},
                                            {"type": "enabled", "budget_tokens": -1}, self.junk()])  # fmt: skip
@@ -600,9 +621,8 @@ class Generator:
 
 
 # ---- the model families (issue 55): hostile replies in each format, routers in front of them, chained turns ----
-PICK = re.compile(
-    r"pick:(\d{1,6})"
-)  # the reply a request asks the family's model for (the last one it holds)
+# the reply a request asks the family's model for: the last one its prompt names
+PICK = re.compile(r"pick:(\d{1,6})")
 ECHO = "\x00echo\x00"  # the reply that copies the end of its prompt, markers and terminators included
 MALFORMED: dict[str, list[str]] = {  # per family: broken calls and reasoning its parser must survive
     "qwen3": ['<tool_call>\n{"name": "bash", "arguments": {</tool_call>', "<tool_call>\n[1, 2]\n</tool_call>",
@@ -610,10 +630,12 @@ MALFORMED: dict[str, list[str]] = {  # per family: broken calls and reasoning it
               "<tool_call>", "</tool_call>", "<think>", "</think>", "</think></think><think>",
               '<think>\n<tool_call>\n{"name": "bash", "arguments": {}}\n</tool_call>\n</think>\n\n',
               '<tool_call>\n<tool_call>\n{"name": "bash", "arguments": {}}\n</tool_call>\n</tool_call>'],
-    "glm45": ["<tool_call>bash\n<arg_key>command</arg_key>\n</tool_call>", "<tool_call>\n<arg_value>x</arg_value>\n</tool_call>",
+    "glm45": ["<tool_call>bash\n<arg_key>command</arg_key>\n</tool_call>",
+              "<tool_call>\n<arg_value>x</arg_value>\n</tool_call>",
               "<tool_call>bash\n<arg_key>a</arg_key><arg_key>b</arg_key><arg_value>1</arg_value></tool_call>",
               '<tool_call>bash\n<arg_key>command</arg_key>\n<arg_value>{"unclosed": </arg_value>\n</tool_call>',
-              "<tool_call>bash\n<arg_key>c</arg_key>\n<arg_value>1</arg_value>\n<arg_key>c</arg_key>\n<arg_value>2</arg_value>\n</tool_call>",
+              "<tool_call>bash\n<arg_key>c</arg_key>\n<arg_value>1</arg_value>\n<arg_key>c</arg_key>\n"
+              "<arg_value>2</arg_value>\n</tool_call>",
               "<tool_call></tool_call>", "<arg_key>", "\n<think>", "</think>\n<think></think></think>",
               "\n<think><tool_call>bash\n</tool_call></think>\n<tool_call><tool_call>bash\n</tool_call>"],
     "gpt-oss": ["<|channel|>commentary to=functions.bash <|constrain|>json<|message|>{not json",
@@ -637,9 +659,10 @@ def _tests_on_path() -> None:
 
 def family_replies(family: str) -> tuple[list[str], int]:
     """The replies of ``family``'s model, most of them hostile, and how many come first that stream cheaply (under
-    ~600 tokens: the scripted engine's stream is quadratic in the reply); the rest are huge (100,000 characters:
-    cut at the context). Cut mid-call and mid-reasoning, malformed, unknown tools and names, odd arguments, only
-    reasoning, markers nested, random marker soup, a terminator mid-reply, an empty reply, an echo of the prompt."""
+    ~600 tokens: the scripted engine's stream is quadratic in the reply); the rest are huge (100,000 characters: cut
+    at the context). The first reasons again after its text (`chain_probe` opens with it); then cut mid-call and
+    mid-reasoning, malformed, unknown tools and names, odd arguments, only reasoning, markers nested, random marker
+    soup, a terminator mid-reply, multi-byte characters, an empty reply, an echo of the prompt."""
     _tests_on_path()
     from model_families import FAMILIES, reply_text
 
@@ -653,35 +676,53 @@ def family_replies(family: str) -> tuple[list[str], int]:
         except ValueError:
             return ""
 
-    think = "reasoning" if family in ("qwen3", "glm45", "gpt-oss", "deepseekv31") else None
-    whole = reply(think and "I should look first.", "Looking.", [("bash", {"command": "ls"})])
-    answer = reply(think and "That is all.", "All done.")
+    reasons = family in ("qwen3", "glm45", "gpt-oss", "deepseekv31")
+
+    def think(text: str) -> str | None:
+        return text if reasons else None
+
+    call = [("bash", {"command": "ls"})]
+    whole = reply(think("I should look first."), "Looking.", call)
+    answer = reply(think("That is all."), "All done.")
+    # reasoning again after the text, then the call: gpt-oss's harmony writes its messages in any order (analysis,
+    # a commentary preamble, analysis, the call); the tag formats write it only when hostile
+    interleaved = whole
+    if family == "gpt-oss":
+        interleaved = "<|start|>assistant".join([
+            "<|channel|>analysis<|message|>I should look first.<|end|>",
+            "<|channel|>commentary<|message|>Looking.<|end|>",
+            "<|channel|>analysis<|message|>Then ls.<|end|>",
+            '<|channel|>commentary to=functions.bash <|constrain|>json<|message|>{"command":"ls"}<|call|>',
+        ])  # fmt: skip
+    elif reasons:
+        head = reply_text(family, reasoning="I should look first.", content="Looking.", end=False)
+        interleaved = head + reply("Then ls.", "", call)
     rng = random.Random(family)  # the same replies every run
     soup = [*fam.markers, "x", "\n", '{"name": "bash", "arguments": ', "}", "bash", "functions.bash", " "]
     odd_arguments = [{}, {"command": None}, {"command": [1, {"a": []}]}, json.loads('{"a":' * 50 + "1" + "}" * 50),
                      {"command": "".join(fam.markers)}]  # fmt: skip
     cheap = [
-        whole, answer, reply(think and "Only thinking."), reply(content="No thinking."),
+        interleaved, whole, answer, reply(think("Only thinking.")), reply(content="No thinking."),
         answer[: answer.find("That is") + 4],  # cut in the reasoning (the engine appends its end)
         *[whole[: len(whole) * k // 5] for k in range(1, 5)],  # cut in the call
         reply(content="Cleaning up.", calls=[("rm_rf", {"path": "/"})]),  # a tool nobody offered
         *[reply(calls=[(n, {"command": "ls"})]) for n in ("", "functions.bash", "bash\n<arg_key>", "b" * 300)],
         *[reply(calls=[("bash", arguments)]) for arguments in odd_arguments],
-        reply(think and "Many.", calls=[("bash", {"command": f"echo {i}"}) for i in range(8)]),
-        reply(whole if think else None, answer),  # a whole reply inside the reasoning and the text
+        reply(think("Many."), calls=[("bash", {"command": f"echo {i}"}) for i in range(8)]),
+        reply(think(whole), answer),  # a whole reply inside the reasoning and the text
         reply(content=whole), reply(calls=[("bash", {"command": whole})]),
         *[m + end for m in MALFORMED.get(family, []) for end in ("", fam.reply_end)],
         *["".join(rng.choice(soup) for _ in range(rng.randint(1, 30))) for _ in range(12)],
         "Before." + fam.reply_end + "After.",  # its terminator in mid-reply
         whole + answer,  # a second turn after the first's terminator
         # characters of several bytes, which a cut (max_tokens) splits: every byte is a token here
-        reply(think and "思考😀\u2028", "答え😀\u0085", [("bash", {"command": "echo 😀 \u2029 é"})]),
+        reply(think("思考😀\u2028"), "答え😀\u0085", [("bash", {"command": "echo 😀 \u2029 é"})]),
         fam.reply_end,  # an empty reply
         ECHO,
     ]  # fmt: skip
     huge = [
-        reply(think and "Big.", calls=[("bash", {"command": "x" * 100_000})]),
-        reply(think and "y" * 100_000, "Done."),
+        reply(think("Big."), calls=[("bash", {"command": "x" * 100_000})]),
+        reply(think("y" * 100_000), "Done."),
         reply(content="z" * 100_000),
     ]
     cheap = [r for r in cheap if r]
@@ -740,9 +781,17 @@ def serve_family(name: str, tmp: Path, overrides: list[str]) -> Iterator[ServedF
                                FAMILIES[name].markers, len(replies), cheap)  # fmt: skip
 
 
+def _error_message(text: str) -> str:
+    """An error answer's message (OpenAI's and Anthropic's bodies both hold ``error.message``)."""
+    with contextlib.suppress(ValueError, TypeError, KeyError):
+        return str(json.loads(text)["error"]["message"])
+    return text
+
+
 def _events(text: str) -> list[Any]:
     """The JSON data of a server-sent event stream, in order ([DONE] left out)."""
-    return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:") and line[5:].strip() != "[DONE]"]  # fmt: skip
+    lines = [line[5:] for line in text.splitlines() if line.startswith("data:")]
+    return [json.loads(line) for line in lines if line.strip() != "[DONE]"]
 
 
 def _chat_message(events: list[Any]) -> dict[str, Any]:
@@ -755,7 +804,8 @@ def _chat_message(events: list[Any]) -> dict[str, Any]:
             content += delta.get("content") or ""
             reasoning += delta.get("reasoning_content") or ""
             for call in delta.get("tool_calls") or []:
-                whole = calls.setdefault(call["index"], {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})  # fmt: skip
+                empty = {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                whole = calls.setdefault(call["index"], empty)
                 whole["id"] += call.get("id") or ""
                 for key in ("name", "arguments"):
                     whole["function"][key] += (call.get("function") or {}).get(key) or ""
@@ -792,17 +842,23 @@ async def chain_probe(
     Messages, or Responses continued by ``previous_response_id`` or by sending the output back; streamed or not):
     the client sends each reply back as it got it (or without its reasoning, as some clients do), then a result for
     each call or a user turn, each turn picking the model's next (hostile) reply; chat conversations sometimes turn
-    thinking off or on (``chat_template_kwargs``). Per session: its execution id, face, the calls answered 2xx, and
-    what was refused."""
+    thinking off or on (``chat_template_kwargs``). The first conversations, one per face, streamed and not, are held
+    whatever ``stop`` says, and open with reply 0 (reasoning after text). Per session: its execution id, face, the
+    replies picked, the calls answered 2xx, and what was refused."""
     rng = random.Random(seed)
     sessions: list[dict[str, Any]] = []
-    while not stop.is_set():
+    faces = ["chat", "messages", "responses", "responses replayed"]
+    openings = list(
+        itertools.product(faces, [False, True])
+    )  # each face, streamed and not, opens with reply 0 once
+    while len(sessions) < len(openings) or not stop.is_set():  # the openings whatever ``stop`` says
         execution_id = f"chain-{len(sessions)}"
+        opening = len(sessions) < len(openings)
         opened = (
             await http.post(f"{served.admin}/admin/sessions", json={"execution_id": execution_id})
         ).json()
-        base, stream = opened["base_url"], rng.random() < 0.5
-        face = rng.choice(["chat", "messages", "responses", "responses replayed"])
+        face, stream = openings[len(sessions)] if opening else (rng.choice(faces), rng.random() < 0.5)
+        base = opened["base_url"]
         drop = rng.random() < 0.3  # the reasoning is not sent back
         kwargs = rng.choice(
             [None, None, {"enable_thinking": False}, {"enable_thinking": True}, {"thinking": True}]
@@ -813,13 +869,15 @@ async def chain_probe(
             + " without reasoning" * drop
             + f" {kwargs}" * (face == "chat" and kwargs is not None)
         )
-        entry: dict[str, Any] = {"execution_id": execution_id, "face": label, "answered": 0, "refused": []}  # fmt: skip
+        entry: dict[str, Any] = {"execution_id": execution_id, "face": label, "answered": 0, "refused": [],
+                                 "picks": []}  # fmt: skip
         sessions.append(entry)
         history: list[Any] = []
         calls: list[tuple[str, str]] = []  # (call id, name) of the last reply's calls
         previous = None  # the last response's id
         for turn in range(rng.randint(2, 4)):
-            pick = f"pick:{rng.randrange(served.cheap if stream else served.replies)}"
+            pick = f"pick:{0 if opening and not turn else rng.randrange(served.cheap if stream else served.replies)}"
+            entry["picks"].append(pick)
             limit = rng.choice([None, None, None, 8, 64])
             if face == "chat":
                 history += [{"role": "tool", "tool_call_id": i, "content": f"RESULT {pick}"} for i, _ in calls] or [
@@ -876,7 +934,7 @@ async def chain_probe(
                 calls = [
                     (o["call_id"], o["name"]) for o in response["output"] if o["type"] == "function_call"
                 ]
-            if stop.is_set():
+            if stop.is_set() and not opening:
                 break
     return sessions
 
@@ -912,7 +970,9 @@ def check_family(served: ServedFamily, sessions: list[dict[str, Any]]) -> dict[s
                 kind = "broken"
             chains[kind] += 1
             if kind in ("mis-chained", "broken"):
-                examples.append({"face": entry["face"], "call": after.call_id, "kind": kind})
+                examples.append(
+                    {"face": entry["face"], "replies": entry["picks"], "call": after.call_id, "kind": kind}
+                )
     refused = [dict(r, face=e["face"]) for e in sessions for r in e["refused"]]
     return {
         "engine_calls": sum(sent.values()),
@@ -1059,9 +1119,7 @@ async def flood(port: int, kind: str, target: int, stop: asyncio.Event, counts: 
     await asyncio.gather(*(one() for _ in range(target)))
 
 
-async def fuzz(
-    args: argparse.Namespace, agent_url: str, admin_url: str, families: dict[str, ServedFamily]
-) -> dict[str, Any]:
+async def fuzz(args: argparse.Namespace, agent_url: str, admin_url: str) -> dict[str, Any]:
     async with httpx.AsyncClient(timeout=httpx.Timeout(120)) as http:
         token = (await http.post(f"{admin_url}/admin/sessions", json={"execution_id": "fuzz"})).json()[
             "token"
@@ -1071,23 +1129,14 @@ async def fuzz(
         ]
         gen = Generator(args.seed, token)
         gen.targets = set(args.targets.split(","))
-        for name, served in families.items():
-            opened = await http.post(f"{served.admin}/admin/sessions", json={"execution_id": "fuzz"})
-            gen.families[name] = FamilyTarget(
-                opened.json()["token"], served.markers, served.replies, served.cheap
-            )
-        urls = {"agent": agent_url, "admin": admin_url, **{name: s.url for name, s in families.items()}}
-        only_families = not gen.targets & set(TARGETS.values())  # no agent endpoint of the main router fuzzed
         rng = random.Random(args.seed + 1)
         statuses: Counter[str] = Counter()
-        port_statuses: Counter[tuple[str, str]] = Counter()  # (port or family, status class)
-        refusals: Counter[tuple[str, str]] = Counter()  # (family, the 4xx's message, cut short)
         codes: Counter[int] = Counter()  # exact statuses
         by_port: Counter[str] = Counter()
         server_errors: list[dict[str, Any]] = []
         slowest = 0.0
-        # the agent calls answered 2xx (or still running at the client's timeout), the families' included, and when
-        # each was sent: for the baseline
+        # the agent calls answered 2xx (or still running at the client's timeout), and when each was sent: for the
+        # baseline
         valid: list[tuple[float, str, str, dict[str, str], bytes]] = []
         fuzz_started = 0.0
         queue: asyncio.Queue[int] = asyncio.Queue()
@@ -1130,27 +1179,9 @@ async def fuzz(
                 port_name, method, path, headers, body_bytes = gen.hostile_schema()
             elif roll < 0.25 and "admin" in gen.targets:
                 port_name, method, path, headers, body_bytes = gen.admin()
-            elif gen.families and (only_families or roll < 0.45):
-                port_name, method, path, headers, body_bytes = gen.family()
             else:
                 port_name, method, path, headers, body_bytes = gen.agent()
-            url = urls[port_name] + path
-            if (
-                port_name in gen.families and rng.random() < 0.03
-            ):  # hang up mid-call, as the family's model replies
-                by_port[port_name] += 1
-                try:
-                    resp = await http.request(method, url, headers=headers, content=body_bytes, timeout=0.05)
-                    bucket = f"{resp.status_code // 100}xx"
-                except httpx.TimeoutException:
-                    bucket = "hung up"
-                statuses[bucket] += 1
-                port_statuses[port_name, bucket] += 1
-                if bucket == "5xx":
-                    server_errors.append(
-                        {"kind": "hang-up", "port": port_name, "path": path, "status": resp.status_code}
-                    )
-                return
+            url = (agent_url if port_name == "agent" else admin_url) + path
             started = time.monotonic()
             try:
                 resp = await http.request(method, url, headers=headers, content=body_bytes)
@@ -1166,13 +1197,10 @@ async def fuzz(
             else:
                 accepted = 200 <= status < 300
             slowest = max(slowest, time.monotonic() - started)
-            if port_name != "admin" and accepted:
+            if port_name == "agent" and accepted:
                 valid.append((started - fuzz_started, method, url, headers, body_bytes))
             by_port[port_name] += 1
             statuses[f"{status // 100}xx" if status else "no answer"] += 1
-            port_statuses[port_name, f"{status // 100}xx" if status else "no answer"] += 1
-            if port_name in gen.families and 400 <= status < 500:
-                refusals[port_name, re.sub(r"\d+", "N", re.sub(r'.*"message": ?"', "", text))[:80]] += 1
             codes[status] += 1
             if status >= 500 or not status:
                 server_errors.append({"port": port_name, "method": method, "path": path, "status": status,
@@ -1208,14 +1236,9 @@ async def fuzz(
             asyncio.ensure_future(flood(agent_port, kind, n, stop, flood_counts))
             for kind, n in (("silent", args.flood), ("trickle", args.flood // 4), ("hangup", 4))
         ]
-        probes = [
-            asyncio.ensure_future(chain_probe(http, served, args.seed + 2 + i, stop))
-            for i, served in enumerate(families.values())
-        ]
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
         stop.set()
         await asyncio.gather(*floods)
-        conversations = dict(zip(families, await asyncio.gather(*probes), strict=True))
         latencies, health = await observed.stop()
         wall_s = time.monotonic() - started
         # the baseline: the same valid calls at the same moments, without the attacks (what the polite session's
@@ -1224,9 +1247,6 @@ async def fuzz(
         await replay()
         loaded, loaded_health = await loaded_observer.stop()
         alive = (await http.get(f"{agent_url}/health")).status_code == 200
-        families_alive = {
-            name: (await http.get(f"{s.url}/health")).status_code == 200 for name, s in families.items()
-        }
     return {
         "requests": sum(by_port.values()),
         "by_port": dict(by_port),
@@ -1252,13 +1272,80 @@ async def fuzz(
         "quiet_health_p99_s": _p99(quiet_health),
         "floods": dict(sorted(flood_counts.items())),
         "router_alive": alive,
-        "families_alive": families_alive,
-        "conversations": conversations,  # the chained conversations on each family's router (`check_family`)
-        "by_family": {name: {bucket: n for (port, bucket), n in sorted(port_statuses.items()) if port == name}
-                      for name in families},
-        "family_refusals": {name: [[message, n] for (port, message), n in refusals.most_common() if port == name][:8]
-                            for name in families},  # the commonest 4xx answers' messages
-    }  # fmt: skip
+    }
+
+
+async def fuzz_families(args: argparse.Namespace, families: dict[str, ServedFamily]) -> dict[str, Any]:
+    """The families' phase: ``--family-requests`` generated requests to the families' routers (`Generator.family`),
+    ``--concurrency`` at once, 3% of them hung up on mid-call, while `chain_probe` holds conversations on each router.
+    Per family: its statuses, its commonest refusals, and the conversations; any 5xx or request without an answer."""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(120)) as http:
+        gen = Generator(args.seed, "")
+        gen.targets = set()
+        for name, served in families.items():
+            opened = (await http.post(f"{served.admin}/admin/sessions", json={"execution_id": "fuzz"})).json()
+            gen.families[name] = FamilyTarget(opened["token"], served.markers, served.replies, served.cheap)
+        rng = random.Random(args.seed + 1)
+        statuses: Counter[tuple[str, str]] = Counter()  # (family, status class)
+        refusals: Counter[tuple[str, str]] = Counter()  # (family, a 4xx's message, its numbers as N)
+        server_errors: list[dict[str, Any]] = []
+        left = args.family_requests
+
+        async def one() -> None:
+            name, method, path, headers, body = gen.family()
+            hang_up = rng.random() < 0.03  # mid-call, as the model replies
+            try:
+                resp = await http.request(method, families[name].url + path, headers=headers, content=body,
+                                          timeout=0.05 if hang_up else httpx.USE_CLIENT_DEFAULT)  # fmt: skip
+                status, text = resp.status_code, resp.text
+            except httpx.HTTPError as exc:
+                if hang_up and isinstance(exc, httpx.TimeoutException):  # as meant: not a failure
+                    statuses[name, "hung up"] += 1
+                    return
+                status, text = 0, repr(exc)
+            statuses[name, f"{status // 100}xx" if status else "no answer"] += 1
+            if 400 <= status < 500:
+                refusals[name, re.sub(r"\d+", "N", _error_message(text))[:100]] += 1
+            if status == 200 and path.endswith("/v1/responses") and text.startswith('{"id":"resp_'):
+                gen.response_ids.append(json.loads(text)["id"])  # later requests continue it
+            if status >= 500 or not status:
+                server_errors.append({"family": name, "path": path, "status": status, "answer": text[:300],
+                                      "body": body[:300].decode("utf-8", "replace")})  # fmt: skip
+
+        async def worker() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                await one()
+
+        stop = asyncio.Event()
+        started = time.monotonic()
+        probes = [
+            asyncio.ensure_future(chain_probe(http, served, args.seed + 2 + i, stop))
+            for i, served in enumerate(families.values())
+        ]
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+        stop.set()
+        conversations = await asyncio.gather(*probes)
+        wall_s = time.monotonic() - started
+        alive = {name: (await http.get(f"{s.url}/health")).status_code == 200 for name, s in families.items()}
+    return {
+        "requests": args.family_requests,
+        "wall_s": wall_s,
+        "server_errors": len(server_errors),
+        "server_error_examples": server_errors[:10],
+        "families": {
+            name: {
+                "statuses": {bucket: n for (family, bucket), n in sorted(statuses.items()) if family == name},
+                "refusals": [
+                    [message, n] for (family, message), n in refusals.most_common() if family == name
+                ][:8],
+                "alive": alive[name],
+                "conversations": sessions,
+            }
+            for name, sessions in zip(families, conversations, strict=True)
+        },
+    }
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:
@@ -1383,9 +1470,10 @@ def main() -> None:
         "--targets",
         default="chat,completions,messages,responses,admin,families",
         help="what is fuzzed, comma-separated: the agent endpoints chat, completions, messages, responses, the "
-        "admin API, and the model families' routers (a few hostile-schema, oversized and hang-up requests always go "
-        "to chat)",
+        "admin API (a few hostile-schema, oversized and hang-up requests always go to chat), and the model "
+        "families' routers, in a part of their own",
     )
+    parser.add_argument("--family-requests", type=int, default=3000, help="requests to the families' routers")
     parser.add_argument(
         "--families",
         default=DEFAULT_FAMILIES,
@@ -1407,6 +1495,17 @@ def main() -> None:
 
 
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    """The main router's part (when one of its targets is fuzzed), then the families' (when they are)."""
+    result: dict[str, Any] = {}
+    if set(args.targets.split(",")) - {"families"} or args.memory_only:
+        result = run_main(args, tmp)
+    names = family_names(args)
+    if names and not args.memory_only:
+        result["families"] = run_families(args, tmp, names)
+    return result
+
+
+def run_main(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     """Start the engine and the router in ``tmp``, fuzz them, and load the journal."""
     model = init_model(tmp / "tiny", preset="tiny", seed=0)
     socket.setdefaulttimeout(None)
@@ -1417,28 +1516,32 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         memory = refusal_memory(model, engine.url, tmp) if "chat" in args.targets.split(",") else []
         if args.memory_only:
             return {"refusal_memory": memory}
-        overrides = ["router.body_timeout_s=5", f"router.max_connections={MAX_CONNECTIONS}"]
-        with contextlib.ExitStack() as stack:
-            served = {
-                name: stack.enter_context(serve_family(name, tmp, overrides)) for name in family_names(args)
-            }
-            proc, admin = launch_router(model, [engine.url], journal_dir=tmp / "journal", overrides=overrides,
-                                        log_path=tmp / "router.log")  # fmt: skip
-            with proc:
-                rss_start = rss_mib(proc.proc.pid)
-                result = asyncio.run(fuzz(args, proc.url, admin, served))
-                result["router_rss_start_mib"] = rss_start
-                result["router_rss_mib"] = rss_mib(proc.proc.pid)
-        # the family routers have stopped: their journals are whole
-        result["families"] = {
-            name: {"statuses": result["by_family"][name], "alive": result["families_alive"][name],
-                   **check_family(s, result["conversations"][name])}
-            for name, s in served.items()
-        }  # fmt: skip
+        proc, admin = launch_router(
+            model, [engine.url], journal_dir=tmp / "journal",
+            overrides=["router.body_timeout_s=5", f"router.max_connections={MAX_CONNECTIONS}"],
+            log_path=tmp / "router.log",
+        )  # fmt: skip
+        with proc:
+            rss_start = rss_mib(proc.proc.pid)
+            result = asyncio.run(fuzz(args, proc.url, admin))
+            result["router_rss_start_mib"] = rss_start
+            result["router_rss_mib"] = rss_mib(proc.proc.pid)
         records = list(read_journal(tmp / "journal" / "calls.jsonl", CallRecord))
     result["refusal_memory"] = memory
     result["journal_records"] = len(records)
     result["journal_aborted"] = sum(r.finish_reason == "abort" for r in records)
+    return result
+
+
+def run_families(args: argparse.Namespace, tmp: Path, names: list[str]) -> dict[str, Any]:
+    """Start each family's scripted model and router in ``tmp``, fuzz them (`fuzz_families`), and once the routers
+    have stopped (their journals whole) check every record against what the models were sent (`check_family`)."""
+    overrides = ["router.body_timeout_s=5"]
+    with contextlib.ExitStack() as stack:
+        served = {name: stack.enter_context(serve_family(name, tmp, overrides)) for name in names}
+        result = asyncio.run(fuzz_families(args, served))
+    for name, family in result["families"].items():
+        family |= check_family(served[name], family["conversations"])
     return result
 
 
@@ -1456,61 +1559,64 @@ def family_names(args: argparse.Namespace) -> list[str]:
 
 def report(console: Console, args: argparse.Namespace, result: dict[str, Any]) -> None:
     """Print the tables and write the JSON."""
-    memory = Table(
-        title=f"Refused oversized requests, each alone on a fresh router ({BODY_LIMIT_MIB} MiB body limit)"
-    )
-    for column in ("request", "body", "status", "seconds", "router peak over before", "x limit"):
-        memory.add_column(column, justify="right")
-    for row in result["refusal_memory"]:
-        memory.add_row(row["kind"], f"{row['body_mib']:.1f} MiB", str(row["status"]), f"{row['seconds']:.2f}",
-                       f"{row['peak_over_before_mib']:.1f} MiB", f"{row['peak_over_before_mib'] / BODY_LIMIT_MIB:.2f}")  # fmt: skip
-    console.print(memory)
-    worst = max((row["peak_over_before_mib"] for row in result["refusal_memory"]), default=0.0)
-    errors = sum(not 400 <= row["status"] < 500 for row in result["refusal_memory"])
-    console.print(f"worst {worst:.1f} MiB = {worst / BODY_LIMIT_MIB:.2f}x the body limit (target <= 3x); "
-                  f"answers not 4xx: {errors}")  # fmt: skip
+    if "refusal_memory" in result:
+        memory = Table(
+            title=f"Refused oversized requests, each alone on a fresh router ({BODY_LIMIT_MIB} MiB body limit)"
+        )
+        for column in ("request", "body", "status", "seconds", "router peak over before", "x limit"):
+            memory.add_column(column, justify="right")
+        for row in result["refusal_memory"]:
+            memory.add_row(row["kind"], f"{row['body_mib']:.1f} MiB", str(row["status"]), f"{row['seconds']:.2f}",
+                           f"{row['peak_over_before_mib']:.1f} MiB", f"{row['peak_over_before_mib'] / BODY_LIMIT_MIB:.2f}")  # fmt: skip
+        console.print(memory)
+        worst = max((row["peak_over_before_mib"] for row in result["refusal_memory"]), default=0.0)
+        errors = sum(not 400 <= row["status"] < 500 for row in result["refusal_memory"])
+        console.print(f"worst {worst:.1f} MiB = {worst / BODY_LIMIT_MIB:.2f}x the body limit (target <= 3x); "
+                      f"answers not 4xx: {errors}")  # fmt: skip
     if args.memory_only:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_name("fuzz_router_memory.json").write_text(json.dumps(result, indent=2) + "\n")
         return
-    table = Table(title=f"Hostile requests against router + embedded engine (seed {args.seed})")
-    for column in ("requests", "2xx", "4xx", "5xx", "no answer", "hung up", "polite calls", "polite max",
-                   "journal"):  # fmt: skip
-        table.add_column(column, justify="right")
-    st = result["statuses"]
-    table.add_row(
-        f"{result['requests']:,}", f"{st.get('2xx', 0):,}", f"{st.get('4xx', 0):,}", f"{result['server_errors']}",
-        f"{st.get('no answer', 0)}", f"{st.get('hung up', 0)}", f"{result['polite_calls']}",
-        f"{result['polite_max_s']:.2f} s", f"{result['journal_records']} loaded",
-    )  # fmt: skip
-    console.print(table)
-    console.print(
-        f"agent port {result['by_port'].get('agent', 0):,}, admin port {result['by_port'].get('admin', 0):,}; "
-        f"statuses {result['codes']}; wall {result['wall_s']:.0f} s; polite p50 {result['polite_p50_s']:.3f} s, "
-        f"p99 {result['polite_p99_s']:.3f} s against {result['quiet_p99_s']:.3f} s quiet "
-        f"({result['polite_p99_s'] / result['quiet_p99_s']:.1f}x; target <= 2x), against {result['loaded_p99_s']:.3f} s "
-        f"under the same valid calls without the attacks ({result['polite_p99_s'] / result['loaded_p99_s']:.1f}x); "
-        f"the router's /health p99 "
-        f"{result['health_p99_s']:.3f} s (max {result['health_max_s']:.3f} s) against "
-        f"{result['quiet_health_p99_s']:.3f} s quiet; floods {result['floods']}; router RSS "
-        f"{result['router_rss_start_mib']:.0f} -> {result['router_rss_mib']:.0f} MiB; router alive: {result['router_alive']}"
-    )
-    for example in result["server_error_examples"]:
-        console.print(example)
-    if result["families"]:
-        report_families(console, result["families"], result["family_refusals"])
+    if "requests" in result:
+        table = Table(title=f"Hostile requests against router + embedded engine (seed {args.seed})")
+        for column in ("requests", "2xx", "4xx", "5xx", "no answer", "hung up", "polite calls", "polite max",
+                       "journal"):  # fmt: skip
+            table.add_column(column, justify="right")
+        st = result["statuses"]
+        table.add_row(
+            f"{result['requests']:,}", f"{st.get('2xx', 0):,}", f"{st.get('4xx', 0):,}", f"{result['server_errors']}",
+            f"{st.get('no answer', 0)}", f"{st.get('hung up', 0)}", f"{result['polite_calls']}",
+            f"{result['polite_max_s']:.2f} s", f"{result['journal_records']} loaded",
+        )  # fmt: skip
+        console.print(table)
+        console.print(
+            f"agent port {result['by_port'].get('agent', 0):,}, admin port {result['by_port'].get('admin', 0):,}; "
+            f"statuses {result['codes']}; wall {result['wall_s']:.0f} s; polite p50 {result['polite_p50_s']:.3f} s, "
+            f"p99 {result['polite_p99_s']:.3f} s against {result['quiet_p99_s']:.3f} s quiet "
+            f"({result['polite_p99_s'] / result['quiet_p99_s']:.1f}x; target <= 2x), against {result['loaded_p99_s']:.3f} s "
+            f"under the same valid calls without the attacks ({result['polite_p99_s'] / result['loaded_p99_s']:.1f}x); "
+            f"the router's /health p99 "
+            f"{result['health_p99_s']:.3f} s (max {result['health_max_s']:.3f} s) against "
+            f"{result['quiet_health_p99_s']:.3f} s quiet; floods {result['floods']}; router RSS "
+            f"{result['router_rss_start_mib']:.0f} -> {result['router_rss_mib']:.0f} MiB; router alive: {result['router_alive']}"
+        )
+        for example in result["server_error_examples"]:
+            console.print(example)
+    if "families" in result:
+        report_families(console, result["families"])
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     console.print(f"wrote {args.out}")
 
 
-def report_families(console: Console, families: dict[str, Any], refusals: dict[str, Any]) -> None:
-    """The families' tables: statuses, then calls against records (target: none lost, none phantom) and the chained
-    conversations (target: none mis-chained or broken)."""
+def report_families(console: Console, part: dict[str, Any]) -> None:
+    """The families' tables: statuses (target: no 5xx), then calls against records (target: none lost, none
+    phantom) and the chained conversations (target: none mis-chained or broken)."""
+    families = part["families"]
     statuses = Table(
         title="Model families: hostile requests and replies, each family's router and scripted model"
     )
-    for column in ("family", "requests", "2xx", "4xx", "5xx", "hung up", "alive after"):
+    for column in ("family", "requests", "2xx", "4xx", "5xx", "no answer", "hung up", "alive after"):
         statuses.add_column(column, justify="right")
     chains = Table(title="Model families: every engine call recorded, every continuation chained")
     for column in ("family", "engine calls", "records", "lost", "phantom", "turns", "chained", "unchained",
@@ -1518,16 +1624,24 @@ def report_families(console: Console, families: dict[str, Any], refusals: dict[s
         chains.add_column(column, justify="right")
     for name, f in families.items():
         st, kinds = f["statuses"], f.get("chains", {})
-        statuses.add_row(name, f"{sum(st.values()):,}", *(f"{st.get(k, 0):,}" for k in ("2xx", "4xx", "5xx", "hung up")),
-                         str(f["alive"]))  # fmt: skip
+        counts = (f"{st.get(k, 0):,}" for k in ("2xx", "4xx", "5xx", "no answer", "hung up"))
+        statuses.add_row(name, f"{sum(st.values()):,}", *counts, str(f["alive"]))
         unchained = sum(n for kind, n in kinds.items() if kind.startswith("unchained"))
-        chains.add_row(name, *(str(f.get(k, "?")) for k in ("engine_calls", "records", "lost", "phantom", "turns")),
-                       str(kinds.get("chained", 0)), str(unchained), str(kinds.get("mis-chained", 0)),
-                       str(kinds.get("broken", 0) + kinds.get("lost", 0)), str(f.get("refused_echoes", "?")))  # fmt: skip
+        figures = [f.get(k, "?") for k in ("engine_calls", "records", "lost", "phantom", "turns")]
+        figures += [kinds.get("chained", 0), unchained, kinds.get("mis-chained", 0)]
+        figures += [kinds.get("broken", 0) + kinds.get("lost", 0), f.get("refused_echoes", "?")]
+        chains.add_row(name, *map(str, figures))
     console.print(statuses)
+    console.print(
+        f"{part['requests']:,} requests in {part['wall_s']:.0f} s; 5xx and no answer: {part['server_errors']}"
+    )
+    for example in part["server_error_examples"]:
+        console.print(example)
     console.print(chains)
     for name, f in families.items():
-        console.print(f"{name}: divergences {f.get('divergences')}; commonest 4xx {refusals.get(name)}")
+        console.print(f"{name}: divergences {f.get('divergences')}; the commonest 4xx:")
+        for message, n in f["refusals"]:
+            console.print(f"  {n:4d}  {message}", markup=False)
         for example in [*f.get("chain_examples", []), *f.get("refused_examples", [])]:
             console.print(f"  {example}")
         if "expand_error" in f:

@@ -182,8 +182,12 @@ def _translate_input(items: str | list[Any] | None) -> list[dict[str, Any]]:
             out.append({"role": "tool", "tool_call_id": call_id, "content": _text(f"{where}.output", item.get("output"))})  # fmt: skip
         elif kind == "reasoning":
             text = _reasoning_text(where, item)
-            if text:  # encrypted_content alone: nothing to render
-                assistant, reasoning = None, (reasoning or "") + text
+            if (
+                text and assistant is not None
+            ):  # more of the open turn's reasoning (gpt-oss: after a preamble)
+                assistant["reasoning_content"] = assistant.get("reasoning_content", "") + text
+            elif text:  # encrypted_content alone: nothing to render
+                reasoning = (reasoning or "") + text
         else:
             raise _bad(f"{where}: input items of type {kind!r} are not served; use message, function_call, "
                        "function_call_output", where)  # fmt: skip
@@ -532,7 +536,12 @@ class _Output:
     def __init__(self, chat_id: str) -> None:
         self.chat_id = chat_id
         self.items: list[dict[str, Any]] = []  # the finished items, in output order
-        self.texts = {"reasoning": "", "message": ""}
+        self.texts = {
+            "reasoning": "",
+            "message": "",
+        }  # each kind's text in all (what the reply is remembered as)
+        self.current = ""  # the text of the item being streamed
+        self.count = {"reasoning": 0, "message": 0}  # items of each kind started
         self.streaming: str | None = None  # the kind of item being streamed: "reasoning" or "message"
         self.sequence = 0  # the next event's sequence_number
 
@@ -542,15 +551,18 @@ class _Output:
         return kind, {"type": kind, "sequence_number": self.sequence - 1, **data}
 
     def item(self, kind: str, text: str, status: str) -> dict[str, Any]:
-        """The ``kind`` item holding ``text``."""
-        if kind == "reasoning":
-            return _reasoning_item(self.chat_id, text, status)
-        return _message_item(self.chat_id, text, status)
+        """The ``kind`` item being streamed, holding ``text``: the first of its kind has the id a whole response's
+        item has; a later one (gpt-oss reasoning again after a preamble) an id of its own."""
+        item = (_reasoning_item if kind == "reasoning" else _message_item)(self.chat_id, text, status)
+        if self.count[kind] > 1:
+            item["id"] += f"_{self.count[kind] - 1}"
+        return item
 
     def start(self, kind: str) -> list[Event]:
         """End the item being streamed, if any, and start a ``kind`` item."""
         events = self.close("completed")
-        self.streaming, at = kind, len(self.items)
+        self.streaming, at, self.current = kind, len(self.items), ""
+        self.count[kind] += 1
         item = {**self.item(kind, "", "in_progress"), "content": []}
         return [
             *events,
@@ -563,6 +575,7 @@ class _Output:
         """``piece`` of the ``kind`` item's text, starting that item if it is not the one being streamed."""
         events = self.start(kind) if self.streaming != kind else []
         self.texts[kind] += piece
+        self.current += piece
         item_id = self.item(kind, "", "in_progress")["id"]
         logprobs: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
         events.append(self.event(f"{_TEXT_EVENTS[kind]}.delta", item_id=item_id, output_index=len(self.items),
@@ -574,7 +587,7 @@ class _Output:
         kind = self.streaming
         if kind is None:
             return []
-        item = self.item(kind, self.texts[kind], status if kind == "message" else "completed")
+        item = self.item(kind, self.current, status if kind == "message" else "completed")
         part, at, item_id = item["content"][0], len(self.items), item["id"]
         self.items.append(item)
         self.streaming = None
