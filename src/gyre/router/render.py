@@ -302,7 +302,9 @@ class ChatRenderer:
         at = (
             len(start)
             if whole.startswith(start)
-            else self._reply_start(whole, cut, head, marked_tools, plain, kwargs)
+            else self._reply_start(
+                whole, cut, start, self._template(head, marked_tools, False, plain, kwargs)
+            )
         )
         if 0 <= at <= cut:
             canonical = encode(whole[at:cut])
@@ -312,13 +314,11 @@ class ChatRenderer:
             divergence = self._divergence(canonical, produced)
         return appended + ids, divergence
 
-    def _reply_start(
-        self, whole: str, cut: int, head: list[dict[str, Any]], tools: Any, plain: bool, kwargs: Any
-    ) -> int:
+    @staticmethod
+    def _reply_start(whole: str, cut: int, prompt: str, bare: str) -> int:
         """Where the reply's turn starts in ``whole`` when the messages before it render otherwise once more follow
-        (Qwen3 drops the earlier turn's reasoning): after the last generation prompt before ``cut``; -1 if none."""
-        bare = self._template(head, tools, False, plain, kwargs)
-        prompt = self._template(head, tools, True, plain, kwargs)
+        (Qwen3 drops the earlier turn's reasoning): after the last generation prompt before ``cut`` (``prompt`` less
+        ``bare``: the messages before the reply with and without it); -1 if none."""
         opening = prompt[len(bare) :] if prompt.startswith(bare) else ""
         found = whole.rfind(opening, 0, cut) if opening else -1
         return found + len(opening) if found >= 0 else -1
