@@ -157,10 +157,10 @@ class Router:
                         log.warning("session %s: a call could not be chained, rendered as a new branch: %s",
                                     session.execution_id, exc)  # fmt: skip
                     else:
+                        if divergence is not None:  # an offset in the reply turn -> one in the input
+                            start = len(parent.full) - len(parent.output_ids)
+                            divergence = Divergence(kind=divergence.kind, index=start + divergence.index)
                         if divergence is None or self.cfg.continuation == "exact":
-                            if divergence is not None:  # an offset in the reply's turn -> one in this input
-                                start = len(parent.full) - len(parent.output_ids)
-                                divergence = Divergence(kind=divergence.kind, index=start + divergence.index)
                             return parent, ids, divergence
             if len(req.messages) <= INLINE_MESSAGES:
                 normalized, chars = self._normalize_and_fit(session, req.messages, tools)
