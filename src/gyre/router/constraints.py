@@ -117,24 +117,11 @@ def _function(tool: Any) -> dict[str, Any]:
 
 def _tool_schemas(tools: list[dict[str, Any]] | None, only: str | None) -> str:
     """The JSON schema of one call object of the offered functions (or only the named one), as text."""
-    calls = []
-    for i, tool in enumerate(tools or []):
-        function = _function(tool)
-        name = function.get("name")
-        if not isinstance(name, str) or (only is not None and name != only):
-            continue
-        parameters = function.get("parameters", {"type": "object"})
-        if not isinstance(parameters, dict):
-            raise RouterError(f"tools[{i}].function.parameters must be a JSON schema object", 400,
-                              param=f"tools[{i}].function.parameters")  # fmt: skip
-        calls.append({
-            "type": "object",
-            "properties": {"name": {"const": name}, "arguments": parameters},
-            "required": ["name", "arguments"],
-        })  # fmt: skip
-    if not calls:
-        raise RouterError("tool_choice asks for a tool call, but tools offers no function with a name", 400,
-                          param="tools")  # fmt: skip
+    calls = [
+        {"type": "object", "properties": {"name": {"const": name}, "arguments": parameters},
+         "required": ["name", "arguments"]}
+        for name, parameters in _functions(tools, only)
+    ]  # fmt: skip
     return json.dumps(calls[0] if len(calls) == 1 else {"anyOf": calls})
 
 
