@@ -3,12 +3,12 @@
 # (lint, types, and the fast tier of tests: each capability once end to end, minutes). `make test-all` runs every
 # test (chaos, kills and resumes, Megatron, real NL2RepoBench tasks, the short quickstart, containers): what CI runs.
 # The tiers are pytest markers (`slow`, declared in pyproject.toml); both run on two pytest-xdist workers, a
-# module's tests on one worker (they share its engine and model fixtures).
+# module's tests on one worker (they share its engine and model fixtures), modules longest first, then the few tests
+# marked `serial` alone (scripts/tests.sh). `make flake` repeats the tests marked `timing` beside two CPU hogs.
 # Each creates .venv and installs what it needs (scripts/setup.sh). `make docs` builds the manual (docs/, mkdocs.yml)
 # into site/ with every warning an error; CI builds it too.
-.PHONY: setup run lint test test-all bench docs
+.PHONY: setup run lint test test-all flake bench docs
 VENV := .venv/bin
-PYTEST := $(VENV)/python -m pytest -q -n 2 --dist loadscope --durations=25
 
 setup:
 	bash scripts/setup.sh
@@ -22,10 +22,13 @@ lint: setup
 	$(VENV)/mypy
 
 test: lint
-	$(PYTEST) -m "not slow and not gpu"
+	bash scripts/tests.sh fast
 
 test-all: lint
-	$(PYTEST)
+	bash scripts/tests.sh all
+
+flake: setup
+	bash scripts/flake.sh
 
 bench: setup
 	$(VENV)/python benchmarks/engine.py

@@ -7,6 +7,9 @@ from typing import Any
 
 import pytest
 
+# how the suite runs: longest first, a budget per fast-tier test, hang dumps, leaked processes reaped (suite_plan.py)
+pytest_plugins = ["suite_plan"]
+
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -34,11 +37,12 @@ def hf_model(tiny_model: Path) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every ``slow`` mark says why (``reason=``): `make test` deselects them (``-m "not slow"``), `make test-all`
-    (CI) runs everything."""
+    """Every ``slow`` and ``serial`` mark says why (``reason=``): `make test` deselects the slow ones (``-m "not
+    slow"``), `make test-all` (CI) runs everything; the serial ones run alone after the parallel pass."""
     for item in items:
-        for mark in item.iter_markers("slow"):
-            if not str(mark.kwargs.get("reason", "")).strip():
-                raise pytest.UsageError(
-                    f"{item.nodeid}: mark it @pytest.mark.slow(reason=...), saying why it is slow"
-                )
+        for name, why in (("slow", "it is slow"), ("serial", "it must not share the CPU")):
+            for mark in item.iter_markers(name):
+                if not str(mark.kwargs.get("reason", "")).strip():
+                    raise pytest.UsageError(
+                        f"{item.nodeid}: mark it @pytest.mark.{name}(reason=...), saying why {why}"
+                    )

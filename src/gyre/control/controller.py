@@ -45,7 +45,7 @@ import zmq.asyncio
 from gyre.config import ChaosConfig, ControllerConfig
 from gyre.control.chaos import FaultyLink
 from gyre.control.policy import Action, CellView, ToServe, ToTrain
-from gyre.control.silence import StallClock, credit
+from gyre.control.silence import SYSTEM, Clock, StallClock, credit, silent
 from gyre.errors import SwitchFailed
 from gyre.journal import Journal
 from gyre.protocol import (
@@ -151,8 +151,9 @@ class Controller:
         pool: ControlledPool,
         journal_dir: str | Path | None = None,
         chaos: ChaosConfig | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
-        self.cfg, self.pool = cfg, pool
+        self.cfg, self.pool, self.clock = cfg, pool, clock
         self.link = FaultyLink(chaos or ChaosConfig(), "controller")
         self.cells: dict[str, _Cell] = {}
         self.core_address = ""
@@ -363,7 +364,7 @@ class Controller:
                 continue
             cell = self.cells.get(message.cell)
             if cell is not None and cell.role != "gone":
-                cell.last_seen = time.monotonic()
+                cell.last_seen = self.clock.now()
             match message:
                 case CellBeat():
                     if cell is not None and cell.role != "gone" and message.seq > cell.seq:
@@ -396,7 +397,7 @@ class Controller:
                                                   hello.capacity, identity)  # fmt: skip
             log.info("cell %s (%s, order %d) connected from %s pid %d", hello.cell, hello.kind, hello.order,
                      hello.hostname, hello.pid)  # fmt: skip
-        cell.identity, cell.last_seen = identity, time.monotonic()
+        cell.identity, cell.last_seen = identity, self.clock.now()
         cell.role, cell.version = hello.role, hello.version
         cell.pid, cell.seq = hello.pid, hello.seq
         if hello.role == "serving":  # a cell that kept serving while the controller restarted
@@ -445,19 +446,22 @@ class Controller:
         """Every ``heartbeat_s``: ping each live cell, declare the silent ones gone. The sweep gives the loop back
         every ``SWEEP_BATCH`` cells: at 1,000 cells one unbroken sweep held the driver's loop for tens of ms."""
         ping = _encoder.encode(ControlPing())
-        clock = StallClock(self.cfg.heartbeat_s)
+        clock = StallClock(self.cfg.heartbeat_s, self.clock.now)
         while True:
-            await asyncio.sleep(self.cfg.heartbeat_s)
+            await self.clock.sleep(self.cfg.heartbeat_s)
             stalled = clock.stalled()  # the driver stood still that long: nobody could be heard
-            now = time.monotonic()
-            for i, cell in enumerate(list(self.cells.values())):
+            now = self.clock.now()
+            live = [cell for cell in self.cells.values() if cell.role != "gone"]
+            for cell in live:
+                cell.last_seen = credit(cell.last_seen, stalled, now)
+            quiet = silent({cell: cell.last_seen for cell in live}, now, self.cfg.cell_timeout_s)
+            for i, cell in enumerate(live):
                 if i and i % SWEEP_BATCH == 0:
                     await asyncio.sleep(0)
-                if cell.role == "gone":
+                if cell.role == "gone":  # declared gone while the sweep gave the loop back
                     continue
-                cell.last_seen = credit(cell.last_seen, stalled)
-                if now - cell.last_seen > self.cfg.cell_timeout_s:
-                    self._declare_gone(cell, f"silent for {now - cell.last_seen:.1f} s")
+                if cell in quiet:
+                    self._declare_gone(cell, f"silent for {quiet[cell]:.1f} s")
                 else:
                     self.link.send(functools.partial(self._deliver, [cell.identity, ping]))
 

@@ -41,7 +41,7 @@ import zmq.asyncio
 
 from gyre.config import GyreConfig, dump_config
 from gyre.control.placement import Launcher, LocalLauncher, Process
-from gyre.control.silence import StallClock, credit
+from gyre.control.silence import SYSTEM, Clock, StallClock, credit, silent
 from gyre.driver.rundir import execution_journals
 from gyre.errors import CoreLost, GyreError, TaskError
 from gyre.journal import Journal, read_journal
@@ -109,7 +109,7 @@ class _Shard:
     hello: ShardHello | None = None
     live: bool = False  # welcomed and reporting: it runs executions
     lost: bool = False  # for the rest of the run: never live again, every word it says answered with a stop
-    lost_at: float = 0.0  # monotonic; its process is killed if it has not ended STOP_S later
+    lost_at: float = 0.0  # on the hub's clock; its process is killed if it has not ended STOP_S later
     last_seen: float = field(default_factory=time.monotonic)
     report: ShardReport | None = None
     jobs: dict[int, asyncio.Future[ShardResult]] = field(default_factory=dict)
@@ -165,8 +165,9 @@ class ShardHub:
     ``launcher``), and returns once every one has joined; leaving tells them to stop."""
 
     def __init__(self, cfg: GyreConfig, run_dir: str | Path, runtimes: dict[str, RuntimeSpec],
-                 launcher: Launcher | None = None, calls_dir: str | Path | None = None) -> None:  # fmt: skip
-        self.cfg, self.run_dir, self.runtimes = cfg, Path(run_dir), runtimes
+                 launcher: Launcher | None = None, calls_dir: str | Path | None = None,
+                 clock: Clock = SYSTEM) -> None:  # fmt: skip
+        self.cfg, self.run_dir, self.runtimes, self.clock = cfg, Path(run_dir), runtimes, clock
         self.launcher = launcher or LocalLauncher()
         self.calls_dir = str(calls_dir or self.run_dir / "journal")
         self.shards = {f"shard-{i}": _Shard(f"shard-{i}") for i in range(cfg.shards.count)}
@@ -362,7 +363,7 @@ class ShardHub:
                 with contextlib.suppress(zmq.ZMQError):
                     await self._sock.send_multipart([identity, encoder.encode(ShardStop(lost=True))])
                 continue
-            shard.last_seen = time.monotonic()
+            shard.last_seen = self.clock.now()
             match message:
                 case ShardHello():
                     await self._welcome(shard, message)
@@ -401,34 +402,35 @@ class ShardHub:
     async def _watch(self) -> None:
         """Every ``report_s``: a live shard silent for ``timeout_s``, or whose process ended, is lost."""
         cfg = self.cfg.shards
-        clock = StallClock(cfg.report_s)
+        clock = StallClock(cfg.report_s, self.clock.now)
         while True:
-            await asyncio.sleep(cfg.report_s)
+            await self.clock.sleep(cfg.report_s)
             stalled = clock.stalled()  # the driver stood still that long: nobody could be heard
-            now = time.monotonic()
+            now = self.clock.now()
+            if self._stopping:
+                continue
             for shard in self.shards.values():
-                if self._stopping:
-                    continue
                 proc = self.procs.get(shard.name)
-                if shard.lost:
-                    if proc is not None and now - shard.lost_at > STOP_S and proc.poll() is None:
-                        log.warning("lost shard %s did not stop within %g s: killed", shard.name, STOP_S)
-                        proc.kill()
-                        shard.lost_at = float("inf")  # killed once
-                    continue
-                if not shard.live:
-                    continue
-                shard.last_seen = credit(shard.last_seen, stalled)
+                if shard.lost and proc is not None and now - shard.lost_at > STOP_S and proc.poll() is None:
+                    log.warning("lost shard %s did not stop within %g s: killed", shard.name, STOP_S)
+                    proc.kill()
+                    shard.lost_at = float("inf")  # killed once
+            live = [shard for shard in self.shards.values() if shard.live and not shard.lost]
+            for shard in live:
+                shard.last_seen = credit(shard.last_seen, stalled, now)
+            quiet = silent({shard.name: shard.last_seen for shard in live}, now, cfg.timeout_s)
+            for shard in live:
+                proc = self.procs.get(shard.name)
                 if proc is not None and proc.poll() is not None:
                     await self._lose(shard, f"its process exited with code {proc.returncode}")
-                elif now - shard.last_seen > cfg.timeout_s:
-                    await self._lose(shard, f"silent for {now - shard.last_seen:.1f} s")
+                elif shard.name in quiet:
+                    await self._lose(shard, f"silent for {quiet[shard.name]:.1f} s")
 
     async def _lose(self, shard: _Shard, reason: str) -> None:
         log.warning(
             "shard %s is lost (%s): %d executions run again elsewhere", shard.name, reason, len(shard.jobs)
         )
-        shard.live, shard.lost, shard.lost_at = False, True, time.monotonic()
+        shard.live, shard.lost, shard.lost_at = False, True, self.clock.now()
         self._events.append(ShardEvent(at_s=time.time(), shard=shard.name, event="lost", reason=reason,
                                        running=len(shard.jobs), node=shard.hello.node if shard.hello else ""))  # fmt: skip
         for future in shard.jobs.values():

@@ -63,7 +63,7 @@ import torch
 import zmq
 
 from gyre.config import TrainerConfig
-from gyre.control.silence import StallClock, credit
+from gyre.control.silence import StallClock, credit, silent
 from gyre.engine import weight_sync
 from gyre.engine.launcher import free_port
 from gyre.errors import EngineUnavailable, GyreError
@@ -641,14 +641,16 @@ class CoreTrainer:
             return
         stalled = self._stall.stalled()  # this thread stood still that long: nobody could be heard
         now = time.monotonic()
-        for member in list(self.members.values()):
-            # a parked member stopped its heartbeats (it says Hello to rejoin), unless it was told to leave and its
-            # sum has not come yet: silent past the timeout, it is gone and its held micro-steps go back
-            if member.state == "gone" or (member.state == "parked" and not self.queue.held_by(member.name)):
-                continue
-            member.last_seen = credit(member.last_seen, stalled)
-            if now - member.last_seen > self.cfg.member_timeout_s:
-                self._gone(member, f"silent for {now - member.last_seen:.1f} s")
+        # a parked member stopped its heartbeats (it says Hello to rejoin), unless it was told to leave and its sum
+        # has not come yet: silent past the timeout, it is gone and its held micro-steps go back
+        heard = [m for m in self.members.values()
+                 if m.state != "gone" and not (m.state == "parked" and not self.queue.held_by(m.name))]  # fmt: skip
+        for member in heard:
+            member.last_seen = credit(member.last_seen, stalled, now)
+        quiet = silent({member.name: member.last_seen for member in heard}, now, self.cfg.member_timeout_s)
+        for member in heard:
+            if member.name in quiet:
+                self._gone(member, f"silent for {quiet[member.name]:.1f} s")
             else:
                 self._reply(member.identity, Ping())
 
