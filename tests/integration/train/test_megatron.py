@@ -4,6 +4,7 @@ step with a Megatron core and late satellites of both backends that equals one p
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -24,41 +25,46 @@ from reference import random_micro_steps
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.slow(reason="starts Megatron-core ranks (tensor and pipeline parallel) over gloo")
 
-# runs in its own process: Megatron's parallel state is per process (rank 0 here; rank 1 its child)
+# One process per model and layout computes every case of it (Megatron's parallel state is per process: rank 0
+# here, the other ranks its children): six launches, not one per case and layout.
 MEGATRON_SIDE = """
 import json, sys, msgspec, torch
 from gyre.config import LossConfig
 from gyre.protocol import MicroStep
 from gyre.train.megatron.member import MegatronLearner
 from gyre.train.state import flatten_parameters, load_model
-model, steps, loss, out = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-tensor, pipeline = int(sys.argv[5]), int(sys.argv[6])
-micro = msgspec.msgpack.decode(open(steps, "rb").read(), type=list[MicroStep])
-loss = msgspec.json.decode(loss, type=LossConfig)
+model, jobs, tensor, pipeline = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 flat = flatten_parameters(load_model(model))
 learner = MegatronLearner(json.load(open(model + "/config.json")), tensor, pipeline)
-if loss.kl_coef > 0:
-    learner.load_reference(flat + 0.01 * torch.sin(torch.arange(flat.numel(), dtype=torch.float32)))
-learner.weights().copy_(flat)
-learner.loaded(0)
-losses = [learner.compute(m, loss, 0).loss for m in micro]
-torch.save({"losses": torch.tensor(losses, dtype=torch.float64), "gradient": learner.gradient()}, out)
+learner.load_reference(flat + 0.01 * torch.sin(torch.arange(flat.numel(), dtype=torch.float32)))
+for steps, loss, out in json.load(open(jobs)):
+    micro = msgspec.msgpack.decode(open(steps, "rb").read(), type=list[MicroStep])
+    learner.weights().copy_(flat)
+    learner.loaded(0)
+    losses = [learner.compute(m, msgspec.json.decode(loss, type=LossConfig), 0).loss for m in micro]
+    torch.save({"losses": torch.tensor(losses, dtype=torch.float64), "gradient": learner.gradient()}, out)
 learner.close()
 """
 
 
 def megatron_side(
-    model: Path, micro: list[MicroStep], loss: LossConfig, tmp: Path, tensor: int = 1, pipeline: int = 1
-) -> dict[str, Any]:
-    steps, out = tmp / "steps.msgpack", tmp / f"out-{tensor}x{pipeline}.pt"
-    steps.write_bytes(msgspec.msgpack.encode(micro))
-    args = [str(model), str(steps), msgspec.json.encode(loss).decode(), str(out), str(tensor), str(pipeline)]
-    done = subprocess.run(
-        [sys.executable, "-c", MEGATRON_SIDE, *args], capture_output=True, text=True, timeout=600
-    )
+    model: Path,
+    cases: dict[str, tuple[list[MicroStep], LossConfig]],
+    tmp: Path,
+    tensor: int = 1,
+    pipeline: int = 1,
+) -> dict[str, dict[str, Any]]:
+    """Every case (name -> micro-steps, loss) computed by one Megatron member of ``tensor`` x ``pipeline`` ranks."""
+    jobs = []
+    for name, (micro, loss) in cases.items():
+        steps, out = tmp / f"{name}.msgpack", tmp / f"{name}-{tensor}x{pipeline}.pt"
+        steps.write_bytes(msgspec.msgpack.encode(micro))
+        jobs.append((str(steps), msgspec.json.encode(loss).decode(), str(out)))
+    (tmp / "jobs.json").write_text(json.dumps(jobs))
+    done = subprocess.run([sys.executable, "-c", MEGATRON_SIDE, str(model), str(tmp / "jobs.json"), str(tensor),
+                           str(pipeline)], capture_output=True, text=True, timeout=900)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    result: dict[str, Any] = torch.load(out)
-    return result
+    return {name: torch.load(out) for name, (_, _, out) in zip(cases, jobs, strict=True)}
 
 
 def torch_side(model: Path, micro: list[MicroStep], loss: LossConfig) -> tuple[list[float], torch.Tensor]:
@@ -140,39 +146,61 @@ def assert_same(got: dict[str, Any], want_losses: list[float], want: torch.Tenso
     )
 
 
+def _pipeline_case() -> tuple[list[MicroStep], LossConfig]:
+    return random_micro_steps(11, 1) + tree_micro_steps(12, 2), LossConfig(kl_coef=0.1, temperature=0.8)
+
+
+def _qwen2_case() -> tuple[list[MicroStep], LossConfig]:
+    return tree_micro_steps(8, 2), LossConfig()
+
+
+@pytest.fixture(scope="module")
+def qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return qwen2_model(tmp_path_factory.mktemp("qwen2"))
+
+
+@pytest.fixture(scope="module")
+def megatron_runs(
+    tiny_model: Path, qwen2: Path, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, dict[str, Any]]:
+    """Every layout's results, one process per model and layout: "TP=1", "TP=2" (every case), "TP=1 x PP=2" and
+    "TP=2 x PP=2" (the pipeline case), "qwen2 TP=2 x PP=1" and "qwen2 TP=1 x PP=2" (the Qwen2 case)."""
+    cases = {name: (make(), loss) for name, (make, loss) in CASES.items()}
+    layouts = [("TP=1", tiny_model, cases, 1, 1), ("TP=2", tiny_model, cases, 2, 1)]
+    layouts += [(f"TP={t} x PP=2", tiny_model, {"pipeline": _pipeline_case()}, t, 2) for t in (1, 2)]
+    layouts += [
+        (f"qwen2 TP={t} x PP={p}", qwen2, {"qwen2": _qwen2_case()}, t, p) for t, p in ((2, 1), (1, 2))
+    ]
+    return {name: megatron_side(model, todo, tmp_path_factory.mktemp("megatron"), t, p)
+            for name, model, todo, t, p in layouts}  # fmt: skip
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_megatron_at_tp1_and_tp2_gives_the_torch_backends_loss_and_gradients(
-    tiny_model: Path, tmp_path: Path, case: str
+    tiny_model: Path, megatron_runs: dict[str, dict[str, Any]], case: str
 ) -> None:
     make, loss = CASES[case]
-    micro = make()
-    want_losses, want = torch_side(tiny_model, micro, loss)
+    want_losses, want = torch_side(tiny_model, make(), loss)
     assert want.norm() > 0.1
     for tensor in (1, 2):
-        assert_same(
-            megatron_side(tiny_model, micro, loss, tmp_path, tensor), want_losses, want, f"TP={tensor}"
-        )
+        assert_same(megatron_runs[f"TP={tensor}"][case], want_losses, want, f"TP={tensor}")
 
 
 def test_pipeline_stages_alone_and_with_tensor_parallel_ranks_give_the_same_loss_and_gradients(
-    tiny_model: Path, tmp_path: Path
+    tiny_model: Path, megatron_runs: dict[str, dict[str, Any]]
 ) -> None:
     """Two stages (the tied output layer a copy on the last), then 2 x 2 processes: trees, the KL term."""
-    micro = random_micro_steps(11, 1) + tree_micro_steps(12, 2)
-    loss = LossConfig(kl_coef=0.1, temperature=0.8)
-    want_losses, want = torch_side(tiny_model, micro, loss)
-    for tensor, pipeline in ((1, 2), (2, 2)):
-        got = megatron_side(tiny_model, micro, loss, tmp_path, tensor, pipeline)
-        assert_same(got, want_losses, want, f"TP={tensor} x PP={pipeline}")
+    want_losses, want = torch_side(tiny_model, *_pipeline_case())
+    for layout in ("TP=1 x PP=2", "TP=2 x PP=2"):
+        assert_same(megatron_runs[layout]["pipeline"], want_losses, want, layout)
 
 
-def test_a_qwen2_checkpoint_with_biases_and_an_untied_head_matches_too(tmp_path: Path) -> None:
-    model = qwen2_model(tmp_path / "qwen2")
-    micro = tree_micro_steps(8, 2)
-    want_losses, want = torch_side(model, micro, LossConfig())
-    for tensor, pipeline in ((2, 1), (1, 2)):
-        got = megatron_side(model, micro, LossConfig(), tmp_path, tensor, pipeline)
-        assert_same(got, want_losses, want, f"TP={tensor} x PP={pipeline}")
+def test_a_qwen2_checkpoint_with_biases_and_an_untied_head_matches_too(
+    qwen2: Path, megatron_runs: dict[str, dict[str, Any]]
+) -> None:
+    want_losses, want = torch_side(qwen2, *_qwen2_case())
+    for layout in ("TP=2 x PP=1", "TP=1 x PP=2"):
+        assert_same(megatron_runs[f"qwen2 {layout}"]["qwen2"], want_losses, want, layout)
 
 
 def test_an_elastic_step_with_a_megatron_core_and_late_satellites_of_both_backends_equals_one_process(
