@@ -63,7 +63,16 @@ class Cluster:
         except BaseException:
             await self.__aexit__(None, None, None)
             raise
+        self._watching = asyncio.ensure_future(self._watch())  # cancelled in __aexit__
         return self
+
+    async def _watch(self) -> None:
+        """A cell whose process exited is gone at once (its silence would take ``cell_timeout_s`` to tell)."""
+        while True:
+            await asyncio.sleep(self.cfg.controller.heartbeat_s)
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    self.controller.process_exited(name, proc.returncode)
 
     def start(self, spec: CellSpec) -> None:
         """Start (or restart) one cell process."""
@@ -93,6 +102,10 @@ class Cluster:
         self.procs[name].wait()
 
     async def __aexit__(self, *exc: object) -> None:
+        if (watching := getattr(self, "_watching", None)) is not None:
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
         deadline, told = time.monotonic() + SHUTDOWN_S, 0.0
         # a cell declared gone (silent) would not hear CellShutdown: it is killed without waiting
         gone = {c.name for c in self.controller.cells.values() if c.role == "gone"}

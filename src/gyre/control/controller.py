@@ -465,6 +465,12 @@ class Controller:
                 else:
                     self.link.send(functools.partial(self._deliver, [cell.identity, ping]))
 
+    def process_exited(self, name: str, code: int | None) -> None:
+        """What runs a cell's process saw it exit: the cell is gone now (nothing if it is gone already)."""
+        cell = self.cells.get(name)
+        if cell is not None and cell.role != "gone":
+            self._declare_gone(cell, f"its process exited with code {code}")
+
     def _declare_gone(self, cell: _Cell, reason: str) -> None:
         log.warning("cell %s is gone: %s", cell.name, reason)
         cell.role, cell.gone_reason = "gone", reason

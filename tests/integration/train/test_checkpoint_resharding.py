@@ -37,7 +37,7 @@ def ranks(world: int, mode: str, reference: Path, checkpoint: Path, out: Path) -
     """``world`` rank processes of ``checkpoint_ranks.run_rank``, to the end (an error in any fails the test)."""
     out.mkdir(exist_ok=True)
     args = (world, free_port(), mode, str(reference), str(checkpoint), str(out))
-    mp.spawn(run_rank, args=args, nprocs=world, join=True)
+    mp.start_processes(run_rank, args=args, nprocs=world, start_method="forkserver")
 
 
 def reference_run(path: Path) -> dict[str, torch.Tensor]:

@@ -42,7 +42,7 @@ def test_a_tree_split_over_ranks_gives_the_loss_and_gradients_of_one_process(
 ) -> None:
     micro = tree_micro_step(world * 100 + branches, tokens, branches)
     mp.start_processes(run_rank, args=(world, free_port(), str(tiny_model), msgspec.json.encode(micro).decode(),
-                                       str(tmp_path)), nprocs=world, start_method="spawn")  # fmt: skip
+                                       str(tmp_path)), nprocs=world, start_method="forkserver")  # fmt: skip
     got = torch.load(tmp_path / "gradient.pt")
     loss, scored, computed = json.loads((tmp_path / "figures.json").read_text())
     want, want_loss = unsplit(tiny_model, micro)

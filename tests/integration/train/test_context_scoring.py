@@ -33,7 +33,7 @@ def test_a_rank_with_no_weighted_tokens_still_gives_the_micro_steps_loss_and_gra
     weights = [w if i % 7 == 3 and micro.parents[i] in held else 0.0 for i, w in enumerate(micro.weights)]
     micro = msgspec.structs.replace(micro, weights=weights)
     mp.start_processes(run_rank, args=(world, free_port(), str(tiny_model), msgspec.json.encode(micro).decode(),
-                                       str(tmp_path)), nprocs=world, start_method="spawn")  # fmt: skip
+                                       str(tmp_path)), nprocs=world, start_method="forkserver")  # fmt: skip
     got = torch.load(tmp_path / "gradient.pt")
     loss, scored, computed = json.loads((tmp_path / "figures.json").read_text())
     model = load_model(tiny_model)  # the same micro-step in one process

@@ -21,7 +21,7 @@ from recompute_runs import run_rank, step_peak
 def test_recomputed_layers_split_over_context_parallel_ranks_give_the_same_gradients(tmp_path: Path) -> None:
     micro = tree_micro_step(11, 1024, 4, vocab=1024)
     mp.start_processes(run_rank, args=(2, free_port(), msgspec.json.encode(micro).decode(), str(tmp_path)), nprocs=2,
-                       start_method="spawn")  # fmt: skip
+                       start_method="forkserver")  # fmt: skip
     want_loss, got_loss = json.loads((tmp_path / "losses.json").read_text())
     want, got = torch.load(tmp_path / "gradient-0.pt"), torch.load(tmp_path / "gradient-1.pt")
     assert abs(got_loss - want_loss) <= 1e-6 * abs(want_loss), (got_loss, want_loss)

@@ -55,7 +55,12 @@ def _cell(
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out.mkdir()
-    mp.spawn(run_rank, args=(world, port, str(model_dir), clip, mode, plan, str(out)), nprocs=world)
+    mp.start_processes(
+        run_rank,
+        args=(world, port, str(model_dir), clip, mode, plan, str(out)),
+        nprocs=world,
+        start_method="forkserver",
+    )
     return [
         (load_file(out / f"rank-{r}.safetensors")["flat"], json.loads((out / f"rank-{r}.json").read_text()))
         for r in range(world)
