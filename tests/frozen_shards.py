@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from gyre.config import GyreConfig
 from gyre.control.placement import Launcher
+from gyre.control.silence import ManualClock
 from gyre.driver.rundir import execution_journals
 from gyre.journal import read_journal
 from gyre.runtime.dispatch import CommandAgentSpec, ExecutionResult, ExecutionSpec
@@ -22,9 +23,10 @@ from gyre.tasks import resolve_suite
 
 # First attempts outlast the freeze's start, so they are cut off; their reruns finish at once.
 SLOW_FIRST = ["sh", "-c", 'case "$GYRE_EXECUTION_ID" in *~rerun*) exit 0;; esac; sleep 3']
-# shards.timeout_s of these tests: long enough that the healthy shard is not judged silent on a loaded machine (at 2 s
-# CI lost shard-0 instead, its reports late under load), short enough that the frozen one is lost while it holds its four
-FROZEN_TIMEOUT_S = 6.0
+# shards.timeout_s of these tests, on the hub's ManualClock: the clock moves on only once the healthy shard-0 was
+# heard again, so shard-0 is never silent for a moment of it, however loaded the machine (at a real 2 s, CI once lost
+# shard-0 instead, its reports late under load); the frozen shard-1 is lost after a few steps, holding its four
+FROZEN_TIMEOUT_S = 2.0
 VICTIM = "shard-1"  # owns four of the six executions (rendezvous hash), shard-0 two
 
 
@@ -38,8 +40,9 @@ class Thawed(NamedTuple):
 
 
 async def freeze_and_thaw(cfg: GyreConfig, run_dir: Path, launcher: Launcher | None = None) -> Thawed:
-    """Run six executions on two shards; SIGSTOP `VICTIM` once its four run, past ``shards.timeout_s``; SIGCONT it
-    once the hub has lost it; wait for its process to end and everything to finish."""
+    """Run six executions on two shards; SIGSTOP `VICTIM` once its four run, past ``shards.timeout_s`` of the hub's
+    clock (stepped on each time the other shard reports); SIGCONT it once the hub has lost it; wait for its process
+    to end and everything to finish."""
     task = resolve_suite("toy:1")[0]
     specs = [ExecutionSpec(task=task, agent=CommandAgentSpec(argv=SLOW_FIRST), execution_id=f"e000000.0/toy/{i}")
              for i in range(6)]  # fmt: skip
@@ -54,7 +57,8 @@ async def freeze_and_thaw(cfg: GyreConfig, run_dir: Path, launcher: Launcher | N
                 await asyncio.sleep(0.02)
 
     runtimes = {"run": RuntimeSpec(journal_dir=str(run_dir / "journal"))}
-    async with ShardHub(cfg, run_dir, runtimes, launcher) as hub:
+    clock = ManualClock()
+    async with ShardHub(cfg, run_dir, runtimes, launcher, clock=clock) as hub:
         shard = hub.shards[VICTIM]
         async with asyncio.TaskGroup() as group:
             running = [group.create_task(hub.run_one(s)) for s in specs]
@@ -62,7 +66,14 @@ async def freeze_and_thaw(cfg: GyreConfig, run_dir: Path, launcher: Launcher | N
             assert shard.hello is not None
             pid = shard.hello.pid
             os.kill(pid, signal.SIGSTOP)
-            await until(lambda: VICTIM in hub.statistics().lost)
+            healthy = hub.shards["shard-0"]
+            while VICTIM not in hub.statistics().lost:
+                heard = healthy.report
+                await until(
+                    lambda heard=heard: healthy.report is not heard
+                )  # shard-0 was heard since the last step
+                clock.advance(cfg.shards.report_s)
+                await asyncio.sleep(0.01)  # the hub's sweep runs
             at_loss = hub.statistics()
             os.kill(pid, signal.SIGCONT)
             await until(lambda: not _alive(pid))  # told to stop, it stops (or, STOP_S later, is killed)

@@ -42,8 +42,9 @@ DEFAULT_S = 1.0
 FORKSERVER_PRELOAD = ["torch", "torch.distributed", "gyre.train.state", "gyre.train.context", "gyre.train.objective",
                       "gyre.train.checkpoint", "context_ranks", "sharded_ranks", "checkpoint_ranks"]  # fmt: skip  # a test with no stored duration (new): counted as this when ordering
 
-# the worker's own servers, which the first test to need them starts: they serve every later test
-KEPT = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+# servers that outlive the test that started them by design: the worker's fork server and resource tracker (every
+# later test forks from them), the pooled workers of a module's Ray cluster (its raylet starts them on demand)
+KEPT = ("multiprocessing.forkserver", "multiprocessing.resource_tracker", "ray::")
 
 _seconds: dict[str, float] = defaultdict(float)  # nodeid -> setup + call + teardown seconds, this run
 _slow: set[str] = set()

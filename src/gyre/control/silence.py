@@ -10,7 +10,7 @@ heartbeat and call one silent for longer than a timeout gone. Two things look li
 - **Every peer went quiet at once** while the listener ran: the machine or the network they share stood still (every
   shard of a two-core CI machine starved together; a switch rebooting). One peer dying is told from that by its peers
   still being heard: `silent` judges a peer against the timeout while another was heard within it, and against
-  `ALL_QUIET` timeouts when none was.
+  `ALL_QUIET` timeouts when none of two or more was.
 
 Time comes from a `Clock`: the system's, or a `ManualClock` that moves only when a test (or a simulation) advances
 it, so a test of these detectors steps through a minute of silence in milliseconds instead of sleeping through it,
@@ -97,9 +97,11 @@ def credit(last_seen: float, stalled_s: float, now: float) -> float:
 
 def silent(last_seen: Mapping[K, float], now: float, timeout_s: float) -> dict[K, float]:
     """The peers to judge gone, with their seconds of silence: over ``timeout_s`` while another peer was heard within
-    it; over ``ALL_QUIET * timeout_s`` when none was (every one quiet at once: the machine or network they share
-    stood still, which is nobody's death; if they all died, they are gone a little later)."""
+    it; over ``ALL_QUIET * timeout_s`` when none of two or more was (every one quiet at once: the machine or network
+    they share stood still, which is nobody's death; if they all died, they are gone a little later). A lone peer
+    has no other to be judged against: its own timeout."""
     if not last_seen:
         return {}
-    limit = timeout_s if now - max(last_seen.values()) <= timeout_s else ALL_QUIET * timeout_s
+    together = len(last_seen) > 1 and now - max(last_seen.values()) > timeout_s
+    limit = ALL_QUIET * timeout_s if together else timeout_s
     return {peer: now - seen for peer, seen in last_seen.items() if now - seen > limit}

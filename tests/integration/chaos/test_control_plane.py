@@ -18,12 +18,13 @@ from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
 from gyre.protocol import SwitchRecord
 from gyre.runtime.dispatch import ExecutionResult
+from robust import CONTROLLER_TOML, TRAINER_TOML
 
 pytestmark = pytest.mark.slow(
     reason="a live gyre train with its control messages dropped, duplicated and delayed"
 )
 RUN_TIMEOUT_S = 600  # it takes 30-60 s alone, a few minutes beside a full suite
-CONFIG = """
+CONFIG = f"""
 [trajectory]
 # the untrained tiny model's groups often score alike (advantage 0, not computed by default): compute them, so
 # every step has micro-steps to train
@@ -46,10 +47,12 @@ num_threads = 1
 [trainer]
 learning_rate = 1e-4
 heartbeat_s = 0.25
+{TRAINER_TOML}
 
 [controller]
 heartbeat_s = 0.25
-cell_timeout_s = 5.0
+# no cell is faulted, only messages: every cell is healthy, and a dropped or delayed beat must not lose one
+{CONTROLLER_TOML}
 
 [chaos]
 control_drop = 0.2

@@ -20,12 +20,13 @@ from gyre.driver.training import Resume, StepRecord, execution_index
 from gyre.journal import read_journal
 from gyre.protocol import SwitchRecord
 from gyre.runtime.dispatch import ExecutionResult
+from robust import TRAINER_TOML
 
 pytestmark = pytest.mark.slow(
     reason="kills the core of a live gyre train, waits out the cell timeout, resumes the run"
 )
 STEPS, BATCH = 2, 4
-CONFIG = """
+CONFIG = f"""
 [trajectory]
 # the untrained tiny model's groups often score alike (advantage 0, not computed by default): compute them, so
 # every step has micro-steps to train
@@ -49,10 +50,12 @@ num_threads = 1
 learning_rate = 1e-4
 heartbeat_s = 0.25
 modelled_tokens_per_s = 400
+{TRAINER_TOML}
 
 [controller]
 heartbeat_s = 0.25
-cell_timeout_s = 2.0
+# the victim's timeout is also the healthy cell-1's (training in colocate) and, in the resumed run, every cell's
+cell_timeout_s = 20
 """
 
 
@@ -98,16 +101,14 @@ def test_a_dead_core_stops_the_run_at_once_with_a_resume_hint_and_resume_complet
         pid = core_pid(rd)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)
-        killed = time.monotonic()
-        _, err = driver.communicate(timeout=90)
-        stopped_s = time.monotonic() - killed
+        # the cell timeout, then the core's trainer probe (20 s each), then a clean shut-down
+        _, err = driver.communicate(timeout=180)
     finally:
         driver.kill()
     said = err.decode(errors="replace")
     assert driver.returncode == 2, said[-3000:]
-    assert stopped_s < 60, (
-        stopped_s
-    )  # the cell timeout (2 s) and a clean shut-down, not a 120 s trainer timeout
+    # stopped by the watch on the core cell (its message), not by a trainer timeout; no bound on the seconds, which
+    # a loaded machine stretches
     assert "the core cell died (cell-0" in said and f"gyre train --resume {rd.root}" in said, said[-3000:]
     assert "Traceback" not in said, said[-3000:]
     assert [s.step for s in read_journal(rd.metrics, StepRecord)] == [0]  # step 1 never applied

@@ -15,9 +15,11 @@ from gyre.control.chaos import FaultyStarts
 from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
 from gyre.runtime.dispatch import ExecutionResult
+from robust import CONTROLLER_TOML, TRAINER_TOML
 
 pytestmark = pytest.mark.slow(reason="a live gyre train whose verifiers fail to start and are retried")
-CONFIG = """
+# healthy cells and satellite: 30 s silence timeouts (robust.py), not the shipped 5 s a loaded machine exceeds
+CONFIG = f"""
 [run]
 suite = "toy:8"
 steps = 2
@@ -35,9 +37,11 @@ num_threads = 1
 [trainer]
 learning_rate = 1e-4
 heartbeat_s = 0.25
+{TRAINER_TOML}
 
 [controller]
 heartbeat_s = 0.25
+{CONTROLLER_TOML}
 
 [chaos]
 verifier_start_fail = 0.5

@@ -17,8 +17,10 @@ from gyre.cli import main
 from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
 from gyre.runtime.dispatch import ExecutionResult
+from robust import CONTROLLER_TOML
 
 STAGES = 16  # the task allows STAGES + 11 calls of ~800 tokens each (a stage's log and the call's own tokens)
+# a healthy, busy cell: a 30 s silence timeout (robust.py), not the shipped 5 s a loaded machine exceeds
 CONFIG = f"""
 [run]
 suite = "long:1:0:{STAGES}"
@@ -47,6 +49,7 @@ num_threads = 1
 
 [controller]
 heartbeat_s = 0.25
+{CONTROLLER_TOML}
 """
 
 

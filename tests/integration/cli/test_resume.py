@@ -27,10 +27,12 @@ from gyre.driver.rundir import RunDir
 from gyre.driver.training import Resume, StepRecord, Trainer, execution_index
 from gyre.journal import read_journal
 from gyre.runtime.dispatch import ExecutionResult
+from robust import CONTROLLER_TOML, TRAINER_TOML
 
 pytestmark = pytest.mark.slow(reason="kills a live gyre train at three moments and resumes each run")
 STEPS, BATCH = 2, 4
-CONFIG = """
+# healthy cells and satellite: 30 s silence timeouts (robust.py), not the shipped 5 s a loaded machine exceeds
+CONFIG = f"""
 [trajectory]
 # the untrained tiny model's groups often score alike (advantage 0, not computed by default): compute them, so
 # every step has micro-steps to train
@@ -53,9 +55,11 @@ num_threads = 1
 [trainer]
 learning_rate = 1e-4
 heartbeat_s = 0.25
+{TRAINER_TOML}
 
 [controller]
 heartbeat_s = 0.25
+{CONTROLLER_TOML}
 """
 TORN = b'{"execution_id":"e000003.0/toy-'  # a line cut off mid-write
 

@@ -14,9 +14,11 @@ from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
 from gyre.protocol import SwitchRecord
 from gyre.runtime.dispatch import ExecutionResult
+from robust import CONTROLLER_TOML, TRAINER_TOML
 
 OTHER_MODES = pytest.mark.slow(reason="gyre train in a further mode; the fast tier runs elastic")
-CONFIG = """
+# healthy cells and satellite: 30 s silence timeouts (robust.py), not the shipped 5 s a loaded machine exceeds
+CONFIG = f"""
 [trajectory]
 # the untrained tiny model's groups often score alike (advantage 0, not computed by default): compute them, so
 # every step has micro-steps to train
@@ -39,9 +41,11 @@ num_threads = 1
 [trainer]
 learning_rate = 1e-4
 heartbeat_s = 0.25
+{TRAINER_TOML}
 
 [controller]
 heartbeat_s = 0.25
+{CONTROLLER_TOML}
 """
 
 

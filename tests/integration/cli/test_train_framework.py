@@ -17,8 +17,10 @@ from gyre.cli import main
 from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
 from gyre.runtime.dispatch import ExecutionResult
+from robust import CONTROLLER_TOML, TRAINER_TOML
 
-CONFIG = """
+# healthy cells and satellite: 30 s silence timeouts (robust.py), not the shipped 5 s a loaded machine exceeds
+CONFIG = f"""
 [trajectory]
 skip_zero_advantage = false  # the untrained tiny model's groups often score alike: train them anyway
 
@@ -39,9 +41,11 @@ num_threads = 1
 [trainer]
 learning_rate = 1e-4
 heartbeat_s = 0.25
+{TRAINER_TOML}
 
 [controller]
 heartbeat_s = 0.25
+{CONTROLLER_TOML}
 """
 
 # A user's own langgraph agent: a draft, then a revision of it, each a call of the served model.

@@ -24,9 +24,12 @@ from gyre.driver.rundir import execution_journals
 from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
 from gyre.runtime.dispatch import ExecutionResult
+from robust import SHARDS_TOML
 
 pytestmark = pytest.mark.slow(reason="a local Ray cluster of five nodes and gyre train runs on it")
-CONFIG = """
+# A killed node's cell or shard is judged by the timeouts its healthy peers share: 20 s for cells and members, the
+# robust 30 s for shards (CI once lost both healthy shards at 8.2 s, see the cell test).
+CONFIG = f"""
 [trajectory]
 skip_zero_advantage = false
 
@@ -47,21 +50,22 @@ num_threads = 1
 [trainer]
 learning_rate = 1e-4
 heartbeat_s = 0.25
+member_timeout_s = 20
 
 [controller]
 heartbeat_s = 0.25
-cell_timeout_s = 5
+cell_timeout_s = 20
 
 [shards]
 count = 2
 report_s = 0.25
-timeout_s = 8
+{SHARDS_TOML}
 
 [ray]
 cell_gpus = 0
 cell_cpus = 1
-cell_resources = { cell_node = 1 }
-shard_resources = { shard_node = 1 }
+cell_resources = {{ cell_node = 1 }}
+shard_resources = {{ shard_node = 1 }}
 cell_strategy = "STRICT_SPREAD"
 shard_strategy = "STRICT_SPREAD"
 """
@@ -77,18 +81,34 @@ open("answer.txt", "w").write(messages[-1]["content"])
 """
 
 
-@pytest.fixture
-def cluster() -> Iterator[Any]:
+NODES = ("shard_node", "shard_node", "cell_node", "cell_node")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[tuple[Any, dict[Any, str]]]:
+    """One Ray cluster for the module (a start costs seconds): its head, and its worker nodes with their kinds."""
     from ray.cluster_utils import Cluster
 
     nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     try:
-        for kind in ("shard_node", "shard_node", "cell_node", "cell_node"):
-            nodes.add_node(num_cpus=1, resources={kind: 1})
-        nodes.wait_for_nodes()
-        yield nodes
+        yield nodes, {}
     finally:
         nodes.shutdown()
+
+
+@pytest.fixture
+def cluster(ray_cluster: tuple[Any, dict[Any, str]]) -> Any:
+    """The module's cluster with its four worker nodes: a node an earlier test removed is added again first."""
+    nodes, kinds = ray_cluster
+    for node in [n for n in kinds if n not in nodes.worker_nodes]:
+        del kinds[node]
+    missing = list(NODES)
+    for kind in kinds.values():
+        missing.remove(kind)
+    for kind in missing:
+        kinds[nodes.add_node(num_cpus=1, resources={kind: 1})] = kind
+    nodes.wait_for_nodes()
+    return nodes
 
 
 def train(
@@ -233,9 +253,10 @@ def test_a_cell_node_killed_is_a_dead_cell_as_on_one_machine(
     cluster: Any, tiny_model: Path, tmp_path: Path
 ) -> None:
     agent = f"command:{shlex.join([sys.executable, '-c', SLOW_SCAFFOLD])}"
-    # shards judged silent after 60 s, not 8: this test is about the cell. CI twice saw both shards called silent for
-    # 8.2 s at once during their first executions beside a full suite, and the run end before its first call (exit
-    # 2, no shard left); the cause, something in the shards' loop that starves under load, is not yet found
+    # shards judged silent after 60 s, twice the config's: this test is about the cell. CI twice saw both shards
+    # called silent for 8.2 s at once during their first executions beside a full suite, and the run end before its
+    # first call (exit 2, no shard left); the cause, something in the shards' loop that starves under load, is not
+    # yet found
     proc = train(tiny_model, tmp_path, "run", "--set", f"run.agent={json.dumps(agent)}", "--set",
                  "shards.timeout_s=60", ray=cluster.address)  # fmt: skip
     run_dir = tmp_path / "run"
@@ -256,7 +277,11 @@ def test_a_cell_node_killed_is_a_dead_cell_as_on_one_machine(
 
 def test_gyre_eval_places_its_shards_with_ray(cluster: Any, tiny_model: Path, tmp_path: Path) -> None:
     config = tmp_path / "eval.toml"
-    config.write_text('[ray]\nshard_resources = { shard_node = 1 }\nshard_strategy = "STRICT_SPREAD"\n')
+    # both shards are healthy: the robust silence timeout, not the shipped 10 s
+    config.write_text(
+        '[ray]\nshard_resources = { shard_node = 1 }\nshard_strategy = "STRICT_SPREAD"\n\n'
+        f"[shards]\n{SHARDS_TOML}\n"
+    )
     run_dir = tmp_path / "eval"
     argv = [sys.executable, "-m", "gyre", "eval", "--suite", "toy:4", "--model-path", str(tiny_model), "--run-dir",
             str(run_dir), "--config", str(config), "--shards", "2", "--ray", cluster.address, "--max-steps", "2",

@@ -21,14 +21,15 @@ from gyre.router.app import KEEP_ALIVE_S, build_agent_app
 from gyre.train.step import Rollout
 from gyre.train.trainerclient import TrainerClient
 from reference import hf_logprobs
+from robust import ROBUST
 
 BASE = [
     "cells.engine_overrides=['engine.kv_cache_mem_gib=0.1']", "cells.num_threads=1",
     "trainer.learning_rate=1e-3", "trainer.heartbeat_s=0.25", "trainer.transfer_timeout_s=30",
     "controller.heartbeat_s=0.25",
-    # a cell is gone after 20 s of silence, not 5: a loaded machine (CI, two test workers) can hold a busy loop's
-    # heartbeats that long; the tests of lost cells set their own timeout
-    "controller.cell_timeout_s=20",
+    # cells, satellites and shards are gone after 30 s of silence, not 5: a loaded machine (CI, two test workers) can
+    # hold a busy loop's heartbeats that long; the tests of lost cells set their victim's timeout
+    *ROBUST,
 ]  # fmt: skip
 
 

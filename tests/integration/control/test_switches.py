@@ -86,6 +86,7 @@ def _step_items(seed: int) -> list[MicroStep]:
     return random_micro_steps(seed, 8)
 
 
+@pytest.mark.timing  # a loaded machine once held the core's answer to SetEngine past 120 s here
 def test_switch_phases_and_statistics(tiny_model: Path, tmp_path: Path) -> None:
     """A serve -> train -> serve cycle of each trainable cell, its phases in order, the roles as it goes."""
 

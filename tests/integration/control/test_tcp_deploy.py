@@ -22,12 +22,14 @@ from gyre.router.app import build_agent_app
 from gyre.router.pool import EnginePool
 from gyre.router.routing import Router
 from reference import random_micro_steps
+from robust import ROBUST
 
 pytestmark = pytest.mark.slow(reason="cells and a satellite started by hand join over TCP")
 BASE = [
     "cells.engine_overrides=['engine.kv_cache_mem_gib=0.1']", "cells.num_threads=1", "cells.host=\"127.0.0.1\"",
     "trainer.learning_rate=1e-3", "trainer.heartbeat_s=0.25", "trainer.transfer_timeout_s=30",
     "controller.heartbeat_s=0.25",
+    *ROBUST,  # every cell and the satellite are healthy: none is judged silent on a loaded machine
 ]  # fmt: skip
 
 

@@ -16,7 +16,13 @@ from gyre.engine.launcher import ServerProcess, launch_embedded
 from gyre.protocol import SamplingParams
 from gyre.router.pool import EnginePool, EngineState
 
-pytestmark = pytest.mark.slow(reason="waits out probes of engines that hang or never answer")
+pytestmark = [
+    pytest.mark.slow(reason="waits out probes of engines that hang or never answer"),
+    pytest.mark.timing,
+]
+# The pool's probe settings are every engine's, the healthy one's too: 10 s without an answer to /health before an
+# engine is hung, not 1 s (a loaded machine can hold a busy engine's answer that long); the victim never answers.
+PROBE = {"probe_timeout_s": 5.0, "hung_after_s": 10.0}
 PROMPT = [5, 17, 42, 99, 3, 64]
 
 
@@ -41,24 +47,22 @@ def test_an_engine_that_never_answers_is_judged_hung_and_the_call_goes_on(
 ) -> None:
     params = SamplingParams(max_new_tokens=24, temperature=0.0)
 
-    async def main() -> tuple[list[int], list[int], list[str], float, EnginePool]:
+    async def main() -> tuple[list[int], list[int], list[str], EnginePool]:
         async with EngineClient(engine.url) as direct:
             want = (await direct.generate(PROMPT, params)).output_ids
-        pool = EnginePool(wait_for_engine_s=5, probe_timeout_s=0.5, hung_after_s=1.0)
+        pool = EnginePool(wait_for_engine_s=60, **PROBE)
         dead, live = pool.add(silent, "silent"), pool.add(engine.url, "live")
         dead.outstanding_tokens = -1  # least loaded: the call goes there first
-        start = time.monotonic()
-        gen = await pool.generate(PROMPT, params)
-        took = time.monotonic() - start
+        async with asyncio.timeout(120):  # not the request timeout (3600 s)
+            gen = await pool.generate(PROMPT, params)
         assert (dead.state, live.state) == (EngineState.HUNG, EngineState.SERVING)
         await pool.aclose()
-        return want, gen.output_ids, gen.engines, took, pool
+        return want, gen.output_ids, gen.engines, pool
 
-    want, got, engines, took, pool = asyncio.run(main())
+    want, got, engines, pool = asyncio.run(main())
     assert got == want and engines == [
         "live"
     ]  # the caller got the whole answer, from the engine that answers
-    assert took < 10  # not the request timeout (3600 s)
     stats = pool.statistics()
     assert (stats.hung_engines, stats.moved_calls) == (1, 1)
 
@@ -68,7 +72,8 @@ def test_a_long_generation_on_an_engine_that_answers_its_probe_is_not_cut(engine
     params = SamplingParams(max_new_tokens=1500, ignore_eos=True, temperature=1.0)
 
     async def main() -> tuple[list[str], float, int, EnginePool]:
-        pool = EnginePool(probe_timeout_s=2.0, hung_after_s=0.2)  # far shorter than the generation
+        # hung after 0.2 s without an answer (far shorter than the generation): the engine must answer its probes
+        pool = EnginePool(probe_timeout_s=20.0, hung_after_s=0.2)
         busy = pool.add(engine.url, "busy")
         start = time.monotonic()
         gen = await pool.generate(PROMPT, params)
@@ -88,26 +93,23 @@ def test_a_call_moved_to_an_engine_that_never_answers_is_not_held_by_its_kv_hand
     hand-over waiting on it is probed like a call, judged hung, given up, and the call finishes on another engine."""
     params = SamplingParams(max_new_tokens=1500, ignore_eos=True, temperature=1.0)
 
-    async def main() -> tuple[list[int], list[str], float, EnginePool]:
-        pool = EnginePool(wait_for_engine_s=5, probe_timeout_s=0.5, hung_after_s=1.0)
+    async def main() -> tuple[list[int], list[str], EnginePool]:
+        pool = EnginePool(wait_for_engine_s=60, **PROBE)
         first = pool.add(engine.url, "first")
         pool.add(silent, "silent").outstanding_tokens = 10**9  # gets no call of its own: only the moved one
         call = asyncio.ensure_future(pool.generate(PROMPT, params))
-        for _ in range(500):  # until it generates on the first engine, then a moment more: mid-generation
-            if first.inflight:
-                break
-            await asyncio.sleep(0.01)
+        async with asyncio.timeout(60):  # until it generates on the first engine, then a moment more
+            while not first.inflight:  # noqa: ASYNC110 -- the pool's counter, read as a test reads it
+                await asyncio.sleep(0.01)
         await asyncio.sleep(0.2)
         pool.add(engine.url, "second").outstanding_tokens = 10**8  # the same server, under another name
-        started = time.monotonic()
         await pool.drain("first", destination="silent")
-        async with asyncio.timeout(60):  # the client's own timeout is 600 s
+        async with asyncio.timeout(120):  # the client's own timeout is 600 s
             gen = await call
-        took = time.monotonic() - started
         await pool.aclose()
-        return gen.output_ids, gen.engines, took, pool
+        return gen.output_ids, gen.engines, pool
 
-    ids, engines, took, pool = asyncio.run(main())
+    ids, engines, pool = asyncio.run(main())
     assert len(ids) == 1500 and engines[0] == "first" and engines[-1] == "second", engines
-    assert "silent" not in engines and took < 30
+    assert "silent" not in engines
     assert pool.statistics().hung_engines == 1

@@ -133,8 +133,8 @@ def test_one_crash_one_timeout_and_the_others_finish(tiny_model: Path, tokenizer
     by_task = {r.task_id: r for r in results}
     assert [r.status for r in results[:3]] == ["done"] * 3
     assert by_task["broken"].status == "crashed" and "escape" in (by_task["broken"].error or "")
-    assert by_task["hung"].status == "budget_exceeded"
-    assert by_task["hung"].finished_s - by_task["hung"].started_s < 6
+    # the budget's timeout cut the agent in its `sleep 30` (its seconds are not asserted: a loaded machine is slow)
+    assert by_task["hung"].status == "budget_exceeded" and by_task["hung"].agent is None
     assert len(list(read_journal(journal / "executions.jsonl", ExecutionResult))) == 5
 
 

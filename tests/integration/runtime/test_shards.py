@@ -23,8 +23,9 @@ from gyre.driver.training import StepRecord, TrainSummary
 from gyre.journal import read_journal
 from gyre.runtime.dispatch import ExecutionResult
 from gyre.runtime.shards import owner
+from robust import CONTROLLER_TOML, SHARD_TIMEOUT_S, SHARDS_TOML, TRAINER_TOML
 
-CONFIG = """
+CONFIG = f"""
 [trajectory]
 skip_zero_advantage = false
 
@@ -44,13 +45,16 @@ num_threads = 1
 
 [trainer]
 heartbeat_s = 0.25
+{TRAINER_TOML}
 
 [controller]
 heartbeat_s = 0.25
+{CONTROLLER_TOML}
 
 [shards]
 count = 2
 report_s = 0.25
+{SHARDS_TOML}
 """
 
 
@@ -151,8 +155,10 @@ def test_a_lost_shards_execution_is_dropped_or_run_again_and_with_none_left_the_
     )
 
     async def lose(shards: int, reruns: int, run_dir: Path) -> object:
+        # the victim is healthy until its kill (waiting up to 30 s to run), and its loss must be the exit's, seen at
+        # once whatever the timeout: silence must not take it first on a loaded machine
         cfg = GyreConfig(router=RouterConfig(model_path=str(tiny_model)),
-                         shards=ShardsConfig(count=shards, report_s=0.2, timeout_s=5, reruns=reruns))  # fmt: skip
+                         shards=ShardsConfig(count=shards, report_s=0.2, timeout_s=60, reruns=reruns))  # fmt: skip
         async with ShardHub(cfg, run_dir, {"run": RuntimeSpec(journal_dir=str(run_dir / "journal"))}) as hub:
             running = asyncio.create_task(hub.run_one(sleeper))
             for _ in range(600):  # until its shard reports it running (in its sandbox)
@@ -179,6 +185,7 @@ def test_a_lost_shards_execution_is_dropped_or_run_again_and_with_none_left_the_
     assert isinstance(stopped, NoShardLeft) and "no shard is left to run e000000.0/t/0~rerun1" in str(stopped)
 
 
+@pytest.mark.timing
 @pytest.mark.slow(reason="two shard processes, one frozen past shards.timeout_s and thawed")
 @pytest.mark.parametrize("reruns", [1, 0])
 def test_a_frozen_shard_that_comes_back_stays_lost(tiny_model: Path, tmp_path: Path, reruns: int) -> None:
@@ -191,14 +198,14 @@ def test_a_frozen_shard_that_comes_back_stays_lost(tiny_model: Path, tmp_path: P
 @pytest.mark.slow(reason="gyre eval on two shard processes")
 def test_gyre_eval_takes_the_whole_shards_table(tiny_model: Path, tmp_path: Path) -> None:
     config = tmp_path / "eval.toml"
-    config.write_text("[shards]\ncount = 2\nreport_s = 0.3\ntimeout_s = 7\nreruns = 0\n")
+    config.write_text(f"[shards]\ncount = 2\nreport_s = 0.3\n{SHARDS_TOML}\nreruns = 0\n")
     run_dir = tmp_path / "eval"
     argv = ["eval", "--suite", "toy:2", "--agent", "oracle", "--model-path", str(tiny_model), "--run-dir",
             str(run_dir), "--config", str(config), "--no-progress"]  # fmt: skip
     assert main(argv) == 0
 
     shards = load_config(run_dir / "shards.toml").shards  # what the shards were given
-    assert shards == ShardsConfig(count=2, report_s=0.3, timeout_s=7, reruns=0)
+    assert shards == ShardsConfig(count=2, report_s=0.3, timeout_s=SHARD_TIMEOUT_S, reruns=0)
     ran = [e for p in execution_journals(run_dir / "journal") for e in read_journal(p, ExecutionResult)]
     by_shard = [p.parent.name for p in execution_journals(run_dir / "journal")[1:]]
     assert by_shard == ["shard-0", "shard-1"]

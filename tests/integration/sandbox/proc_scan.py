@@ -22,9 +22,9 @@ def processes_with(marker: str) -> list[int]:
     return found
 
 
-def wait_process(cmdline: str, timeout_s: float = 10.0) -> int:
+def wait_process(cmdline: str, timeout_s: float = 60.0) -> int:
     """The pid of the host process whose command line is exactly ``cmdline``, once it exists (polls /proc: a
-    process started in a sandbox signals nothing to the host)."""
+    process started in a sandbox signals nothing to the host; a loaded machine can take seconds to start one)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         for pid in processes_with(cmdline):

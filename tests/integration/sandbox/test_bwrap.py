@@ -8,7 +8,6 @@ import random
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgspec
@@ -131,19 +130,21 @@ def test_restore_makes_the_workspace_exactly_the_snapshot(cfg: SandboxConfig) ->
 
 
 def test_twenty_sandboxes_at_once_each_with_concurrent_commands(cfg: SandboxConfig) -> None:
+    # each command waits at a barrier until its sandbox's three all run: they finish only if they ran at once
+    barrier = "touch s{j}; while [ $(ls s? | wc -l) -lt 3 ]; do sleep 0.05; done; cat id; echo {j}"
+
     async def one(i: int) -> list[str]:
         async with make_sandbox(cfg) as sb:
             await sb.write_file("id", str(i))
-            results = await asyncio.gather(*(sb.exec(f"sleep 0.2; cat id; echo {j}") for j in range(3)))
+            results = await asyncio.gather(*(sb.exec(barrier.format(j=j), timeout_s=60) for j in range(3)))
+            assert not [r for r in results if r.timed_out], results
             return [r.stdout for r in results]
 
     async def go() -> list[list[str]]:
         return await asyncio.gather(*(one(i) for i in range(20)))
 
-    start = time.perf_counter()
     outs = asyncio.run(go())
     assert outs == [[f"{i}{j}\n" for j in range(3)] for i in range(20)]
-    assert time.perf_counter() - start < 20
 
 
 def test_close_kills_running_commands_and_removes_everything(cfg: SandboxConfig) -> None:
@@ -154,8 +155,9 @@ def test_close_kills_running_commands_and_removes_everything(cfg: SandboxConfig)
         async with sb:
             assert isinstance(sb, BwrapSandbox)
             root, cgroup_dirs = sb.root, list(sb._cgroup.dirs) if sb._cgroup else []
-            r = await sb.exec(f"setsid sleep {marker} >/dev/null 2>&1 & echo started")
-            assert r.stdout == "started\n" and r.duration_s < 5
+            # it ends without waiting for its daemon (a sleep of about 1000 s, past the 60 s timeout)
+            r = await sb.exec(f"setsid sleep {marker} >/dev/null 2>&1 & echo started", timeout_s=60)
+            assert r.stdout == "started\n" and not r.timed_out, r
             running = asyncio.ensure_future(sb.exec(f"sleep {marker}; echo never"))
             await asyncio.to_thread(wait_process, f"sleep {marker}")  # running, seen from the host
         result = await running
@@ -243,7 +245,7 @@ def test_local_backend_keeps_the_api_but_says_it_isolates_nothing(cfg: SandboxCo
             r = await sb.exec("pwd; cat f; echo $HOME")
             assert r.stdout == f"{sb.workspace}\nlocal{sb.workspace}\n"
             slow = await sb.exec("sleep 30", timeout_s=0.5)
-            assert slow.timed_out and slow.killed_by == "SIGKILL" and slow.duration_s < 2.5
+            assert slow.timed_out and slow.killed_by == "SIGKILL", slow
             snap = await sb.snapshot()
             await sb.exec("rm f")
             await sb.restore(snap)
@@ -314,7 +316,7 @@ def test_under_uvloop_as_the_driver_runs(cfg: SandboxConfig) -> None:
                 r = await sb.exec("cat; echo $HOME", stdin="in\n")
                 assert r.ok and r.stdout == "in\n/workspace\n", (mode, r)
                 slow = await sb.exec("sleep 30", timeout_s=0.3)
-                assert slow.timed_out and slow.duration_s < 2.5
+                assert slow.timed_out and slow.killed_by == "SIGKILL", (mode, slow)
 
     uvloop.run(go())
 
@@ -322,7 +324,7 @@ def test_under_uvloop_as_the_driver_runs(cfg: SandboxConfig) -> None:
 def test_network_true_shares_the_hosts_network_explicitly(cfg: SandboxConfig) -> None:
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
-    probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3).close(); print('ok')"
+    probe = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=30).close(); print('ok')"
 
     async def go() -> None:
         async with make_sandbox(msgspec.structs.replace(cfg, network=True)) as sb:

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -178,9 +177,8 @@ def test_limits_hold_and_a_timeout_removes_the_container(ccfg: SandboxConfig, ru
             assert r.exit_code != 0 and "fork" in r.stderr, r  # 64 processes
             r = await sb.exec("ulimit -n; ulimit -c")
             assert r.stdout.split() == [str(ccfg.open_files), "0"]
-            start = time.monotonic()
             r = await sb.exec("sleep 60 & sleep 60", timeout_s=1.5)
-            assert r.timed_out and r.killed_by == "SIGKILL" and time.monotonic() - start < 15, r
+            assert r.timed_out and r.killed_by == "SIGKILL", r
             assert containers_of(runtime, sb.id) == []  # the command's container is gone, its daemon too
 
     asyncio.run(go())

@@ -131,20 +131,19 @@ def test_fork_bomb_is_contained(cfg: SandboxConfig, containment: str) -> None:
 
     async def go() -> None:
         async with make_sandbox(bomb_cfg) as bomb, make_sandbox(cfg) as other:
-            running = asyncio.ensure_future(bomb.exec("b() { b | b & }; b; sleep 3", timeout_s=10))
+            # 60 s: the limit, not the wall clock, must end it, however slow a loaded machine runs it
+            running = asyncio.ensure_future(bomb.exec("b() { b | b & }; b; sleep 3", timeout_s=60))
             await asyncio.sleep(1)
             meanwhile = await other.exec("echo alive")
             assert meanwhile.ok and meanwhile.stdout == "alive\n"
             host = await asyncio.to_thread(subprocess.run, ["true"], check=False)
             assert host.returncode == 0
             r = await running
-            assert r.resource_exceeded == "processes", r
+            assert r.resource_exceeded == "processes" and not r.timed_out, r
             again = await bomb.exec("echo recovered")
             assert again.ok and again.stdout == "recovered\n"
 
-    start = time.perf_counter()
     asyncio.run(go())
-    assert time.perf_counter() - start < 20
 
 
 @pytest.mark.parametrize("containment", _containments())
@@ -164,7 +163,7 @@ def test_endless_loop_hits_the_wall_timeout(cfg: SandboxConfig) -> None:
             start = time.perf_counter()
             r = await sb.exec("while true; do :; done", timeout_s=1.5)
             assert r.timed_out and r.killed_by == "SIGKILL" and not r.ok
-            assert 1.5 <= time.perf_counter() - start < 3.5 and r.duration_s < 3.5
+            assert time.perf_counter() - start >= 1.5  # not before its timeout; how late after it is load
 
     asyncio.run(go())
 
@@ -189,13 +188,12 @@ def test_gigabytes_of_output_are_capped_and_drained(cfg: SandboxConfig) -> None:
 
     async def go() -> None:
         async with make_sandbox(cfg) as sb:
-            start = time.perf_counter()
             r = await sb.exec("yes", timeout_s=2)
-            assert r.timed_out and r.truncated and time.perf_counter() - start < 4
+            assert r.timed_out and r.truncated
             marker = r.stdout.rsplit("\n[gyre: output truncated after 65536 bytes; ", 1)
-            # drained all along, not blocked once the cap and the pipe filled (hundreds of MB in 2 s on a quiet
-            # machine; a loaded one drains less, still orders of magnitude past the 64 KiB cap)
-            assert len(marker) == 2 and int(marker[1].split()[0]) > 50_000_000
+            # drained past the cap, not blocked once the cap and the pipe (64 KiB) filled: hundreds of MB in 2 s on
+            # a quiet machine, far fewer on a loaded one; the 300 MB below, finished, proves it never blocks
+            assert len(marker) == 2 and int(marker[1].split()[0]) > 16 * 65536
             r = await sb.exec("head -c 300000000 /dev/zero; echo done >&2")
             assert r.ok and r.truncated and r.stderr == "done\n"  # the command finishes: never blocked
             assert r.stdout.endswith("[gyre: output truncated after 65536 bytes; 300000000 bytes in all]")
@@ -224,8 +222,9 @@ def test_killing_the_parent_or_other_processes_stays_inside(cfg: SandboxConfig) 
                 f"kill -9 {driver} {os.getppid()}; kill -9 -1; kill -9 $PPID; kill -9 1; echo x"
             )
             assert "No such process" in r.stderr, r
-            r = await sb.exec("sleep 5 & kill -9 $PPID; sleep 0.2; echo after", timeout_s=10)
-            assert r.duration_s < 5
+            # it ends with its keeper, not with the orphaned sleep (about 1000 s, past its 60 s timeout)
+            r = await sb.exec("sleep 1000 & kill -9 $PPID; sleep 0.2; echo after", timeout_s=60)
+            assert not r.timed_out, r
             assert (await slow).stdout == "other survived\n"
             assert (await sb.exec("echo still works")).ok
 
@@ -238,8 +237,11 @@ def test_daemonised_process_is_killed(cfg: SandboxConfig) -> None:
 
     async def go() -> None:
         async with make_sandbox(cfg) as sb:
-            r = await sb.exec(f"setsid nohup sleep {marker} >/dev/null 2>&1 & disown; echo detached")
-            assert r.stdout == "detached\n" and r.duration_s < 5
+            # it ends without waiting for its daemon (a sleep of about 1000 s, past the 60 s timeout)
+            r = await sb.exec(
+                f"setsid nohup sleep {marker} >/dev/null 2>&1 & disown; echo detached", timeout_s=60
+            )
+            assert r.stdout == "detached\n" and not r.timed_out, r
             r = await sb.exec(["sh", "-c", f"(setsid sleep {marker} &) ; sleep 0.2"])
         assert processes_with(marker) == []
 

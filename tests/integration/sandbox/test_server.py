@@ -11,7 +11,6 @@ import asyncio
 import hashlib
 import os
 import signal
-import time
 from collections.abc import Callable
 
 import msgspec
@@ -28,8 +27,9 @@ def _mode(cfg: SandboxConfig, server: bool, **changes: object) -> SandboxConfig:
     return msgspec.structs.replace(cfg, command_server=server, **changes)
 
 
-async def _until(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Wait (polling: the sandbox has no event for these) until ``condition()`` holds."""
+async def _until(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Wait (polling: the sandbox has no event for these) until ``condition()`` holds (within 60 s: a loaded
+    machine can take seconds to start a server)."""
     for _ in range(int(timeout_s / 0.02)):
         if condition():
             return
@@ -89,9 +89,10 @@ def test_concurrent_commands_stdin_output_caps_and_errors(cfg: SandboxConfig, se
 def test_a_timeout_or_a_cancellation_kills_the_whole_command(cfg: SandboxConfig, server: bool) -> None:
     async def go() -> None:
         async with make_sandbox(_mode(cfg, server)) as sb:
-            start = time.monotonic()
-            r = await sb.exec("(sleep 30; touch late1) & sleep 30", timeout_s=0.5)
-            assert r.timed_out and r.killed_by == "SIGKILL" and time.monotonic() - start < 5, r
+            # killed whole at its timeout, background job too: late1, due 3 s in, is never made (checked below, after
+            # that); its seconds are not asserted, a loaded machine stretches them
+            r = await sb.exec("(sleep 3; touch late1) & sleep 30", timeout_s=0.5)
+            assert r.timed_out and r.killed_by == "SIGKILL", r
             task = asyncio.ensure_future(sb.exec("(sleep 2; touch late2) & sleep 30"))
             await asyncio.sleep(0.5)
             task.cancel()
@@ -136,7 +137,7 @@ def test_a_lost_server_ends_its_commands_and_the_next_command_starts_another(cfg
             server = sb._server
             assert server is not None
             os.killpg(server._child.pid, signal.SIGKILL)  # the host kills it (an OOM kill, an operator)
-            r = await asyncio.wait_for(running, 10)
+            r = await asyncio.wait_for(running, 60)  # (its `sleep 30`, had it survived, would end it with 0)
             assert r.exit_code == 137 and "command server ended" in r.stderr, r
             r = await sb.exec("echo again")
             assert r.ok and r.stdout == "again\n" and sb._server is not server, r

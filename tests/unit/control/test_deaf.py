@@ -13,6 +13,7 @@ import threading
 import time
 
 import msgspec
+import pytest
 import uvloop
 import zmq
 
@@ -22,6 +23,9 @@ from gyre.control.silence import ALL_QUIET, ManualClock
 from gyre.protocol import CellBeat, CellHello
 from gyre.router.pool import EnginePool
 
+pytestmark = (
+    pytest.mark.timing
+)  # the cells' beats are real threads: they must be heard between the clock's steps
 CELLS = [f"c{i}" for i in range(100)]
 TIMEOUT_S = 30.0  # a cell silent this long (on the controller's clock) is gone, while others are heard
 CONFIG = ControllerConfig(heartbeat_s=1.0, cell_timeout_s=TIMEOUT_S)
