@@ -49,6 +49,7 @@ KEPT = ("multiprocessing.forkserver", "multiprocessing.resource_tracker", "ray::
 _seconds: dict[str, float] = defaultdict(float)  # nodeid -> setup + call + teardown seconds, this run
 _slow: set[str] = set()
 _killed: dict[str, str] = {}
+_before: dict[str, float] = {}  # the stored durations as this run began (the summary compares with them)
 
 
 def stored() -> dict[str, float]:
@@ -69,6 +70,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _before.update(stored())
     if os.environ.get("CI"):
         from hypothesis import settings
 
@@ -201,8 +203,10 @@ def _over_budget() -> list[str]:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(session.config, "workerinput") or not _seconds:
         return
-    if session.config.getoption("store_durations"):
-        durations = stored() | {n: round(s, 2) for n, s in _seconds.items()}
+    if session.config.getoption("store_durations"):  # a module that ran keeps only the tests it has now
+        ran = {module_of(n) for n in _seconds}
+        kept = {n: s for n, s in _before.items() if module_of(n) not in ran}
+        durations = kept | {n: round(s, 2) for n, s in _seconds.items()}
         DURATIONS.write_text(json.dumps(dict(sorted(durations.items())), indent=0) + "\n")
     if _over_budget() and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
@@ -212,7 +216,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     if hasattr(config, "workerinput") or not _seconds:
         return
     write = terminalreporter.write_line
-    durations = stored()
+    durations = _before
     for tier, names in (
         ("fast", [n for n in _seconds if n not in _slow]),
         ("slow", [n for n in _seconds if n in _slow]),

@@ -466,7 +466,8 @@ class Controller:
                     self.link.send(functools.partial(self._deliver, [cell.identity, ping]))
 
     def process_exited(self, name: str, code: int | None) -> None:
-        """What runs a cell's process saw it exit: the cell is gone now (nothing if it is gone already)."""
+        """The cell's process was seen to exit (by what started it, `Cluster`): the cell is gone now, without waiting
+        out ``cell_timeout_s`` of silence (nothing if it is gone already)."""
         cell = self.cells.get(name)
         if cell is not None and cell.role != "gone":
             self._declare_gone(cell, f"its process exited with code {code}")

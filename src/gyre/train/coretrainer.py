@@ -785,22 +785,29 @@ class CoreTrainer:
 
     # ---- the update ---------------------------------------------------------------------------------------------
     def _finish_step(self) -> None:
+        # A push holds the weights until its sender has stopped: up to the group's own deadline when an engine stops
+        # taking part mid-push (its cell switching, a loaded machine). Waiting for it here held this loop, so no
+        # member or driver was answered that long ("did not answer GetStatistics in 120 s"): the loop comes back.
+        if not self.weights_lock.acquire(blocking=False):
+            return
         q = self.queue
         step = q.step
-        for url, push in self._pushes:  # done (see run): the previous version reached every engine
-            try:
-                push.result()
-            except Exception as exc:  # the engine keeps its older version; the controller decides what to do
-                log.warning("weight push to %s failed: %s", url, exc)
-        self._pushes = []
         untrained = self.untrained.pop(step, "")
-        with self.weights_lock:
+        try:
             if q.items:
                 norm, lr = self.state.apply()
             else:  # every execution of the step was dropped, say: the run goes on, the metrics say why
                 norm, lr = 0.0, self.state.skip()
                 log.warning("step %d trained nothing (%s): no update, version %d has the same weights",
                             step, untrained, self.state.version)  # fmt: skip
+        finally:
+            self.weights_lock.release()
+        for url, push in self._pushes:  # done (see run): the previous version reached every engine
+            try:
+                push.result()
+            except Exception as exc:  # the engine keeps its older version; the controller decides what to do
+                log.warning("weight push to %s failed: %s", url, exc)
+        self._pushes = []
         self.state.data_cursor = self.sealed_at.pop(step, {})
         metrics = _metrics(step, self.state.version, merge_stats(q.stats), len(q.items), norm, lr, q)
         metrics = msgspec.structs.replace(

@@ -22,9 +22,12 @@ from gyre.protocol import SwitchRecord
 from gyre.runtime.dispatch import ExecutionResult
 from robust import TRAINER_TOML
 
-pytestmark = pytest.mark.slow(
-    reason="kills the core of a live gyre train, waits out the cell timeout, resumes the run"
-)
+pytestmark = [
+    pytest.mark.slow(
+        reason="kills the core of a live gyre train, waits out the cell timeout, resumes the run"
+    ),
+    pytest.mark.timeout(600),  # a run, its death and its resume: 105-110 s in CI
+]
 STEPS, BATCH = 2, 4
 CONFIG = f"""
 [trajectory]

@@ -15,9 +15,12 @@ import pytest
 from gyre.cli import main
 from gyre.driver.pretrain import shipped_model
 
-pytestmark = pytest.mark.slow(
-    reason="the whole quickstart recipe: demonstrations, SFT, RL and three held-out evaluations"
-)
+pytestmark = [
+    pytest.mark.slow(
+        reason="the whole quickstart recipe: demonstrations, SFT, RL and three held-out evaluations"
+    ),
+    pytest.mark.timeout(900),  # 300-340 s in CI
+]
 
 
 def test_the_short_quickstart_learns_and_says_so(tmp_path: Path) -> None:

@@ -26,7 +26,10 @@ from gyre.journal import read_journal
 from gyre.runtime.dispatch import ExecutionResult
 from robust import SHARDS_TOML
 
-pytestmark = pytest.mark.slow(reason="a local Ray cluster of five nodes and gyre train runs on it")
+pytestmark = [
+    pytest.mark.slow(reason="a local Ray cluster of five nodes and gyre train runs on it"),
+    pytest.mark.timeout(600),  # two gyre train runs in one test: 175 s in CI
+]
 # A killed node's cell or shard is judged by the timeouts its healthy peers share: 20 s for cells and members, the
 # robust 30 s for shards (CI once lost both healthy shards at 8.2 s, see the cell test).
 CONFIG = f"""
