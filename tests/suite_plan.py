@@ -36,11 +36,11 @@ DURATIONS = Path(__file__).parent / "durations.json"
 FAST_TEST_BUDGET_S = 60.0
 GROWTH = 3.0  # a test that took this many times its stored seconds (and 30 s more) is named in the summary
 HANG_GRACE_S = 60.0
-DEFAULT_S = 1.0
+DEFAULT_S = 1.0  # a test with no stored duration (new): counted as this when ordering
 # Rank processes of the gloo tests start as forks of one server per worker that imported these once
 # (``start_method="forkserver"``): 1 s a start instead of the 9 s of a spawned interpreter importing torch.
 FORKSERVER_PRELOAD = ["torch", "torch.distributed", "gyre.train.state", "gyre.train.context", "gyre.train.objective",
-                      "gyre.train.checkpoint", "context_ranks", "sharded_ranks", "checkpoint_ranks"]  # fmt: skip  # a test with no stored duration (new): counted as this when ordering
+                      "gyre.train.checkpoint", "context_ranks", "sharded_ranks", "checkpoint_ranks"]  # fmt: skip
 
 # servers that outlive the test that started them by design: the worker's fork server and resource tracker (every
 # later test forks from them), the pooled workers of a module's Ray cluster (its raylet starts them on demand)
@@ -80,8 +80,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option, "numprocesses", None
     ):  # a process that tests
         import torch
+        import torch.multiprocessing
 
         torch.set_num_threads(1)
+        torch.multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)
 
 
 @pytest.hookimpl(trylast=True)

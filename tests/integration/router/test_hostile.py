@@ -80,17 +80,25 @@ def scripted(tiny_model: Path) -> Iterator[ScriptedEngine]:
         yield engine
 
 
+@contextlib.contextmanager
+def _scripted_router(
+    model: Path, scripted: ScriptedEngine, factory: pytest.TempPathFactory, name: str, overrides: list[str]
+) -> Iterator[Served]:
+    journal = factory.mktemp(name)
+    proc, admin = launch_router(
+        model, [scripted.url], journal_dir=journal, overrides=overrides, log_path=journal / "router.log"
+    )
+    with proc:
+        yield Served(proc, admin, journal)
+
+
 @pytest.fixture(scope="module")
 def router(
     tiny_model: Path, scripted: ScriptedEngine, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Served]:
     """The default body timeout (30 s): its clients send megabytes, which a loaded machine can take seconds over."""
-    journal = tmp_path_factory.mktemp("hostile")
-    proc, admin = launch_router(
-        tiny_model, [scripted.url], journal_dir=journal, log_path=journal / "router.log"
-    )
-    with proc:
-        yield Served(proc, admin, journal)
+    with _scripted_router(tiny_model, scripted, tmp_path_factory, "hostile", []) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -98,13 +106,9 @@ def impatient(
     tiny_model: Path, scripted: ScriptedEngine, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Served]:
     """A router whose request heads and bodies must arrive within `BODY_TIMEOUT_S`, for the half-sent ones."""
-    journal = tmp_path_factory.mktemp("hostile-impatient")
     overrides = [f"router.body_timeout_s={BODY_TIMEOUT_S}"]
-    proc, admin = launch_router(
-        tiny_model, [scripted.url], journal_dir=journal, overrides=overrides, log_path=journal / "router.log"
-    )
-    with proc:
-        yield Served(proc, admin, journal)
+    with _scripted_router(tiny_model, scripted, tmp_path_factory, "hostile-impatient", overrides) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -112,13 +116,9 @@ def roomy(
     tiny_model: Path, scripted: ScriptedEngine, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Served]:
     """A router that takes the scripted model's context to be 4M tokens: long requests get rendered."""
-    journal = tmp_path_factory.mktemp("hostile-roomy")
     overrides = ["router.context_length=4000000"]
-    proc, admin = launch_router(
-        tiny_model, [scripted.url], journal_dir=journal, overrides=overrides, log_path=journal / "router.log"
-    )
-    with proc:
-        yield Served(proc, admin, journal)
+    with _scripted_router(tiny_model, scripted, tmp_path_factory, "hostile-roomy", overrides) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
