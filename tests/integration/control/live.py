@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,16 @@ BASE = [
     # hold a busy loop's heartbeats that long; the tests of lost cells set their victim's timeout
     *ROBUST,
 ]  # fmt: skip
+
+
+async def eventually(what: str, condition: Callable[[], bool], timeout_s: float = 120.0) -> None:
+    """Return once ``condition()`` holds (polled every 10 ms, with no await between the last poll and the return);
+    AssertionError naming ``what`` after ``timeout_s``."""
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 @dataclass

@@ -6,12 +6,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from live import Live
+from live import Live, eventually
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -26,14 +25,6 @@ AGENTS = 40
 # restarted cell-1 training as a satellite, which judges the core silent after twice member_timeout_s)
 FAULTS = ["cells.count=2", "cells.standalone=1", "controller.cell_timeout_s=20", "trainer.member_timeout_s=20",
           "trainer.checkpoint_every_steps=1"]  # fmt: skip
-
-
-async def eventually(what: str, condition: Callable[[], bool], timeout_s: float = 120.0) -> None:
-    for _ in range(int(timeout_s / 0.05)):
-        if condition():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def same_update(model: Path, steps: list[list[MicroStep]], saved: Path) -> float:

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from live import Live
-from test_faults import eventually
+from live import Live, eventually
 from transformers import AutoModelForCausalLM
 
 from gyre.engine.engineclient import EngineClient

@@ -12,7 +12,7 @@ import httpx
 import msgspec
 import pytest
 import torch
-from live import Live
+from live import Live, eventually
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -44,10 +44,19 @@ def test_live_agents_through_switches(tiny_model: Path, tmp_path: Path) -> None:
         async with Live(tiny_model, tmp_path, overrides) as live:
             stop = asyncio.Event()
             agents = [asyncio.ensure_future(live.agent(i, stop, tool_s=2.0)) for i in range(AGENTS)]
+
+            async def calls_on(name: str) -> None:
+                engine = live.pool.engines[name]
+                await eventually(f"calls in flight on {name}", lambda: bool(engine.inflight))
+
             metrics = []
             for k, items in enumerate(steps):
+                # each serve -> train drains a cell with calls in flight (the switch moves them mid-generation);
+                # without the wait a cell just back from training may not have been given a call yet
+                await calls_on("cell-0")
                 await live.controller.to_train("cell-0")
                 await asyncio.to_thread(live.trainer.submit, k, items[:3])
+                await calls_on("cell-1")
                 await live.controller.to_train("cell-1")  # joins a step under way
                 await asyncio.to_thread(live.trainer.submit, k, items[3:], True)
                 metrics.append(await asyncio.to_thread(live.trainer.wait_step, k, 300))
