@@ -27,6 +27,12 @@ def tiny_model_b(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return init_model(tmp_path_factory.mktemp("models") / "tiny-b", preset="tiny", seed=1)
 
 
+@pytest.fixture
+def fresh_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gyre starts its processes as fresh interpreters, as on a user's machine, not from the worker's fork server."""
+    monkeypatch.delenv("GYRE_FORKSERVER", raising=False)
+
+
 @pytest.fixture(scope="session")
 def hf_model(tiny_model: Path) -> Any:
     """The same weights in Hugging Face transformers, the reference implementation."""

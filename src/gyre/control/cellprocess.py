@@ -40,8 +40,9 @@ import zmq.asyncio
 
 from gyre.config import GyreConfig
 from gyre.control.chaos import FaultyLink
+from gyre.control.forkserver import Process, spawn
 from gyre.engine.engineclient import EngineClient
-from gyre.engine.launcher import ServerProcess, exit_with_parent, launch_embedded, launch_sglang
+from gyre.engine.launcher import ServerProcess, launch_embedded, launch_sglang
 from gyre.errors import ConfigError, GyreError
 from gyre.protocol import (
     CellBeat,
@@ -378,14 +379,14 @@ def cell_command(spec: CellSpec, config_path: str | Path) -> list[str]:
 
 def launch_cell(
     spec: CellSpec, config_path: str | Path, log: Path | None = None, die_with_parent: bool = True
-) -> subprocess.Popen[bytes]:
+) -> Process:
     """Start ``gyre cell`` for ``spec`` with the run's resolved config at ``config_path``; it connects by itself.
     ``die_with_parent`` (Linux): a driver killed outright takes its local cells (and their engines) with it, so
     ``gyre train --resume`` starts from a clean machine; call it from a thread that lives as long as the driver."""
     out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
     try:
-        return subprocess.Popen(cell_command(spec, config_path), stdout=out, stderr=subprocess.STDOUT,
-                                preexec_fn=exit_with_parent if die_with_parent else None)  # fmt: skip
+        return spawn(cell_command(spec, config_path), stdout=out, stderr=subprocess.STDOUT,
+                     die_with_parent=die_with_parent)  # fmt: skip
     finally:
         if log is not None:
             out.close()  # type: ignore[union-attr]

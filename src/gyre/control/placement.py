@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import msgspec
 
 from gyre.config import GyreConfig
-from gyre.engine.launcher import exit_with_parent
+from gyre.control.forkserver import exit_with_parent, spawn
 from gyre.errors import ConfigError
 from gyre.journal import Journal
 
@@ -72,9 +72,9 @@ def shard_command(name: str, hub: str, config: Path) -> list[str]:
     ]
 
 
-def _popen(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _popen(argv: list[str], log: Path) -> Process:
     with open(log, "ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, preexec_fn=exit_with_parent)
+        return spawn(argv, stdout=out, stderr=subprocess.STDOUT, die_with_parent=True)
 
 
 class LocalLauncher:

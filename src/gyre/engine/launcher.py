@@ -6,10 +6,8 @@ saver enabled so release/resume work (needs ``pip install gyre[gpu]`` and a GPU)
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +16,7 @@ from pathlib import Path
 
 import httpx
 
+from gyre.control.forkserver import Process, spawn
 from gyre.errors import EngineUnavailable
 from gyre.protocol import format_weight_version
 
@@ -46,12 +45,12 @@ class ServerProcess:
         self.log_path = log_path
         out = open(log_path, "ab") if log_path else None  # noqa: SIM115 - the child keeps its own descriptor
         try:
-            self.proc = subprocess.Popen(
+            self.proc: Process = spawn(
                 args,
                 stdout=out or subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, **(env or {})},
-                preexec_fn=exit_with_parent if die_with_parent else None,
+                die_with_parent=die_with_parent,
             )
         finally:
             if out is not None:
@@ -99,12 +98,6 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def exit_with_parent() -> None:
-    """(in the child, before exec) Be killed when the thread that started us ends, e.g. a cell process killed."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def launch_embedded(

@@ -44,7 +44,8 @@ import torch.distributed as dist
 import zmq
 
 from gyre.config import TrainerConfig
-from gyre.engine.launcher import exit_with_parent, free_port
+from gyre.control.forkserver import Process, spawn
+from gyre.engine.launcher import free_port
 from gyre.errors import ConfigError, TrainerError
 from gyre.protocol import MicroStats, MicroStep
 from gyre.train import checkpoint, recompute
@@ -282,7 +283,7 @@ class Followers:
         self.events.setsockopt(zmq.LINGER, 0)
         self.events.bind(f"tcp://{host}:*")
         self.store_port = free_port()
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.procs: dict[int, Process] = {}
         self._ops: dict[int, zmq.Socket[bytes]] = {}
         self._lock = threading.Lock()  # the coordinator and the compute worker both send ops
         self.reports: dict[int, dict[str, int]] = {}
@@ -291,7 +292,7 @@ class Followers:
         for rank in range(1, self.world):
             command = [sys.executable, "-m", "gyre.train.corecell", "--rank", str(rank), "--host", host,
                        "--store-port", str(self.store_port), "--events", events_at]  # fmt: skip
-            proc = subprocess.Popen(command, stdin=subprocess.PIPE, preexec_fn=exit_with_parent)
+            proc = spawn(command, stdin=subprocess.PIPE, die_with_parent=True)
             assert proc.stdin is not None
             proc.stdin.write(config)
             proc.stdin.close()

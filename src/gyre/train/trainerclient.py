@@ -24,6 +24,7 @@ import zmq
 
 from gyre.config import ChaosConfig
 from gyre.control.chaos import FaultySubmits
+from gyre.control.forkserver import Process, spawn
 from gyre.errors import TrainerError
 from gyre.protocol import (
     Ack,
@@ -192,11 +193,11 @@ class TrainerClient:
         self._ask(Shutdown())
 
 
-def _spawn(args: list[str], log: Path | None) -> subprocess.Popen[bytes]:
+def _spawn(args: list[str], log: Path | None) -> Process:
     out = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
     try:
         command = [sys.executable, "-m", "gyre", "trainer", *args]
-        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        return spawn(command, stdout=out, stderr=subprocess.STDOUT)
     finally:
         if log is not None:
             out.close()  # type: ignore[union-attr]
@@ -208,7 +209,7 @@ def launch_core(
     bind: str,
     log: Path | None = None,
     timeout_s: float = 120.0,
-) -> subprocess.Popen[bytes]:
+) -> Process:
     """Start ``gyre trainer core`` listening at ``bind`` and wait until it answers."""
     args = ["core", "--bind", bind, *(["--config", str(config)] if config else [])]
     for item in overrides:
@@ -235,7 +236,7 @@ def launch_satellite(
     backend: str = "torch",
     tensor_parallel: int = 1,
     pipeline_parallel: int = 1,
-) -> subprocess.Popen[bytes]:
+) -> Process:
     """Start ``gyre trainer satellite`` joining the core at ``core`` (computing with ``backend``)."""
     return _spawn(["satellite", "--core", core, "--name", name, "--threads", str(num_threads), "--backend", backend,
                    "--tensor-parallel", str(tensor_parallel), "--pipeline-parallel", str(pipeline_parallel)],

@@ -63,13 +63,14 @@ seed = 7
 
 
 def test_lost_repeated_and_reordered_control_messages_change_nothing_a_run_promises(
-    tiny_model: Path, tmp_path: Path
+    tiny_model: Path, tmp_path: Path, fresh_processes: None
 ) -> None:
     config = tmp_path / "run.toml"
     config.write_text(CONFIG)
     run_dir = tmp_path / "run"
     argv = ["train", str(config), "--mode", "colocate", "--model", str(tiny_model), "--run-dir", str(run_dir)]
-    # its own process group, so a run that stops making progress fails the test with its logs instead of holding CI
+    # the user's command line as a user runs it (fresh interpreters, not the suite's fork server), in its own process
+    # group, so a run that stops making progress fails the test with its logs instead of holding CI
     # (a full suite saw one wait forever, 2026-12-07: an execution of the next step crashed after 60 s with no engine
     # serving while both cells trained, and the step waited for its group)
     proc = subprocess.Popen([sys.executable, "-m", "gyre", *argv], start_new_session=True,

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from gyre.config import LossConfig
+from gyre.control.forkserver import Process, spawn
 from gyre.engine.launcher import free_port
 from gyre.errors import ConfigError
 from gyre.protocol import MicroStats, MicroStep, ShardCommand, ShardCompute, ShardGather, ShardLoad, ShardStop
@@ -202,12 +203,12 @@ class MegatronLearner:
             tensor, pipeline
         )  # refused before anything starts
         self.version = -1
-        self.followers: list[subprocess.Popen[bytes]] = []
+        self.followers: list[Process] = []
         address = f"tcp://127.0.0.1:{free_port()}"
         setup = json.dumps({"config": model_config, "tensor": tensor, "pipeline": pipeline, "address": address,
                             "threads": num_threads})  # fmt: skip
         for rank in range(1, tensor * pipeline):
-            self.followers.append(subprocess.Popen(
+            self.followers.append(spawn(
                 [sys.executable, "-m", "gyre.train.megatron.member", str(rank)],
                 stdin=subprocess.PIPE, env={**os.environ, "GYRE_SHARD_SETUP": setup},
             ))  # fmt: skip

@@ -1,0 +1,520 @@
+"""Start Gyre's own processes (cells, engines, routers, trainers, ranks) either as fresh interpreters or, when a fork
+server is running, forked from one that already imported torch, transformers and Gyre.
+
+A fresh ``python -m gyre ...`` spends 2-3.5 CPU-seconds importing torch and transformers before it does anything;
+a run or a test that starts hundreds of such processes on a small machine spends most of its time there. A fork
+server (``python -m gyre.control.forkserver SOCKET``) imports them once; `spawn` asks it to fork a child that runs the
+requested module exactly as ``python -m`` would, with the caller's standard streams, environment and working
+directory. `spawn` gives back a `Process` with ``subprocess.Popen``'s semantics (pid, poll, wait, kill,
+send_signal, stdin, returncode); the server reports the child's exit status over the connection the caller holds,
+and a child started with ``die_with_parent`` is killed when that connection closes (its caller died), as
+PR_SET_PDEATHSIG would. The child rewrites its command line (``/proc/PID/cmdline``, ``ps``) to the one requested.
+
+`spawn` uses the server named by ``GYRE_FORKSERVER`` (a Unix socket path) when it is set, the command is
+``sys.executable -m gyre[.module] ...`` and the environment asked for differs from the server's in nothing that
+torch, transformers or the interpreter read at import (threads, devices, hub settings, ``PYTHON*``); otherwise, or
+when the server does not answer, it starts the process with ``subprocess.Popen``, as without a server. The test
+suite runs one server per worker (``tests/suite_plan.py``); a user may start one for a driver that restarts many
+local processes. A fork server never initialises CUDA (it only imports), so its children may.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import runpy
+import selectors
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Protocol
+
+ENV = "GYRE_FORKSERVER"
+# what a fork server imports before it serves (a module missing here is skipped)
+PRELOAD = (
+    "torch",
+    "torch.distributed",
+    "transformers",
+    "transformers.configuration_utils",
+    "transformers.models.qwen3.modeling_qwen3",
+    "gyre.cli",
+    "gyre.config",
+    "gyre.control.cellprocess",
+    "gyre.router.app",
+    "gyre.router.routing",
+    "gyre.engine.embedded.api",
+    "gyre.engine.embedded.transformer",
+    "gyre.train.state",
+    "gyre.train.trainerclient",
+    "gyre.train.corecell",
+)
+# environment variables read when those modules are imported or the interpreter starts: a child asking for other
+# values than the server's must be a fresh interpreter
+IMPORT_TIME_ENV = ("OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_", "CUDA_", "NVIDIA_", "TORCH", "PYTORCH_", "HF_",
+                   "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "PYTHON", "LD_", "MALLOC_", "GLIBC_")  # fmt: skip
+_TITLE_ROOM = 4096  # bytes of command line a child can show (the server is started with that much)
+_CONNECT_TIMEOUT_S = 120.0  # a server still importing accepts once it is ready
+_PR_SET_PDEATHSIG = 1
+
+
+class Process(Protocol):
+    """What callers need of a started process (``subprocess.Popen`` has it)."""
+
+    pid: int
+    args: Any
+    stdin: IO[bytes] | None
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def kill(self) -> None: ...
+
+    def terminate(self) -> None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+def exit_with_parent() -> None:
+    """(in the child, before exec) Be killed when the thread that started us ends, e.g. a cell process killed."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+# ---- the caller's side -------------------------------------------------------------------------------------------
+def spawn(
+    argv: list[str],
+    *,
+    stdin: int | IO[bytes] | None = None,
+    stdout: int | IO[bytes] | None = None,
+    stderr: int | IO[bytes] | None = None,
+    env: Mapping[str, str] | None = None,
+    die_with_parent: bool = False,
+) -> Process:
+    """Start ``argv`` like ``subprocess.Popen(argv, stdin=..., stdout=..., stderr=..., env=...)``, forked from the
+    fork server when one serves and the command allows it. ``stdin`` may be ``subprocess.PIPE`` (then the returned
+    process's ``stdin`` is the writing end); ``stderr`` may be ``subprocess.STDOUT``. ``die_with_parent``: the
+    process is killed when the calling thread (fresh) or process (forked) ends."""
+    server = os.environ.get(ENV)
+    full_env = dict(os.environ if env is None else env)
+    module = _module_of(argv)
+    if server and module is not None:
+        with contextlib.suppress(OSError, ValueError):
+            return _ForkedProcess.start(
+                server, argv, module, stdin, stdout, stderr, full_env, die_with_parent
+            )
+    return subprocess.Popen(argv, stdin=stdin, stdout=stdout, stderr=stderr, env=full_env,
+                            preexec_fn=exit_with_parent if die_with_parent else None)  # fmt: skip
+
+
+def _module_of(argv: list[str]) -> str | None:
+    """The Gyre module ``argv`` runs with ``python -m``, when it runs one with this interpreter and no other flag."""
+    if len(argv) >= 3 and argv[0] == sys.executable and argv[1] == "-m":
+        name = argv[2]
+        if name == "gyre" or name.startswith("gyre."):
+            return name
+    return None
+
+
+def _import_time_differs(
+    env: Mapping[str, str], base: Mapping[str, str], added: Mapping[str, str]
+) -> list[str]:
+    """The variables read at import or start-up whose value in ``env`` is neither ``base``'s (the server's as it
+    started) nor the one its imports set (``added``)."""
+    keys = {k for k in (*env, *base) if k.startswith(IMPORT_TIME_ENV)}
+    return sorted(k for k in keys if env.get(k) not in (base.get(k), added.get(k, base.get(k))))
+
+
+def _fd(stream: int | IO[bytes] | None, default: int, opened: list[int]) -> int:
+    if stream is None:
+        return default
+    if stream == subprocess.DEVNULL:
+        fd = os.open(os.devnull, os.O_RDWR)
+        opened.append(fd)
+        return fd
+    if isinstance(stream, int):
+        if stream < 0:
+            raise ValueError(f"unsupported stream {stream}")
+        return stream
+    return stream.fileno()
+
+
+class _ForkedProcess:
+    """A child of the fork server; its exit status arrives on ``self._sock``."""
+
+    def __init__(self, sock: socket.socket, pid: int, args: list[str], stdin: IO[bytes] | None) -> None:
+        self._sock, self.pid, self.args, self.stdin = sock, pid, args, stdin
+        self._code: int | None = None
+        self._buffer = b""
+        self._lock = threading.Lock()
+
+    @classmethod
+    def start(
+        cls,
+        server: str,
+        argv: list[str],
+        module: str,
+        stdin: int | IO[bytes] | None,
+        stdout: int | IO[bytes] | None,
+        stderr: int | IO[bytes] | None,
+        env: dict[str, str],
+        die_with_parent: bool,
+    ) -> _ForkedProcess:
+        opened: list[int] = []
+        pipe_end: IO[bytes] | None = None
+        try:
+            if stdin == subprocess.PIPE:
+                read_end, write_end = os.pipe()
+                opened.append(read_end)
+                pipe_end = open(write_end, "wb")  # noqa: SIM115 - the returned process's stdin
+                in_fd = read_end
+            else:
+                in_fd = _fd(stdin, 0, opened)
+            out_fd = _fd(stdout, 1, opened)
+            err_fd = out_fd if stderr == subprocess.STDOUT else _fd(stderr, 2, opened)
+            request = json.dumps({"module": module, "args": argv[3:], "argv": argv, "cwd": os.getcwd(), "env": env,
+                                  "die": die_with_parent, "executable": sys.executable}).encode()  # fmt: skip
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.settimeout(_CONNECT_TIMEOUT_S)
+                sock.connect(server)
+                socket.send_fds(sock, [struct.pack("<Q", len(request))], [in_fd, out_fd, err_fd])
+                sock.sendall(request)
+                reply = _read_line(sock)
+                if "pid" not in reply:
+                    raise ValueError(f"the fork server refused: {reply.get('error')}")
+                sock.settimeout(None)
+            except BaseException:
+                sock.close()
+                raise
+        except BaseException:
+            if pipe_end is not None:
+                pipe_end.close()
+            raise
+        finally:
+            for fd in opened:
+                os.close(fd)
+        return cls(sock, int(reply["pid"]), argv, pipe_end)
+
+    @property
+    def returncode(self) -> int | None:
+        return self._code
+
+    def poll(self) -> int | None:
+        return self._check(0.0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._check(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+        return code
+
+    def _check(self, timeout: float | None) -> int | None:
+        if self._code is not None:
+            return self._code
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._sock, selectors.EVENT_READ)
+            ready = sel.select(timeout)
+        if not ready:
+            return None
+        with self._lock:
+            while self._code is None:
+                try:
+                    data = self._sock.recv(4096, socket.MSG_DONTWAIT)
+                except BlockingIOError:
+                    return None
+                except OSError:
+                    data = b""
+                if not data:  # the server died: it takes its children along (PR_SET_PDEATHSIG)
+                    self._code = -signal.SIGKILL
+                    break
+                self._buffer += data
+                if b"\n" in self._buffer:
+                    self._code = int(json.loads(self._buffer.split(b"\n", 1)[0])["exit"])
+            self._sock.close()
+            return self._code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def __repr__(self) -> str:
+        return f"<forked process {self.pid} returncode: {self._code}>"
+
+    def __del__(self) -> None:  # a child asked to die with its caller dies with this handle
+        with contextlib.suppress(Exception):
+            self._sock.close()
+
+
+def _read_line(sock: socket.socket) -> dict[str, Any]:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise OSError("the fork server closed the connection")
+        data += chunk
+    reply: dict[str, Any] = json.loads(data)
+    return reply
+
+
+# ---- the server --------------------------------------------------------------------------------------------------
+@dataclass
+class _Job:
+    """What a forked child runs: ``python -m module args`` as asked."""
+
+    module: str
+    argv: list[str]
+    args: Any
+    cwd: str
+    env: dict[str, str]
+    fds: list[int]
+
+    def run(self) -> None:
+        """Become the requested process (in the child, right after the fork); returns only through SystemExit."""
+        _set_cmdline(self.argv)
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the server
+        for target, fd in enumerate(self.fds):
+            os.dup2(fd, target)
+        for fd in set(self.fds):
+            if fd > 2:
+                os.close(fd)
+        os.chdir(self.cwd)
+        os.environ.clear()
+        os.environ.update(self.env)
+        sys.argv = [self.argv[0], *self.args]
+        with contextlib.suppress(
+            AttributeError, ValueError, OSError
+        ):  # buffered as a fresh interpreter's would be
+            sys.stdout.reconfigure(line_buffering=sys.stdout.isatty())  # type: ignore[union-attr]
+        # the module may have been imported by the server: run afresh as __main__, like python -m after an import
+        warnings.filterwarnings("ignore", message=".*found in sys.modules after import of package", category=RuntimeWarning)  # fmt: skip
+        runpy.run_module(self.module, run_name="__main__", alter_sys=True)
+        raise SystemExit(0)
+
+
+class ForkServer:
+    """Accepts spawn requests on a Unix socket and forks a child for each; reports each child's exit status."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(128)  # callers connect now and are answered once the imports are done
+        self.children: dict[int, socket.socket | None] = {}  # pid -> its caller's connection (None: gone)
+        self.die: dict[socket.socket, int] = {}  # connection -> pid to kill when it closes
+        self.base_env = dict(os.environ)  # as started: what a child's environment is compared with
+        self.set_by_imports: dict[
+            str, str
+        ] = {}  # what the imports added (torch sets TORCHINDUCTOR_CACHE_DIR)
+
+    def serve(self, preload: tuple[str, ...] = PRELOAD) -> _Job:
+        """Import ``preload``, then serve until killed; returns only in a forked child, with its job."""
+        for name in preload:
+            with contextlib.suppress(ImportError):
+                __import__(name)
+        self.set_by_imports = {k: v for k, v in os.environ.items() if k not in self.base_env}
+        # a fork copies only the forking thread: a Python thread here could leave a lock held in every child.
+        # (Native pools are another matter: OpenBLAS, started by numpy's import, shuts its pool down at fork.)
+        if threading.active_count() != 1:
+            names = [t.name for t in threading.enumerate()]
+            raise SystemExit(
+                f"gyre.control.forkserver: Python threads {names} run after the imports; refusing to fork"
+            )
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        sel = selectors.DefaultSelector()
+        sel.register(self.listener, selectors.EVENT_READ)
+        sel.register(wake_r, selectors.EVENT_READ)
+        while True:
+            for key, _ in sel.select():
+                if key.fileobj is self.listener:
+                    job = self._accept(sel)
+                    if job is not None:  # the child
+                        sel.close()
+                        for fd in (wake_r, wake_w):
+                            os.close(fd)
+                        return job
+                elif key.fileobj == wake_r:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(wake_r, 512)
+                    self._reap(sel)
+                else:
+                    conn = key.fileobj
+                    assert isinstance(conn, socket.socket)
+                    self._closed(sel, conn)
+
+    def _accept(self, sel: selectors.BaseSelector) -> _Job | None:
+        conn, _ = self.listener.accept()
+        fds: list[int] = []
+        try:
+            conn.settimeout(10.0)
+            head, fds, _, _ = socket.recv_fds(conn, 8, 3)
+            (size,) = struct.unpack("<Q", head)
+            body = b""
+            while len(body) < size:
+                chunk = conn.recv(min(size - len(body), 1 << 20))
+                if not chunk:
+                    raise OSError("the caller hung up")
+                body += chunk
+            request = json.loads(body)
+            uid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[1]
+            refusal = (
+                f"the caller runs as uid {uid}, this server as {os.getuid()}" if uid != os.getuid()
+                else f"this server runs {sys.executable}" if request["executable"] != sys.executable
+                else "three descriptors (stdin, stdout, stderr) are needed" if len(fds) != 3
+                else f"{', '.join(differ)} differ from this server's: the child must start afresh"
+                if (differ := _import_time_differs(request["env"], self.base_env, self.set_by_imports)) else ""
+            )  # fmt: skip
+            if refusal:
+                print(
+                    f"gyre.control.forkserver: refused {request.get('argv')}: {refusal}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                conn.sendall(json.dumps({"error": refusal}).encode() + b"\n")
+                raise OSError(refusal)
+        except (OSError, ValueError, KeyError, struct.error):
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            return None
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            for other in (self.listener, conn, *self.children.values()):
+                if other is not None:
+                    other.close()
+            env = {**self.set_by_imports, **request["env"]}  # as if the child had imported them itself
+            return _Job(request["module"], request["argv"], request["args"], request["cwd"], env, fds)
+        for fd in fds:
+            os.close(fd)
+        try:
+            conn.settimeout(None)
+            conn.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+        except OSError:
+            os.kill(pid, signal.SIGKILL)  # nobody holds it: it must not run unwatched
+        self.children[pid] = conn
+        if request["die"]:
+            self.die[conn] = pid
+        sel.register(conn, selectors.EVENT_READ)
+        return None
+
+    def _reap(self, sel: selectors.BaseSelector) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if conn is None:  # not ours, or its caller went away
+                continue
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode() + b"\n")
+            self._forget(sel, conn)
+
+    def _closed(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
+        """The caller's side of a connection is readable: it closed (it sends nothing after the request)."""
+        with contextlib.suppress(OSError):
+            if conn.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK):
+                conn.recv(4096)  # a caller has nothing to say; ignore it
+                return
+        for pid, held in self.children.items():
+            if held is conn:
+                if conn in self.die:  # dies with its caller, as with PR_SET_PDEATHSIG
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                self.children[pid] = None  # it runs on; its exit status goes nowhere
+        self._forget(sel, conn)
+
+    def _forget(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
+        self.die.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            sel.unregister(conn)
+        conn.close()
+
+
+def _set_cmdline(argv: list[str]) -> None:
+    """Show ``argv`` as this process's command line (``/proc/self/cmdline``, ``ps``), within the room the process
+    started with: the bytes of its original arguments are overwritten, as setproctitle does."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end: fields 48 and 49 of proc(5)
+    except (OSError, IndexError, ValueError):
+        return
+    room = end - start
+    if room <= 1:
+        return
+    words = b"\0".join(os.fsencode(a) for a in argv)[: room - 1]
+    ctypes.memmove(start, words.ljust(room, b"\0"), room)
+
+
+def start_server(path: str, log: str | None = None) -> subprocess.Popen[bytes]:
+    """Start a fork server at ``path`` that dies with the calling thread; callers may connect at once (they are
+    answered once it has imported `PRELOAD`). Set ``GYRE_FORKSERVER=path`` for the processes that should use it."""
+    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - owned by the child
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "gyre.control.forkserver", path, "x" * _TITLE_ROOM],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                preexec_fn=exit_with_parent)  # fmt: skip
+    finally:
+        if log:
+            out.close()  # type: ignore[union-attr]
+    for _ in range(200):  # it binds before it imports: wait for the socket, not the imports
+        if os.path.exists(path) or proc.poll() is not None:
+            break
+        threading.Event().wait(0.01)
+    return proc
+
+
+def describe(names: list[str]) -> None:
+    """``python -m gyre.control.forkserver --describe [NAME...]``: print what this process was given (working directory,
+    the variables ``NAME``, standard input, whether a fork server started it) as JSON, to check a server's
+    children against fresh interpreters."""
+    forked = "torch" in sys.modules  # a fresh interpreter running this module has not imported torch
+    print(json.dumps({"cwd": os.getcwd(), "env": {n: os.environ.get(n) for n in names}, "forked": forked,
+                      "stdin": sys.stdin.read(), "argv": sys.argv[1:]}), flush=True)  # fmt: skip
+    print("to stderr", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m gyre.control.forkserver SOCKET [ROOM]``: serve spawn requests at SOCKET until killed."""
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["--describe"]:
+        describe(args[1:])
+        return
+    if not args:
+        raise SystemExit("usage: python -m gyre.control.forkserver SOCKET | --describe [NAME...]")
+    server = ForkServer(args[0])
+    _set_cmdline([sys.executable, "-m", "gyre.control.forkserver", args[0]])
+    job = server.serve()
+    job.run()
+
+
+if __name__ == "__main__":
+    main()
