@@ -69,6 +69,14 @@ def test_a_forked_child_is_what_python_m_starts(
     assert json.loads(text.splitlines()[0]) == {**seen, "forked": False}
 
 
+def test_a_forked_child_ends_as_an_interpreter_ends(served: str, tmp_path: Path) -> None:
+    """Its exit skips the teardown of every module, not what an exit promises: a file left open is flushed."""
+    env = {**os.environ, "GYRE_DESCRIBE_TO": str(tmp_path / "left-open.json")}
+    proc, code, text = run(DESCRIBE, tmp_path / "out", env=env)
+    assert not isinstance(proc, subprocess.Popen) and code == 0
+    assert (tmp_path / "left-open.json").read_text() == text.splitlines()[0]
+
+
 def test_exit_statuses_and_errors_come_back(served: str, tmp_path: Path) -> None:
     proc, code, text = run([sys.executable, "-m", "gyre.control.forkserver"], tmp_path / "usage.out")
     assert not isinstance(proc, subprocess.Popen)
