@@ -31,6 +31,7 @@ import io
 import json
 import os
 import runpy
+import select
 import selectors
 import signal
 import socket
@@ -38,6 +39,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -158,13 +160,17 @@ def _fd(stream: int | IO[bytes] | None, default: int, opened: list[int]) -> int:
 
 
 class _ForkedProcess:
-    """A child of the fork server; its exit status arrives on ``self._sock``."""
+    """A child of the fork server; its exit status arrives on the connection ``self._fd`` (a bare descriptor: a socket
+    object dropped in a reference cycle would warn before this handle's finalizer closed it)."""
 
     def __init__(self, sock: socket.socket, pid: int, args: list[str], stdin: IO[bytes] | None) -> None:
-        self._sock, self.pid, self.args, self.stdin = sock, pid, args, stdin
+        self.pid, self.args, self.stdin = pid, args, stdin
+        self._fd: int | None = sock.detach()
         self._code: int | None = None
         self._buffer = b""
-        self._lock = threading.Lock()
+        self._reading = (
+            threading.Lock()
+        )  # one thread at a time waits on the descriptor; others wait for that one
 
     @classmethod
     def start(
@@ -230,17 +236,19 @@ class _ForkedProcess:
     def _check(self, timeout: float | None) -> int | None:
         if self._code is not None:
             return self._code
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._sock, selectors.EVENT_READ)
-            ready = sel.select(timeout)
-        if not ready:
-            return None
-        with self._lock:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._reading.acquire(timeout=-1 if timeout is None else timeout):
+            return self._code  # another thread waits on the descriptor, and it has not ended yet
+        try:
+            assert self._fd is not None  # open until the code is known
+            waiting = select.poll()  # not select(): a busy process's descriptors pass FD_SETSIZE
+            waiting.register(self._fd, select.POLLIN)
             while self._code is None:
-                try:
-                    data = self._sock.recv(4096, socket.MSG_DONTWAIT)
-                except BlockingIOError:
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                if not waiting.poll(None if left is None else left * 1000):
                     return None
+                try:
+                    data = os.read(self._fd, 4096)
                 except OSError:
                     data = b""
                 if not data:  # the server died: it takes its children along (PR_SET_PDEATHSIG)
@@ -249,8 +257,15 @@ class _ForkedProcess:
                 self._buffer += data
                 if b"\n" in self._buffer:
                     self._code = int(json.loads(self._buffer.split(b"\n", 1)[0])["exit"])
-            self._sock.close()
+            self._close()  # only the thread holding the lock ever waits on it
             return self._code
+        finally:
+            self._reading.release()
+
+    def _close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
@@ -266,9 +281,9 @@ class _ForkedProcess:
     def __repr__(self) -> str:
         return f"<forked process {self.pid} returncode: {self._code}>"
 
-    def __del__(self) -> None:  # a child asked to die with its caller dies with this handle
+    def __del__(self) -> None:  # a child asked to die with its caller that still runs dies with this handle
         with contextlib.suppress(Exception):
-            self._sock.close()
+            self._close()
 
 
 def _read_line(sock: socket.socket) -> dict[str, Any]:
@@ -309,9 +324,8 @@ class _Job:
         os.environ.clear()
         os.environ.update(self.env)
         sys.argv = [self.argv[0], *self.args]
-        with contextlib.suppress(
-            AttributeError, ValueError, OSError
-        ):  # buffered as a fresh interpreter's would be
+        # buffered as a fresh interpreter's would be: by lines on a terminal, in blocks otherwise
+        with contextlib.suppress(AttributeError, ValueError, OSError):
             sys.stdout.reconfigure(line_buffering=sys.stdout.isatty())  # type: ignore[union-attr]
         # the module may have been imported by the server: run afresh as __main__, like python -m after an import
         warnings.filterwarnings("ignore", message=".*found in sys.modules after import of package", category=RuntimeWarning)  # fmt: skip
@@ -365,7 +379,6 @@ class ForkServer:
     """Accepts spawn requests on a Unix socket and forks a child for each; reports each child's exit status."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -375,9 +388,8 @@ class ForkServer:
         self.children: dict[int, socket.socket | None] = {}  # pid -> its caller's connection (None: gone)
         self.die: dict[socket.socket, int] = {}  # connection -> pid to kill when it closes
         self.base_env = dict(os.environ)  # as started: what a child's environment is compared with
-        self.set_by_imports: dict[
-            str, str
-        ] = {}  # what the imports added (torch sets TORCHINDUCTOR_CACHE_DIR)
+        # what the imports added (torch's sets TORCHINDUCTOR_CACHE_DIR): a child gets it as if it imported them
+        self.set_by_imports: dict[str, str] = {}
 
     def serve(self, preload: tuple[str, ...] = PRELOAD) -> _Job:
         """Import ``preload``, then serve until killed; returns only in a forked child, with its job."""
@@ -494,10 +506,14 @@ class ForkServer:
 
     def _closed(self, sel: selectors.BaseSelector, conn: socket.socket) -> None:
         """The caller's side of a connection is readable: it closed (it sends nothing after the request)."""
-        with contextlib.suppress(OSError):
+        try:
             if conn.recv(1, socket.MSG_DONTWAIT | socket.MSG_PEEK):
                 conn.recv(4096)  # a caller has nothing to say; ignore it
                 return
+        except BlockingIOError:  # a spurious wake-up: nothing there, and not closed
+            return
+        except OSError:  # reset: gone as surely as closed
+            pass
         for pid, held in self.children.items():
             if held is conn:
                 if conn in self.die:  # dies with its caller, as with PR_SET_PDEATHSIG
@@ -542,7 +558,7 @@ def start_server(path: str, log: str | None = None) -> subprocess.Popen[bytes]:
     for _ in range(200):  # it binds before it imports: wait for the socket, not the imports
         if os.path.exists(path) or proc.poll() is not None:
             break
-        threading.Event().wait(0.01)
+        time.sleep(0.01)
     return proc
 
 
