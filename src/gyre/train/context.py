@@ -145,10 +145,8 @@ def _context_attention(
     """Hugging Face attention (``[batch, heads, tokens, dim]`` in, ``[batch, tokens, heads, dim]`` out) for this
     rank's tokens against the whole micro-step's keys and values (see the module)."""
     layout = _layout.get()
+    # grouped key/value heads stay grouped: segment_attention uses each for its query group
     key, value = _gather(key, layout), _gather(value, layout)
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:  # grouped-query attention: share each key/value head
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     p = dropout if module.training else 0.0
     if not layout.pieces:  # (a rank with no tokens of this micro-step)
         return query[:, :, :0].transpose(1, 2).contiguous(), None

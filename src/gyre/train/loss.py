@@ -276,9 +276,6 @@ def _tree_attention(
 ) -> tuple[torch.Tensor, None]:
     """Hugging Face attention (``[batch, heads, tokens, dim]`` in, ``[batch, tokens, heads, dim]`` out) over the
     current tree's segments: each segment's queries see only its ancestors and itself (the model's mask is unused)."""
-    groups = query.shape[1] // key.shape[1]
-    if groups > 1:  # grouped-query attention: share each key/value head
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     p = dropout if module.training else 0.0
     out = segment_attention(query, key, value, _segments.get(), scaling, p)
     return out.transpose(1, 2).contiguous(), None
