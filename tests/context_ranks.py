@@ -38,6 +38,21 @@ def tree_micro_step(seed: int, tokens: int, branches: int, vocab: int = 260) -> 
                      sequences=1)  # fmt: skip
 
 
+def grouped_model(directory: Path, kv_heads: int, seed: int = 0) -> Path:
+    """The tiny preset's shape with ``kv_heads`` key/value heads (its 4 query heads share them: 4 query heads a
+    key/value head at 1), randomly initialised, written to ``directory`` with the tiny model's tokenizer."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from gyre.engine.models import init_model
+
+    init_model(directory, preset="tiny", seed=seed)
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    config.num_key_value_heads = kv_heads
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    return directory
+
+
 def run_rank(rank: int, world: int, port: int, model_dir: str, micro_json: str, out: str) -> None:
     """One rank: its part of the micro-step's forward and backward; rank 0 writes the sums over ranks."""
     import msgspec

@@ -7,25 +7,30 @@ work grows with its position, so an early run and a late one give every rank the
 ancestor-only attention: a token attends to its ancestors and itself wherever they lie.
 
 Each layer's attention (``gyre_context``, a Hugging Face attention function, as ``gyre.train.loss``'s tree
-attention): a rank's queries are its own tokens; keys and values are all-gathered from every rank (a differentiable
-all-gather: its backward reduce-scatters the keys' and values' gradients back to their owners), then each chain
-segment of the micro-step that has queries here attends to its ancestors and its own earlier tokens, as in
-``gyre.train.attention.segment_attention`` (over ranges of the gathered keys: no mask, no copy). A rank holds every
-layer's keys and values of the whole micro-step while it computes (linear in its length: ``2 x kv_heads x
-head_dim`` values a token a layer), the rest of its activations for its own tokens only.
+attention) is ring attention: a rank's queries are its own tokens; the ranks' key/value blocks (each rank's own
+tokens, grouped heads as the model has them, padded to the widest share) pass rank to rank around the group in
+``N`` steps (send to the next rank, receive from the one before, the next block in flight while this one is
+attended), and each piece of a chain segment held here attends to the ranges of the block it holds that it sees
+(`gyre.train.attention.attend`: its own tokens causally in its own block, its ancestors and its segment's earlier
+tokens in full), merged by log-sum-exp. Backward passes the blocks around again with their gradients: each rank adds
+what its queries give a block's keys and values, and the sum arrives at the block's owner one step after the last
+(``N`` sends of the gradient, ``N - 1`` of the block). A rank keeps for backward its own queries, keys, values,
+output and log-sum-exp only; while a layer computes it holds two blocks more (the one attended and the one
+arriving), four in backward (with their gradients, fp32 or wider) -- ``2 x kv_heads x head_dim`` values a token of
+its share each, one layer at a time.
 
 Log-probabilities: token ``i`` is predicted from the logits at ``parents[i]``, which the rank holding the parent
 computes, so each rank scores the children of its own tokens that carry loss weight (``logprobs_and_entropy``: zeros
 elsewhere; context tokens get no logits) and the loss a rank computes (``compute_gradients``) covers those tokens
 only. The micro-step's loss and every gradient are the sums over ranks (a sharded core's reduce-scatter sums them
-anyway); every rank calls the same collectives in the same order (one all-gather a layer forward, one reduce-scatter
-a layer backward, the reference model's forward too).
+anyway); every rank calls the same exchanges in the same order (``N - 1`` a layer forward, ``2N - 1`` a layer
+backward, the reference model's forward too; a rank with no tokens passes blocks on all the same).
 """
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +41,7 @@ import torch.nn.functional as F
 
 from gyre.config import LossConfig
 from gyre.protocol import MicroStats, MicroStep
-from gyre.train.attention import Segment, key_ranges, segment_attention
+from gyre.train.attention import Range, attend, attend_backward, key_ranges, merge
 from gyre.train.loss import chain_segments, chunked_logprobs, final_hidden, weighted_tokens
 
 CONTEXT_ATTENTION = "gyre_context"
@@ -72,20 +77,30 @@ class _Layout:
     group: Any
     split: ContextSplit
     rank: int
-    order: torch.Tensor  # global token -> its place in the gathered, rank-by-rank (padded) buffer
-    # per piece of a chain segment held here: (first, last local query + 1, ranges of the keys it sees, global)
-    pieces: list[Segment]
+    send_to: int  # the next rank of the ring and the one before it (global ranks, as send and recv take them)
+    receive_from: int
+    # per piece of a chain segment held here: its local queries [first, last), which are also its own keys (seen
+    # causally, in this rank's block), and per rank the ranges of that rank's block (local indices) seen in full
+    pieces: list[tuple[int, int, tuple[tuple[Range, ...], ...]]]
 
 
 _layout: contextvars.ContextVar[_Layout] = contextvars.ContextVar("gyre_context_layout")
 
 
-def _layout_for(parents: list[int], split: ContextSplit, rank: int, group: Any, device: Any) -> _Layout:
-    width = split.width
-    place = [0] * split.n
-    for r, tokens in enumerate(split.owned):
-        for j, g in enumerate(tokens):
-            place[g] = r * width + j
+def _owners(split: ContextSplit, s: int, e: int) -> Iterator[tuple[int, Range]]:
+    """Global tokens ``[s, e)`` as (rank, range of that rank's local indices) parts."""
+    n, world = split.n, split.world
+    for k in range(2 * world):  # the 2N runs in token order
+        a, b = n * k // (2 * world), n * (k + 1) // (2 * world)
+        lo, hi = max(a, s), min(b, e)
+        if lo < hi:
+            rank = k if k < world else 2 * world - 1 - k
+            first_run = n * (rank + 1) // (2 * world) - n * rank // (2 * world)
+            offset = -a if k < world else first_run - a  # a rank holds its early run, then its late one
+            yield rank, (lo + offset, hi + offset)
+
+
+def _layout_for(parents: list[int], split: ContextSplit, rank: int, group: Any) -> _Layout:
     local = {g: j for j, g in enumerate(split.owned[rank])}
     pieces = []
     for a, b, visible in chain_segments(parents):
@@ -96,40 +111,116 @@ def _layout_for(parents: list[int], split: ContextSplit, rank: int, group: Any, 
             length = 1
             while length < len(run) and run[length] == first + length:  # global, not local, runs
                 length += 1
-            last = first + length  # global [first, last) is local [local[first], local[first] + length)
-            # query j of the run sees keys up to ancestors + (first - a) + j: lower-right causal over these
-            keys = key_ranges(visible[: ancestors + (last - a)])
-            pieces.append((local[first], local[first] + length, keys))
+            # global [first, last) is local [local[first], local[first] + length): its own keys, causal; before
+            # them every query of the run sees the segment's ancestors and its tokens before first, in full
+            by_rank: list[list[Range]] = [[] for _ in range(split.world)]
+            for s, e in key_ranges(visible[: ancestors + (first - a)]):
+                for owner, part in _owners(split, s, e):
+                    by_rank[owner].append(part)
+            pieces.append((local[first], local[first] + length, tuple(tuple(r) for r in by_rank)))
             run = run[length:]
-    return _Layout(group, split, rank, torch.tensor(place, device=device), pieces)
+    world = split.world
+    send_to, receive_from = (dist.get_global_rank(group, (rank + d) % world) for d in (1, -1))
+    return _Layout(group, split, rank, send_to, receive_from, pieces)
 
 
-class _GatherTokens(torch.autograd.Function):
-    """All-gather every rank's ``[heads, width, dim]`` share (padded) along the token axis; the backward sums the
-    gradient every rank computed for a share and hands it to its owner (reduce-scatter)."""
+def _exchange(send: torch.Tensor, receive: torch.Tensor, layout: _Layout, tag: int) -> list[Any]:
+    """Start sending ``send`` to the next rank of the ring and receiving ``receive`` from the one before."""
+    return dist.batch_isend_irecv([
+        dist.P2POp(dist.isend, send, layout.send_to, layout.group, tag),
+        dist.P2POp(dist.irecv, receive, layout.receive_from, layout.group, tag),
+    ])  # fmt: skip
+
+
+def _block(key: torch.Tensor, value: torch.Tensor, width: int) -> torch.Tensor:
+    """``[2, kv heads, width, dim]``: this rank's keys and values, padded to the ring's block width."""
+    pad = (0, 0, 0, width - key.shape[2])
+    return torch.stack([F.pad(key[0], pad), F.pad(value[0], pad)])
+
+
+class _RingAttention(torch.autograd.Function):
+    """This rank's queries against every rank's keys and values, the blocks passed around the ring (see the
+    module). Kept for backward: this rank's queries, keys, values, output and log-sum-exp."""
 
     @staticmethod
-    def forward(ctx: Any, share: torch.Tensor, group: Any) -> torch.Tensor:
-        ctx.group = group
-        world = dist.get_world_size(group)
-        out = torch.empty(world * share.numel(), dtype=share.dtype, device=share.device)
-        dist.all_gather_single(out, share.contiguous().reshape(-1), group=group)
-        return out.view(world, *share.shape)
+    def forward(
+        ctx: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        layout: _Layout,
+        scale: float | None,
+    ) -> torch.Tensor:
+        world, rank = layout.split.world, layout.rank
+        block = _block(key, value, layout.split.width)
+        outs: list[Any] = [None] * len(layout.pieces)
+        lses: list[Any] = [None] * len(layout.pieces)
+        for t in range(world):
+            owner = (rank - t) % world
+            incoming = torch.empty_like(block)
+            pending = (
+                _exchange(block, incoming, layout, 0) if t < world - 1 else []
+            )  # the next block, meanwhile
+            k, v = block[0][None], block[1][None]
+            for i, (a, b, by_rank) in enumerate(layout.pieces):
+                q = query[:, :, a:b]
+                if t == 0:
+                    outs[i], lses[i] = attend(q, key[:, :, a:b], value[:, :, a:b], True, scale)
+                for s, e in by_rank[owner]:
+                    outs[i], lses[i] = merge(
+                        outs[i], lses[i], *attend(q, k[:, :, s:e], v[:, :, s:e], False, scale)
+                    )
+            for work in pending:
+                work.wait()
+            block = incoming
+        if outs:
+            out, lse = torch.cat(outs, dim=2), torch.cat(lses, dim=2)
+        else:  # a rank with no tokens of this micro-step: it passes blocks on all the same
+            out, lse = query.new_empty(query.shape), query.new_empty(query.shape[:3], dtype=torch.float32)
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.layout, ctx.scale = layout, scale
+        return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        mine = torch.empty(grad[0].numel(), dtype=grad.dtype, device=grad.device)
-        dist.reduce_scatter_single(mine, grad.contiguous().reshape(-1), group=ctx.group)
-        return mine.view(grad.shape[1:]), None
-
-
-def _gather(local: torch.Tensor, layout: _Layout) -> torch.Tensor:
-    """``[1, heads, local tokens, dim]`` -> ``[1, heads, n, dim]`` in global token order."""
-    heads, count, dim = local.shape[1], local.shape[2], local.shape[3]
-    share = F.pad(local[0], (0, 0, 0, layout.split.width - count))  # [heads, width, dim]
-    every = _GatherTokens.apply(share, layout.group)  # [world, heads, width, dim]
-    flat = every.permute(1, 0, 2, 3).reshape(heads, -1, dim)  # rank-by-rank
-    return flat.index_select(1, layout.order)[None]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, None]:
+        query, key, value, out, lse = ctx.saved_tensors
+        layout, scale = ctx.layout, ctx.scale
+        world, rank, width = layout.split.world, layout.rank, layout.split.width
+        grad_query = torch.zeros_like(query)
+        block = _block(key, value, width)
+        # the gradient of the block held travels with it and reaches its owner one step after the last use
+        wide = torch.promote_types(key.dtype, torch.float32)
+        grads = torch.zeros(block.shape, dtype=wide, device=block.device)
+        for t in range(world):
+            owner = (rank - t) % world
+            incoming = torch.empty_like(block)
+            pending = _exchange(block, incoming, layout, 0) if t < world - 1 else []
+            k, v = block[0][None], block[1][None]
+            for a, b, by_rank in layout.pieces:
+                spans = [*([((a, b), True)] if t == 0 else []), *((r, False) for r in by_rank[owner])]
+                for (s, e), causal in spans:
+                    gq, gk, gv = attend_backward(grad[:, :, a:b], query[:, :, a:b], k[:, :, s:e], v[:, :, s:e],
+                                                 out[:, :, a:b], lse[:, :, a:b], causal, scale)  # fmt: skip
+                    grad_query[:, :, a:b] += gq
+                    grads[0, :, s:e] += gk[0]
+                    grads[1, :, s:e] += gv[0]
+            if (
+                world > 1
+            ):  # hand this owner's gradient on; receive the next owner's (after the last step: ours)
+                arrived = torch.empty_like(grads)
+                pending += _exchange(grads, arrived, layout, 1)
+                grads = arrived
+            for work in pending:
+                work.wait()
+            block = incoming
+        n = key.shape[2]
+        return (
+            grad_query,
+            grads[0, :, :n][None].to(key.dtype),
+            grads[1, :, :n][None].to(value.dtype),
+            None,
+            None,
+        )
 
 
 def _context_attention(
@@ -143,14 +234,13 @@ def _context_attention(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Hugging Face attention (``[batch, heads, tokens, dim]`` in, ``[batch, tokens, heads, dim]`` out) for this
-    rank's tokens against the whole micro-step's keys and values (see the module)."""
-    layout = _layout.get()
-    # grouped key/value heads stay grouped: segment_attention uses each for its query group
-    key, value = _gather(key, layout), _gather(value, layout)
-    p = dropout if module.training else 0.0
-    if not layout.pieces:  # (a rank with no tokens of this micro-step)
-        return query[:, :, :0].transpose(1, 2).contiguous(), None
-    out = segment_attention(query, key, value, layout.pieces, scaling, p)
+    rank's tokens against the whole micro-step's keys and values, passed around the ring (see the module); grouped
+    key/value heads stay grouped."""
+    if dropout and module.training:
+        raise ValueError(
+            "context parallelism applies no attention dropout: set the model's attention_dropout to 0"
+        )
+    out = _RingAttention.apply(query, key, value, _layout.get(), scaling)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -177,7 +267,7 @@ def logprobs_and_entropy(
     rank = dist.get_rank(group)
     device = next(model.parameters()).device
     mine = split.owned[rank]
-    token = _layout.set(_layout_for(micro.parents, split, rank, group, device))
+    token = _layout.set(_layout_for(micro.parents, split, rank, group))
     previous = model.config._attn_implementation
     model.set_attn_implementation(CONTEXT_ATTENTION)
     try:
