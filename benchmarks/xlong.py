@@ -9,12 +9,16 @@ Parts, run with ``--parts a,b,c,d,e`` (default: all):
       preset on 4 gloo ranks (CP=4) and on one (CP=1) where `gyre.train.budget` predicts it fits in this machine's
       free memory, else on one at ``--fit-tokens`` and fitted (memory = a + b n); time and per-rank peak memory per
       stage, measured beside predicted; target CP=4 / CP=1 per-rank peak <= 0.3.
-  (c) the tiny model on one chain of 8K, 16K, 32K and 64K tokens (calls of 600 in + 100 sampled) with CP=1, 2, 4:
-      forward+backward time and per-rank peak memory, least-squares fits time = a + b n + c n^2 and memory =
-      a + b n (with a quadratic fit's n^2 share as the check that it is linear), and their projection to 700K.
+  (c) the tiny model on one chain of 8K, 16K, 32K and 64K tokens (calls of 600 in + 100 sampled) with CP=1, 2, 4
+      (``--c-sizes``, ``--c-cps``): forward+backward time and per-rank peak memory, least-squares fits time = a +
+      b n + c n^2 and memory = a + b n (with a quadratic fit's n^2 share as the check that it is linear), and their
+      projection to 700K; at the largest size, CP=1 and the most ranks again with 4 query heads a key/value head:
+      the CP ratio (target <= 0.35 at CP=4) and the K/V memory one head fewer saves, measured beside the budget.
   (e) Qwen3-8B at 700K tokens on a cell of 8 x 80 GB (CP=8) from `gyre.train.budget`: memory per rank by term and
       step time at an assumed H100 throughput, with and without activation checkpointing, optimizer state sharded
-      (ZeRO-1) or everything sharded (FSDP).
+      (ZeRO-1) or everything sharded (FSDP); then Qwen3-8B and 32B from 128K to 700K tokens. The budget's
+      activation and K/V terms are the tensors the tiny model keeps (tests/unit/train/test_memory.py) and (c) sets
+      its per-rank peaks beside them.
 Each part is a function that returns a dict of figures and prints its table. Ranks are fresh processes
 (``benchmarks/xlong_ranks.py``: how peak memory is measured). ``--quick`` runs each part in seconds (the slow test
 tier).
@@ -349,31 +353,61 @@ def part_b(
     return figures
 
 
-def part_c(quick: bool) -> dict[str, Any]:
-    """The tiny model at growing chain lengths and CP sizes: time and per-rank memory, fitted and projected."""
+def grouped_model(directory: Path, kv_heads: int, seed: int = 0) -> Path:
+    """The tiny preset's shape with ``kv_heads`` key/value heads for its 4 query heads, randomly initialised."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from gyre.engine.models import init_model
+
+    init_model(directory, preset="tiny", seed=seed)
+    config = AutoConfig.from_pretrained(directory, local_files_only=True)
+    config.num_key_value_heads = kv_heads
+    import torch
+
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config).save_pretrained(directory)
+    return directory
+
+
+def part_c(
+    quick: bool, sizes: tuple[int, ...] = (8_192, 16_384, 32_768, 65_536), cps: tuple[int, ...] = (1, 2, 4)
+) -> dict[str, Any]:
+    """The tiny model at growing chain lengths and CP sizes: time and per-rank memory, fitted and projected; at the
+    largest size the same with 4 query heads a key/value head, and the K/V memory the grouped heads save."""
     from rich.progress import Progress
 
     from gyre.engine.models import init_model
     from xlong_ranks import chain_micro_step, run_group
 
-    sizes = (1_024, 2_048) if quick else (8_192, 16_384, 32_768, 65_536)
-    cps = (1, 2) if quick else (1, 2, 4)
-    target = 700_000
+    if quick:
+        sizes, cps = (1_024, 2_048), (1, 2)
+    target, largest, most = 700_000, max(sizes), max(cps)
+    ends = tuple(sorted({1, most}))  # the grouped model: CP=1 and the most ranks, at the largest size
     measured: dict[int, dict[int, tuple[float, float]]] = {cp: {} for cp in cps}
+    grouped: dict[int, tuple[float, float]] = {}
     with tempfile.TemporaryDirectory() as tmp, Progress(console=_console(), transient=True) as progress:
         directory = init_model(Path(tmp) / "tiny", preset="tiny", seed=0)
-        config = _config(directory)
-        task = progress.add_task("(c) tiny", total=len(sizes) * len(cps))
+        four = grouped_model(Path(tmp) / "tiny-gqa4", kv_heads=1)
+        config, config4 = _config(directory), _config(four)
+        task = progress.add_task("(c) tiny", total=len(sizes) * len(cps) + len(ends))
         for n in sizes:
             micro = chain_micro_step(n, config["vocab_size"])
             for cp in cps:
                 progress.update(task, description=f"(c) tiny: {n:,} tokens on {cp} rank(s)")
-                ranks = run_group(directory, micro, cp, optimizer=False)
-                s, mb = _stage_rows(ranks)["forward+backward"]
-                measured[cp][n] = (s, mb)
+                measured[cp][n] = _stage_rows(run_group(directory, micro, cp, optimizer=False))[
+                    "forward+backward"
+                ]
                 progress.advance(task)
-    print("\n(c) tiny model (4 layers, 4 heads x 48), one chain (calls of 600 in + 100 sampled), forward+backward; "
-          "slowest rank's s, largest rank's peak MB (ru_maxrss above its loaded baseline), one thread a rank")  # fmt: skip
+        micro = chain_micro_step(largest, config4["vocab_size"])
+        for cp in ends:
+            progress.update(
+                task, description=f"(c) tiny, 4 heads a k/v head: {largest:,} tokens on {cp} rank(s)"
+            )
+            grouped[cp] = _stage_rows(run_group(four, micro, cp, optimizer=False))["forward+backward"]
+            progress.advance(task)
+    print("\n(c) tiny model (4 layers, 4 heads x 48, 2 k/v heads), one chain (calls of 600 in + 100 sampled), "
+          "forward+backward; slowest rank's s, largest rank's peak MB (ru_maxrss above its loaded baseline), one "
+          "thread a rank; ring attention")  # fmt: skip
     print(f"{'tokens':>8}" + "".join(f"{f'CP={cp} s':>11}{'MB':>9}{'pred MB':>9}" for cp in cps))
     for n in sizes:
         cells = ""
@@ -404,7 +438,48 @@ def part_c(quick: bool) -> dict[str, Any]:
         figures["fits"][str(cp)] = {"time_s": time_fit, "memory_mb": mem_fit}
     if len(sizes) < 3:
         print("  (fewer than 3 sizes: the fits have fewer terms; the full run fits all three)")
+    figures |= _grouped_rows(config, config4, largest, ends, measured, grouped)
     return figures
+
+
+def _kv_mb(config: dict[str, Any], tokens: int, cp: int) -> float:
+    """The budget's K/V bytes on a rank (MB): the keys and values it keeps (before and after norm and rope, every
+    layer, its share of the tokens) and ring attention's blocks in flight."""
+    from gyre.train.memory import ModelShape
+
+    shape = ModelShape.from_config(config)
+    kept = 2 * 2 * shape.kv_size * -(-tokens // cp) * shape.num_layers * 4
+    return (kept + _budget(config, tokens, cp).memory["keys_values"]) / MB
+
+
+def _grouped_rows(
+    config: dict[str, Any],
+    config4: dict[str, Any],
+    n: int,
+    ends: tuple[int, ...],
+    measured: dict[int, dict[int, tuple[float, float]]],
+    grouped: dict[int, tuple[float, float]],
+) -> dict[str, Any]:
+    """(c)'s last table: per-rank peak at CP=1 and the most ranks, 2 and 4 query heads a k/v head, side by side."""
+    most = ends[-1]
+    print(f"\n(c) per-rank peak at {n:,} tokens, measured (MB above the loaded baseline); K/V: the budget's k/v bytes "
+          f"a rank holds (kept for backward + ring blocks in flight); target CP={most} / CP=1 <= 0.35")  # fmt: skip
+    print(f"{'model':<26}" + "".join(f"{f'CP={cp} MB':>11}{'K/V MB':>9}" for cp in ends) + f"{'ratio':>8}")
+    rows = {}
+    for name, cfg, peaks in (("tiny (2 q heads a k/v)", config, {cp: measured[cp][n][1] for cp in ends}),
+                             ("tiny, 4 q heads a k/v", config4, {cp: grouped[cp][1] for cp in ends})):  # fmt: skip
+        ratio = peaks[most] / peaks[1]
+        print(f"{name:<26}" + "".join(f"{peaks[cp]:>11.1f}{_kv_mb(cfg, n, cp):>9.1f}" for cp in ends)
+              + f"{ratio:>8.2f}")  # fmt: skip
+        rows[name] = {"peak_mb": {str(cp): peaks[cp] for cp in ends}, "ratio": ratio,
+                      "kv_mb": {str(cp): _kv_mb(cfg, n, cp) for cp in ends}}  # fmt: skip
+    saved = {cp: measured[cp][n][1] - grouped[cp][1] for cp in ends}
+    predicted = {cp: _kv_mb(config, n, cp) - _kv_mb(config4, n, cp) for cp in ends}
+    print("one k/v head fewer (2 -> 1 for 4 q heads), measured peak difference vs the budget's: "
+          + ", ".join(f"CP={cp} {saved[cp]:.1f} vs {predicted[cp]:.1f} MB" for cp in ends))  # fmt: skip
+    return {"grouped": {"tokens": n, "rows": rows, "kv_head_saved_mb": {str(cp): saved[cp] for cp in ends},
+                        "kv_head_predicted_mb": {str(cp): predicted[cp] for cp in ends}},
+            "ratio": rows["tiny (2 q heads a k/v)"]["ratio"]}  # fmt: skip
 
 
 QWEN3_8B = {"model_type": "qwen3", "hidden_size": 4096, "num_hidden_layers": 36, "num_attention_heads": 32,
@@ -442,7 +517,7 @@ def part_e(quick: bool) -> dict[str, Any]:
                          "gib_per_rank": b.memory_bytes / GIB, "fits": b.fits(), "flops": b.flops,
                          "attention_flops": b.attention_flops, "step_s": seconds})  # fmt: skip
     without = None
-    for c in (16, 32, 64, 128):  # more ranks, fewer tokens each: activations shrink, the gathered k/v do not
+    for c in (16, 32, 64, 128):  # more ranks, fewer tokens each: activations and ring blocks shrink
         b = step_budget(QWEN3_8B, tokens, cp=c, precision=BF16, scored_tokens=scored, optimizer_shards=c,
                         full_shard=True)  # fmt: skip
         if b.fits():
@@ -451,11 +526,46 @@ def part_e(quick: bool) -> dict[str, Any]:
     if without:
         print(f"without checkpointing, FSDP + CP fits from CP={without}")
     else:
-        print(f"without checkpointing it fits at no CP up to 128: every rank keeps every layer's gathered keys and "
-              f"values ({b.memory['keys_values'] / GIB:.0f} GiB at any CP); checkpointing (or ring attention, "
-              f"which keeps none) is what it takes")  # fmt: skip
-    return {"rows": rows, "cp_without_checkpointing": without,
+        print(f"without checkpointing it fits at no CP up to 128: every layer's activations of a rank's share "
+              f"({b.memory['activations'] / GIB:.0f} GiB at CP=128)")  # fmt: skip
+    return {"rows": rows, "cp_without_checkpointing": without, "projections": _projections(scored / tokens),
             "assumed_flops": {"dense": H100_DENSE_FLOPS, "attention": H100_ATTENTION_FLOPS}}  # fmt: skip
+
+
+QWEN3_32B = {"model_type": "qwen3", "hidden_size": 5120, "num_hidden_layers": 64, "num_attention_heads": 64,
+             "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 25600, "vocab_size": 151936,
+             "tie_word_embeddings": False}  # fmt: skip
+
+
+def _projections(scored_share: float) -> list[dict[str, Any]]:
+    """Qwen3-8B and 32B from 128K to 700K tokens: GiB a rank (FSDP, checkpointing, bf16) at CP=8, the K/V a rank
+    holds (its own keys and values kept, ring blocks in flight), and the fewest ranks (8 to 64) it fits on."""
+    from gyre.train.budget import step_budget
+    from gyre.train.memory import BF16, GIB, ModelShape
+
+    print(
+        "\nQwen3-8B and 32B, FSDP + checkpointing, bf16; GiB a rank at CP=8; K/V: a rank's own keys and values "
+        "(one layer being recomputed) + ring blocks in flight; fewest ranks that fit (<= 90% of 80 GiB)"
+    )
+    print(f"{'model':<10}{'tokens':>9}{'GiB/rank':>10}{'activ.':>8}{'K/V':>7}{'fits':>6}{'fewest CP':>11}")
+    rows = []
+    for name, config in (("Qwen3-8B", QWEN3_8B), ("Qwen3-32B", QWEN3_32B)):
+        shape = ModelShape.from_config(config)
+        for tokens in (131_072, 262_144, 524_288, 700_000):
+
+            def budget(cp: int, n: int = tokens, config: dict[str, Any] = config) -> Any:
+                return step_budget(config, n, cp=cp, precision=BF16, checkpointing=True, optimizer_shards=cp,
+                                   full_shard=True, scored_tokens=int(n * scored_share))  # fmt: skip
+
+            b = budget(8)
+            own_kv = 2 * 2 * shape.kv_size * -(-tokens // 8) * BF16.activation  # one layer, before/after rope
+            kv = own_kv + b.memory["keys_values"]
+            fewest = next((c for c in (8, 16, 32, 64) if budget(c).fits()), None)
+            print(f"{name:<10}{tokens:>9,}{b.memory_bytes / GIB:>10.1f}{b.memory['activations'] / GIB:>8.1f}"
+                  f"{kv / GIB:>7.1f}{'yes' if b.fits() else 'no':>6}{fewest or '> 64':>11}")  # fmt: skip
+            rows.append({"model": name, "tokens": tokens, "gib_per_rank_cp8": b.memory_bytes / GIB,
+                         "kv_gib_cp8": kv / GIB, "fits_cp8": b.fits(), "fewest_cp": fewest})  # fmt: skip
+    return rows
 
 
 PARTS: dict[str, Callable[[bool], dict[str, Any]]] = {"a": part_a, "b": part_b, "c": part_c, "d": part_d,
@@ -477,10 +587,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument(
         "--cp1-fit", action="store_true", help="(b): fit CP=1 at --fit-tokens even where it fits"
     )
+    parser.add_argument(
+        "--c-sizes", default="8192,16384,32768,65536", help="(c): chain lengths of the tiny model"
+    )
+    parser.add_argument("--c-cps", default="1,2,4", help="(c): context-parallel sizes")
     args = parser.parse_args(argv)
     parts: dict[str, Callable[[bool], dict[str, Any]]] = dict(PARTS)
     fit = tuple(int(k) for k in args.fit_tokens.split(",") if k)
     parts["b"] = lambda quick: part_b(quick, args.tokens, fit, args.cp1_fit)
+    sizes, cps = (tuple(int(k) for k in v.split(",") if k) for v in (args.c_sizes, args.c_cps))
+    parts["c"] = lambda quick: part_c(quick, sizes, cps)
     figures = {p: parts[p](args.quick) for p in args.parts.split(",") if p}
     if args.json is not None:
         args.json.write_text(json.dumps(figures, indent=2))

@@ -27,9 +27,10 @@ Bytes per rank (`StepBudget.memory`, by name):
   prefetched).
 - ``activations``: that model's activations (flash attention: no ``[T x T]`` tensor) for this rank's
   ``tokens / cp`` tokens, with or without checkpointing.
-- ``keys_values`` (``cp > 1``): the whole micro-step's keys and values each rank gathers, ``2 x kv_heads x head_dim``
-  values a token, for every layer (kept for backward) or for one layer (checkpointing). An implementation that
-  repeats grouped heads or copies keys per segment holds more; a dense mask of queries x keys is not counted.
+- ``keys_values`` (``cp > 1``): ring attention's blocks in flight (`gyre.train.context`), one layer at a time: the
+  block attended and the one arriving, each ``2 x kv_heads x head_dim`` values a token of a rank's share in the
+  activation dtype, and in backward their two gradient blocks in fp32 (or wider). A rank's own keys and values are
+  in ``activations``; no rank keeps another's, and grouped heads are never repeated per query head.
 - ``logits``: one chunk of fp32 logits and their gradient, ``logits_chunk_tokens`` (default: as many as
   ``LOGITS_CHUNK_BYTES`` of logits hold) or this rank's share of the scored tokens if fewer, and this rank's final hidden states (as ``device_memory``'s ``logits``).
 """
@@ -142,8 +143,8 @@ def step_budget(
         shape, CellLayout(shards=optimizer_shards), precision, local, design="sharded",
         checkpointing=checkpointing, loss_chunk_tokens=logits_chunk_tokens, bucket_bytes=0, engine_bytes=0,
     )  # fmt: skip
-    kv_layers = 1 if checkpointing else shape.num_layers
-    gathered = kv_layers * tokens * 2 * shape.kv_size * precision.activation if cp > 1 else 0
+    block = 2 * shape.kv_size * local  # one rank's keys and values, values
+    in_flight = 2 * block * precision.activation + 2 * block * max(4, precision.activation) if cp > 1 else 0
     weights, gradients = held.weights, held.gradients
     if full_shard:
         whole = shape.parameters()
@@ -158,7 +159,7 @@ def step_budget(
         "master": held.master,
         "moments": held.moments,
         "activations": held.activations,
-        "keys_values": gathered,
+        "keys_values": in_flight,
         "logits": logits,
     }
     return StepBudget(tokens=tokens, cp=cp, linear_flops=linear, attention_flops=attention, memory=memory)

@@ -28,13 +28,16 @@ Assumptions:
 4. ``sharded``: master, moments and the step's gradient sum are 1/shards of the rank's part; weights and the local
    gradient buffer are whole on every rank (ZeRO-1, not ZeRO-2/3). ``star``: the core holds all of it for the whole
    model, plus one fp32 receive buffer per member gradient in flight.
-5. Activations, with flash attention (no [T x T] tensor), per token per layer in the activation dtype: 4 x hidden (two
-   norms' inputs and outputs) + 2 x (q + 2 kv) (q, k, v before and after norm and rope) + q (attention output) + 4 x
-   intermediate (gate, up, silu(gate), their product; on MoE layers per active expert, plus the routed copies of the
-   hidden state), and fp32 log-sum-exp per head (and router logits). Tensor parallel with sequence parallel divides
-   all of it by tensor. Activation checkpointing keeps one hidden state per layer plus one layer being recomputed.
-   1F1B pipelining keeps ``pipeline`` micro-steps in flight on the first stage, so a device holds one micro-step's
-   activations of all layers / tensor.
+5. Activations, with flash attention (no [T x T] tensor), per token per layer in the activation dtype: 7 x hidden
+   (each of the two RMSNorms keeps its input, its normalised input and its weighted output; o_proj keeps its input)
+   + 2 x (q + 2 kv) (q, k, v before and after norm and rope; grouped key/value heads as the model has them, never
+   repeated per query head) + q (attention output) + 4 x intermediate (gate, up, silu(gate), their product; on MoE
+   layers per active expert, plus the routed copies of the hidden state), and fp32: 2 norms' reciprocal RMS, the
+   log-sum-exp per head, and with q/k norms their reciprocal RMS per q and kv head (and router logits). Counted
+   from the tensors Hugging Face's Qwen3 keeps for backward on CPU (``tests/unit/train/test_memory.py``). Tensor
+   parallel with sequence parallel divides all of it by tensor. Activation checkpointing keeps one hidden state
+   per layer plus one layer being recomputed. 1F1B pipelining keeps ``pipeline`` micro-steps in flight on the
+   first stage, so a device holds one micro-step's activations of all layers / tensor.
 6. Logits: the loss runs in chunks of ``loss_chunk_tokens`` tokens, each with fp32 logits and their gradient over
    vocab / tensor columns; the micro-step's final hidden states are kept for lm_head's backward.
 7. Weight push: ``sharded`` pushes bucket by bucket; its extra memory is max(bucket, largest whole tensor) in the
@@ -186,13 +189,14 @@ class ModelShape:
     def activation_values_per_token_layer(self, moe: bool) -> tuple[int, int]:
         """(values in the activation dtype, fp32 values) one layer keeps per token for backward (flash attention)."""
         h, q, kv = self.hidden_size, self.q_size, self.kv_size
-        attention = 4 * h + 2 * (q + 2 * kv) + q
+        attention = 7 * h + 2 * (q + 2 * kv) + q
+        # norms' reciprocal RMS, log-sum-exp per head, q/k norms' reciprocal RMS per head
+        fp32 = 2 + self.num_heads + (self.num_heads + self.num_kv_heads if self.qk_norm else 0)
         if moe:
             mlp = self.active_experts * (4 * self.expert_intermediate_size + h)
-            fp32 = self.num_heads + self.num_experts  # log-sum-exp, router logits
+            fp32 += self.num_experts  # router logits
         else:
             mlp = 4 * self.intermediate_size
-            fp32 = self.num_heads
         return attention + mlp, fp32
 
 
@@ -208,6 +212,7 @@ class Precision:
     gradient_sum: int  # the step's gradient sum in the core
     wire: int  # a gradient value on the wire
     activation: int  # activations kept for backward
+    local_sum: int = 0  # a rank's sum of its own micro-steps' gradients, whole replica, until the step's reduction
 
 
 BF16 = Precision("bf16", weight=2, gradient=2, master=4, moment=4, gradient_sum=4, wire=4, activation=2)
@@ -259,7 +264,7 @@ class DeviceMemory:
     """Bytes on the busiest device of a cell, by category."""
 
     weights: int
-    gradients: int  # local gradient buffer + the step's sum (+ receive buffers in the star)
+    gradients: int  # local gradient buffer and local sum + the step's sum (+ receive buffers in the star)
     master: int
     moments: int
     activations: int
@@ -323,7 +328,7 @@ def device_memory(
         logits = chunk * vocab_part * 8 + micro_tokens * shape.hidden_size * precision.activation // t
     return DeviceMemory(
         weights=held * precision.weight,
-        gradients=held * precision.gradient + sharded * precision.gradient_sum + receive,
+        gradients=held * (precision.gradient + precision.local_sum) + sharded * precision.gradient_sum + receive,
         master=sharded * precision.master,
         moments=sharded * 2 * precision.moment,
         activations=act,

@@ -53,6 +53,13 @@ def test_xlong_quick_parts_b_c_e(tmp_path: Path) -> None:
     assert set(c["measured"]) == {"1", "2"} and set(c["measured"]["1"]) == {"1024", "2048"}
     for cp in ("1", "2"):
         assert c["fits"][cp]["time_s"]["projected"] > c["measured"][cp]["2048"]["seconds"]
+    grouped = c["grouped"]["rows"]
+    assert set(grouped) == {"tiny (2 q heads a k/v)", "tiny, 4 q heads a k/v"}
+    for row in grouped.values():  # the ranks share the micro-step: each holds less than one rank alone
+        assert row["peak_mb"]["2"] < row["peak_mb"]["1"] and row["kv_mb"]["2"] < row["kv_mb"]["1"]
+    assert c["ratio"] == grouped["tiny (2 q heads a k/v)"]["ratio"]
+    projections = {(r["model"], r["tokens"]): r for r in figures["e"]["projections"]}
+    assert projections["Qwen3-8B", 700_000]["fits_cp8"] and not projections["Qwen3-32B", 700_000]["fits_cp8"]
     fits = {(r["sharding"], r["checkpointing"]): r["fits"] for r in figures["e"]["rows"]}
     assert fits == {
         ("FSDP", True): True,

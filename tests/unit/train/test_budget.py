@@ -38,14 +38,16 @@ def test_memory_per_rank_by_term_fp32_one_rank_and_two() -> None:
         "gradients": 220 * 4 + 220 * 8,  # the local fp32 gradient and the core's float64 step sum
         "master": 0,
         "moments": 220 * 2 * 4,
-        "activations": 6 * (76 * 4 + 4),  # 4h + 2(q + 2kv) + q + 4i = 76 values, + one fp32 log-sum-exp
+        # 7h + 2(q + 2kv) + q + 4i = 88 values; fp32: 2 norms' rsqrt, a log-sum-exp, q and k norms' rsqrt
+        "activations": 6 * (88 * 4 + 5 * 4),
         "keys_values": 0,
         "logits": 6 * 10 * 8
         + 6 * 4 * 4,  # a (whole) chunk of logits and its gradient; the final hidden states
     }
     two = step_budget(TOY, 6, cp=2)
-    assert two.memory["activations"] == 3 * (76 * 4 + 4)
-    assert two.memory["keys_values"] == 6 * 2 * 4 * 4  # every token's k and v, one layer, fp32
+    assert two.memory["activations"] == 3 * (88 * 4 + 5 * 4)
+    # ring attention: two blocks of a rank's 3 tokens' k and v in flight, and in backward their two fp32 gradients
+    assert two.memory["keys_values"] == 4 * (3 * 2 * 4) * 4
     assert two.memory["logits"] == 3 * 10 * 8 + 3 * 4 * 4
     assert two.step_bytes == two.memory_bytes - 880
     scored = step_budget(TOY, 6, scored_tokens=2)  # logits only for the tokens a loss reads
@@ -54,7 +56,7 @@ def test_memory_per_rank_by_term_fp32_one_rank_and_two() -> None:
 
 def test_checkpointing_keeps_a_hidden_state_a_layer_and_one_layer_recomputed() -> None:
     b = step_budget(TOY, 6, checkpointing=True)
-    assert b.memory["activations"] == 6 * (4 * 4 + 76 * 4 + 4)
+    assert b.memory["activations"] == 6 * (4 * 4 + 88 * 4 + 5 * 4)
 
 
 def test_the_optimizer_state_shards_over_the_cell() -> None:

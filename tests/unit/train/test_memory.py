@@ -128,3 +128,46 @@ def test_tensor_and_pipeline_parts_cover_the_model() -> None:
 
 def test_assumptions_are_printed_from_the_docstring() -> None:
     assert [a.split(".")[0] for a in ASSUMPTIONS] == [str(i) for i in range(1, 10)]
+
+
+def _saved_bytes_per_token_layer(tiny: Path, kv_heads: int, tokens: int = 512) -> tuple[float, ModelShape]:
+    """Bytes Hugging Face's Qwen3 keeps for backward (``saved_tensors_hooks``, each storage once, parameters not
+    counted) per token and decoder layer through gyre's tree-attention loss: the difference of 4 and 2 layers."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from gyre.config import LossConfig
+    from gyre.protocol import MicroStep
+    from gyre.train.objective import compute_gradients
+
+    kept = {}
+    for layers in (2, 4):
+        config = AutoConfig.from_pretrained(tiny, local_files_only=True)
+        config.num_key_value_heads, config.num_hidden_layers = kv_heads, layers
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(config).train()
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        storages: dict[int, int] = {}
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            if t.untyped_storage().data_ptr() not in params:
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        n = tokens
+        micro = MicroStep(input_ids=[i % 200 for i in range(n)], position_ids=list(range(n)),
+                          parents=[-1, *range(n - 1)], weights=[0.0] + [1 / (n - 1)] * (n - 1), advantages=[1.0] * n,
+                          behaviour_logprobs=[-5.0] * n, versions=[0] * n, sequences=1)  # fmt: skip
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            compute_gradients(model, micro, LossConfig(), 0)
+        kept[layers] = sum(storages.values())
+    return (kept[4] - kept[2]) / 2 / tokens, ModelShape.from_config(config.to_dict())
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1])
+def test_activations_are_the_tensors_the_model_keeps_with_grouped_heads(tiny: Path, kv_heads: int) -> None:
+    """The activation term per token and layer is what the tiny model keeps for backward, with 2 query heads a
+    key/value head and with 4: grouped keys and values counted once, as the attention keeps them (not repeated)."""
+    measured, shape = _saved_bytes_per_token_layer(tiny, kv_heads)
+    values, fp32 = shape.activation_values_per_token_layer(False)
+    assert measured == pytest.approx(values * FP32.activation + fp32 * 4, rel=0.01)
