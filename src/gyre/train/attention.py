@@ -140,9 +140,11 @@ def flex(
 
 @functools.cache
 def _compiled_flex() -> Any:
+    """FlexAttention compiled; torch marks shapes dynamic after a first recompile, so ring pieces of many lengths do
+    not each compile (past torch's recompile limit it would run the eager form, which materialises the scores)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(flex_attention)
 
 
 @functools.lru_cache(maxsize=8)
