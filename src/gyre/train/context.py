@@ -66,7 +66,7 @@ class ContextSplit:
 
     @property
     def width(self) -> int:
-        """Tokens per rank, padded to the largest share (what one all-gather moves per rank)."""
+        """Tokens per rank, padded to the largest share (a ring block's tokens)."""
         return max(len(o) for o in self.owned)
 
 
