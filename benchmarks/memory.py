@@ -81,7 +81,11 @@ MEDIUM = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 1
 CELL_GB = 80
 # the measured cells: micro-steps each rank computes per step (one reduce-scatter round each), sized so that the
 # whole program runs in about 6 minutes on 2 CPU cores (the ~150 M cell at 4 ranks moves 1.8 GB per rank per round)
-MICRO_PER_RANK = {"small": 2, "~150M": 1}
+MICRO_PER_RANK = {"small": 4, "~150M": 1}
+MODES = {
+    "small": ("round", "step"),
+    "~150M": ("step",),
+}  # reduced a round (before) or once a step (the cell now)
 CELL_STEPS = 2  # the second step is the timed one
 CELL_BUCKET_MIB = 64.0  # float64 gradient per reduce-scatter call (trainer.bucket_mib's default: 512)
 
@@ -167,24 +171,25 @@ def measured_table(console: Console, runs: dict[str, dict[str, Any]]) -> dict[st
 
 # ---- 1b. a sharded core cell, measured --------------------------------------------------------------------------
 def measure_cells(dirs: dict[str, Path], ranks: list[int], tokens: int, progress: Progress) -> dict[str, Any]:
-    """Every model on every number of ranks (``memory_cell.run_cell``): each rank's figures."""
+    """Every model on every number of ranks, in each of its modes (``memory_cell.run_cell``): each rank's figures."""
     from memory_cell import run_cell
 
-    task = progress.add_task("sharded cells", total=len(dirs) * len(ranks))
+    runs = [(name, world, mode) for name in dirs for mode in MODES[name] for world in ranks]
+    task = progress.add_task("sharded cells", total=len(runs))
     out: dict[str, Any] = {}
-    for name, directory in dirs.items():
-        for world in ranks:
-            progress.update(task, description=f"sharded cell: {name}, {world} rank(s)")
-            out[f"{name}/{world}"] = {
-                "model": name, "world": world, "micro_per_rank": MICRO_PER_RANK[name], "tokens": tokens,
-                "ranks": run_cell(directory, world, MICRO_PER_RANK[name], tokens, CELL_STEPS, CELL_BUCKET_MIB),
-            }  # fmt: skip
-            progress.advance(task)
+    for name, world, mode in runs:
+        progress.update(task, description=f"sharded cell: {name}, {world} rank(s), reduced a {mode}")
+        k = MICRO_PER_RANK[name]
+        out[f"{name}/{world}/{mode}"] = {
+            "model": name, "world": world, "mode": mode, "micro_per_rank": k, "tokens": tokens,
+            "ranks": run_cell(dirs[name], world, k, tokens, CELL_STEPS, CELL_BUCKET_MIB, mode),
+        }  # fmt: skip
+        progress.advance(task)
     return out
 
 
 def cell_rows(cells: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per cell: the largest figure over its ranks, against the same model's 1-rank cell."""
+    """One row per cell: the largest figure over its ranks, against the same model's 1-rank cell in its mode."""
     rows = []
     for cell in cells.values():
         ranks, world = cell["ranks"], cell["world"]
@@ -192,21 +197,23 @@ def cell_rows(cells: dict[str, Any]) -> list[dict[str, Any]]:
         state = max(r["statistics"]["gradient_bytes"] + r["statistics"]["optimizer_bytes"] for r in ranks)
         numel, k = ranks[0]["numel"], cell["micro_per_rank"]
         rows.append({
-            "model": cell["model"], "world": world, "micro_per_rank": k, "tokens": cell["tokens"], "parameters": numel,
-            "state_bytes": state, "master_bytes": max(r["statistics"]["master_bytes"] for r in ranks),
+            "model": cell["model"], "world": world, "mode": cell["mode"], "micro_per_rank": k,
+            "tokens": cell["tokens"], "parameters": numel, "state_bytes": state,
+            "master_bytes": max(r["statistics"]["master_bytes"] for r in ranks),
+            "local_bytes": max(s["local_bytes"] for s in last), "reductions": max(s["reductions"] for s in last),
             "peak_rss": max(r["peak_rss"] for r in ranks), "step_s": max(s["wall_s"] for s in last),
             "reduce_s": max(s["reduce_s"] for s in last), "apply_s": max(s["apply_s"] for s in last),
-            "reduced_bytes": max(s["reduced_bytes"] for s in last), "gathered_bytes": max(s["gathered_bytes"] for s in last),
             "reduce_socket_bytes": max(s["reduce_socket_bytes"] for s in last),
             "apply_socket_bytes": max(s["apply_socket_bytes"] for s in last),
             "model_gradient": numel * 4,  # one whole fp32 gradient
-            "star": (world - 1) * k * numel * 4,  # today: the micro-steps the core did not compute, whole, to it
-            "ring": k * (world - 1) * numel * 8 // world,  # the same rounds' float64 by a ring reduce-scatter (NCCL's)
+            "ring": (world - 1) * numel * 8 // world,  # one float64 ring reduce-scatter of the whole model
             "predicted": gradient_traffic(ModelShape.from_config(ranks[0]["config"]), CellLayout(shards=world), FP32,
                                           remote_micro_steps=(world - 1) * k, satellites=0).reduce_scatter,
         })  # fmt: skip
     for row in rows:
-        one = next(r for r in rows if r["model"] == row["model"] and r["world"] == 1)
+        one = next(
+            r for r in rows if r["model"] == row["model"] and r["world"] == 1 and r["mode"] == row["mode"]
+        )
         row["state_fraction"] = row["state_bytes"] / one["state_bytes"]
         row["state_ok"] = row["state_fraction"] <= 1.05 / row["world"]
         row["wire_ok"] = row["reduce_socket_bytes"] <= 2 * row["model_gradient"]
@@ -217,47 +224,45 @@ def cell_tables(console: Console, rows: list[dict[str, Any]]) -> None:
     mb = 1e6
     table = Table(title="Sharded core cell, measured: N rank processes over gloo on this machine, each a "
                   "ShardedState and a whole replica; the second of two steps")  # fmt: skip
-    for col in ("model", "ranks", "micro-steps / rank", "opt + grad MB / rank", "of 1 rank", "<= 1.05/N",
-                "master MB / rank", "peak RSS MB / rank", "step s", "compute + r-s s", "apply s",
-                "into r-s MB", "a-g received MB"):  # fmt: skip
+    for col in ("model", "ranks", "reduced", "micro-steps / rank", "opt + grad MB / rank", "of 1 rank", "<= 1.05/N",
+                "master MB / rank", "local sum MB", "peak RSS MB / rank", "step s", "compute + reduce s",
+                "apply s"):  # fmt: skip
         table.add_column(col, justify="right")
     for i, r in enumerate(rows):
-        last = i == len(rows) - 1 or rows[i + 1]["model"] != r["model"]
-        table.add_row(r["model"], str(r["world"]), str(r["micro_per_rank"]), f"{r['state_bytes'] / mb:,.0f}",
-                      f"{r['state_fraction']:.4f}", "[green]yes[/]" if r["state_ok"] else "[red]no[/]",
-                      f"{r['master_bytes'] / mb:,.0f}", f"{r['peak_rss'] / mb:,.0f}", f"{r['step_s']:.1f}",
-                      f"{r['reduce_s']:.1f}", f"{r['apply_s']:.1f}", f"{r['reduced_bytes'] / mb:,.0f}",
-                      f"{r['gathered_bytes'] / mb:,.0f}", end_section=last)  # fmt: skip
+        last = i == len(rows) - 1 or (rows[i + 1]["model"], rows[i + 1]["mode"]) != (r["model"], r["mode"])
+        table.add_row(r["model"], str(r["world"]), f"a {r['mode']}", str(r["micro_per_rank"]),
+                      f"{r['state_bytes'] / mb:,.0f}", f"{r['state_fraction']:.4f}",
+                      "[green]yes[/]" if r["state_ok"] else "[red]no[/]", f"{r['master_bytes'] / mb:,.0f}",
+                      f"{r['local_bytes'] / mb:,.0f}", f"{r['peak_rss'] / mb:,.0f}", f"{r['step_s']:.1f}",
+                      f"{r['reduce_s']:.1f}", f"{r['apply_s']:.1f}", end_section=last)  # fmt: skip
     console.print(table)
     cores = len(os.sched_getaffinity(0))
     console.print(f"{cores} CPU core(s): above {cores} ranks the ranks time-share them, so step time is no speed-up "
-                  "figure. opt + grad: float64 gradient sum + AdamW moments of the rank's range; peak RSS: ru_maxrss, "
-                  "the whole replica, its .grad and one flat fp32 gradient included. into r-s: float64 values the "
-                  "rank put into reduce-scatters; a-g: weights received in all-gathers.", highlight=False)  # fmt: skip
-    table = Table(
-        title="Gradient bytes into any one process per step, measured in that run: star today vs buckets"
-    )
-    for col in ("model", "ranks", "micro-steps / step", "model grad MB", "star MB (counted)", "star x",
-                "buckets MB (measured)", "buckets x", "<= 2x", "per round x", "ring x", "predicted x", "weights MB"):  # fmt: skip
+                  "figure. opt + grad: float64 gradient sum + AdamW moments of the rank's range; local sum: the "
+                  "rank's float64 sum of its own micro-steps (reduced a step), none when reduced a round; peak RSS: "
+                  "ru_maxrss, the whole replica, its .grad and one flat fp32 gradient included.",
+                  highlight=False)  # fmt: skip
+    table = Table(title="Gradient bytes each rank wrote to its sockets per step (TCP_INFO), reduced once a round "
+                  "(before) and once a step (now), side by side")  # fmt: skip
+    for col in ("model", "ranks", "micro-steps / rank", "model grad MB", "a round MB", "a round x", "a step MB",
+                "a step x", "<= 2x", "float64 ring x", "weights x"):  # fmt: skip
         table.add_column(col, justify="right")
-    for i, r in enumerate(rows):
-        last = i == len(rows) - 1 or rows[i + 1]["model"] != r["model"]
+    by_key = {(r["model"], r["world"], r["mode"]): r for r in rows}
+    for r in [r for r in rows if r["mode"] == "step" and r["world"] > 1]:
         grad = r["model_gradient"]
-        table.add_row(r["model"], str(r["world"]), str(r["world"] * r["micro_per_rank"]), f"{grad / mb:,.0f}",
-                      f"{r['star'] / mb:,.0f}", f"{r['star'] / grad:.2f}x", f"{r['reduce_socket_bytes'] / mb:,.0f}",
-                      f"{r['reduce_socket_bytes'] / grad:.2f}x",
-                      "[green]yes[/]" if r["wire_ok"] else "[red]no[/]",
-                      f"{r['reduce_socket_bytes'] / r['micro_per_rank'] / grad:.2f}x", f"{r['ring'] / grad:.2f}x",
-                      f"{r['predicted'] / grad:.2f}x",
-                      f"{r['apply_socket_bytes'] / mb:,.0f}", end_section=last)  # fmt: skip
+        before = by_key.get((r["model"], r["world"], "round"))
+        table.add_row(r["model"], str(r["world"]), str(r["micro_per_rank"]), f"{grad / mb:,.0f}",
+                      "-" if before is None else f"{before['reduce_socket_bytes'] / mb:,.0f}",
+                      "-" if before is None else f"{before['reduce_socket_bytes'] / grad:.2f}x",
+                      f"{r['reduce_socket_bytes'] / mb:,.0f}", f"{r['reduce_socket_bytes'] / grad:.2f}x",
+                      "[green]yes[/]" if r["wire_ok"] else "[red]no[/]", f"{r['ring'] / grad:.2f}x",
+                      f"{r['apply_socket_bytes'] / grad:.2f}x")  # fmt: skip
     console.print(table)
-    console.print("star: the micro-steps the core did not compute, each a whole fp32 gradient into the core. buckets: "
-                  "the bytes one rank's reduce-scatters wrote to its sockets in the step (/proc/self/io wchar; a ring's "
-                  "ranks send and receive alike), one round per micro-step a rank computes, as the wired core reduces. "
-                  "ring: what a ring reduce-scatter (NCCL's) of the same rounds moves, counted. predicted: "
-                  "gyre.train.memory, one fp32 ring reduce-scatter per step. weights: the all-gather's "
-                  "bytes. Gloo's reduce-scatter writes 2(N-1)/N of its float64 input per rank (what a ring all-reduce "
-                  "moves); a ring reduce-scatter moves (N-1)/N: half of it.", highlight=False)  # fmt: skip
+    console.print("x: multiples of the model's fp32 gradient. a round: gloo's reduce-scatter of each micro-step's "
+                  "float64 gradient (2(N-1)/N of it per rank, what an all-reduce moves); a step: the rank's local "
+                  "float64 sum reduced once by a ring ((N-1)/N), however many micro-steps. float64 ring: that "
+                  "figure counted, not measured. weights: the all-gather of the updated fp32 weights ((N-1)/N).",
+                  highlight=False)  # fmt: skip
 
 
 # ---- 2. gradient bytes per step -------------------------------------------------------------------------------

@@ -1,16 +1,17 @@
 """A sharded core cell measured for ``benchmarks/memory.py``: N ranks, each its own process over gloo, each holding
 a ``ShardedState`` (1/N of the fp32 master weights, float64 gradient sum and AdamW moments, a whole replica).
 
-A step, on every rank, as the wired core's rounds do (``gyre.train.corecell.compute_round``): ``micro_per_rank`` rounds,
-in each one micro-step of ``tokens`` tokens computed by the real objective (``compute_gradients``) and its whole fp32
-gradient reduce-scattered into the owners' sums at once (``ShardedState.reduce_scatter``: no whole-model float64 sum
-on any rank), then ``apply`` (global norm, AdamW on the shard, weights all-gathered into every replica).
+A step, on every rank, as the wired core does (``gyre.train.corecell``), in one of two modes:
+- ``step`` (``trainer.gradient_accumulation = "float64"``, the cell's default over gloo): ``micro_per_rank``
+  micro-steps of ``tokens`` tokens computed by the real objective (``compute_gradients``), each gradient added to
+  the rank's local float64 sum, then one reduction (``ShardedState.reduce``, a ring over gloo);
+- ``round`` (``"rounds"``, what the cell did before): each micro-step's gradient reduced at once
+  (``reduce_scatter``: no whole-model sum on any rank);
+then ``apply`` (global norm, AdamW on the shard, weights all-gathered into every replica).
 
-Measured per rank: ``statistics()`` (bytes from the tensors, and what its collectives moved), peak RSS
-(``ru_maxrss``), each step's wall (from a barrier to the end of ``apply``), and the bytes the rank wrote to its
-sockets in the reduce-scatters and in the all-gathers of each step (``wchar`` of ``/proc/self/io``: gloo writes with
-``write``/``writev``, its reads are ``recv`` and not counted there; a ring collective's ranks send and receive the
-same bytes, so written = received).
+Measured per rank: ``statistics()`` (bytes from the tensors; the bytes its TCP sockets sent during the reductions
+and the gathers, from the kernel's ``TCP_INFO``: ``gyre.train.wire``), peak RSS (``ru_maxrss``) and each step's wall
+(from a barrier to the end of ``apply``).
 """
 
 from __future__ import annotations
@@ -24,14 +25,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-
-
-def socket_bytes_written() -> int:
-    """Bytes this process has written with write-family calls (``wchar``); sockets included, all threads."""
-    for line in Path("/proc/self/io").read_text().splitlines():
-        if line.startswith("wchar:"):
-            return int(line.split()[1])
-    raise RuntimeError("no wchar in /proc/self/io")
 
 
 def micro_step(step: int, rank: int, round_: int, tokens: int) -> Any:
@@ -48,9 +41,9 @@ def micro_step(step: int, rank: int, round_: int, tokens: int) -> Any:
 
 def run_rank(
     rank: int, world: int, port: int, model_dir: str, micro_per_rank: int, tokens: int, steps: int,
-    bucket_mib: float, out: str,
+    bucket_mib: float, mode: str, out: str,
 ) -> None:  # fmt: skip
-    """One rank of the cell: ``steps`` steps (see the module); writes ``out/rank-<rank>.json``."""
+    """One rank of the cell: ``steps`` steps in ``mode`` (see the module); writes ``out/rank-<rank>.json``."""
     from msgspec import to_builtins
     from transformers.utils import logging as hf_logging
 
@@ -77,21 +70,28 @@ def run_rank(
         for step in range(steps):
             dist.barrier()
             before = state.statistics()
-            started, written = time.perf_counter(), socket_bytes_written()
+            started = time.perf_counter()
             for round_ in range(micro_per_rank):
                 compute_gradients(model, micro_step(step, rank, round_, tokens), cfg.loss, step)
                 gradient = flat_gradient(model)
                 model.zero_grad(set_to_none=True)
-                state.reduce_scatter(gradient)
+                if mode == "round":
+                    state.reduce_scatter(gradient)
+                else:
+                    state.accumulate(gradient)
                 del gradient
-            reduced_at, reduce_written = time.perf_counter(), socket_bytes_written() - written
+            local = state.statistics().local_bytes
+            if mode == "step":
+                state.reduce()
+            reduced_at = time.perf_counter()
             norm = state.apply(lr_at(cfg, step))
             ended = time.perf_counter()
             after = state.statistics()
             figures["steps"].append({
                 "wall_s": ended - started, "reduce_s": reduced_at - started, "apply_s": ended - reduced_at,
-                "norm": norm, "reduce_socket_bytes": reduce_written,
-                "apply_socket_bytes": socket_bytes_written() - written - reduce_written,
+                "norm": norm, "local_bytes": local, "reductions": after.reductions - before.reductions,
+                "reduce_socket_bytes": after.reduce_wire_bytes - before.reduce_wire_bytes,
+                "apply_socket_bytes": after.gather_wire_bytes - before.gather_wire_bytes,
                 "reduced_bytes": after.reduced_bytes - before.reduced_bytes,
                 "gathered_bytes": after.gathered_bytes - before.gathered_bytes,
             })  # fmt: skip
@@ -103,9 +103,15 @@ def run_rank(
 
 
 def run_cell(
-    model_dir: Path, world: int, micro_per_rank: int, tokens: int, steps: int, bucket_mib: float
+    model_dir: Path,
+    world: int,
+    micro_per_rank: int,
+    tokens: int,
+    steps: int,
+    bucket_mib: float,
+    mode: str = "step",
 ) -> list[dict[str, Any]]:
-    """Every rank's figures (rank order) from a cell of ``world`` ranks, each a fresh process."""
+    """Every rank's figures (rank order) from a cell of ``world`` ranks in ``mode``, each a fresh process."""
     import tempfile
 
     import torch.multiprocessing as mp
@@ -113,6 +119,6 @@ def run_cell(
     from gyre.engine.launcher import free_port
 
     with tempfile.TemporaryDirectory() as out:
-        args = (world, free_port(), str(model_dir), micro_per_rank, tokens, steps, bucket_mib, out)
+        args = (world, free_port(), str(model_dir), micro_per_rank, tokens, steps, bucket_mib, mode, out)
         mp.spawn(run_rank, args=args, nprocs=world, join=True)
         return [json.loads(Path(out, f"rank-{r}.json").read_text()) for r in range(world)]

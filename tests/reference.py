@@ -29,10 +29,11 @@ def hf_logprobs(model: Any, prompt: list[int], output: list[int], temperature: f
     return [float(lp[len(prompt) - 1 + i, t]) for i, t in enumerate(output)]
 
 
-def random_micro_steps(seed: int, count: int, vocab: int = 260) -> list[MicroStep]:
-    """Chains of random tokens with random behaviour logprobs and advantages; weights sum to 1 over the list."""
+def random_micro_steps(seed: int, count: int, vocab: int = 260, tokens: int = 0) -> list[MicroStep]:
+    """Chains of random tokens (20-119 each, or ``tokens``) with random behaviour logprobs and advantages; weights
+    sum to 1 over the list."""
     rng = random.Random(seed)
-    sizes = [rng.randrange(20, 120) for _ in range(count)]
+    sizes = [tokens or rng.randrange(20, 120) for _ in range(count)]
     total = sum(n - 1 for n in sizes)
     out = []
     for n in sizes:

@@ -201,6 +201,19 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # a micro-step longer than this is computed by all the core cell's ranks together, each holding 1/shards of its
     # tokens (context parallelism, gyre.train.context); 0: never split
     max_tokens_per_rank: NonNegative = 0
+    # where each rank of the core cell keeps its micro-steps' gradients until the step's one reduction
+    # (gyre.train.sharded): float64 (the one process's update bit for bit; 8 bytes a parameter of the whole model),
+    # float32 (half that, as Megatron's main_grad; within micro-steps x 2^-24 relative), rounds (no local sum: one
+    # reduction per round of micro-steps, each moving the whole float64 model); auto: float64 over gloo, rounds over
+    # nccl (a GPU holding a bf16 replica has no room for a whole-model sum beside its .grad)
+    gradient_accumulation: Literal["auto", "float64", "float32", "rounds"] = "auto"
+
+    @property
+    def accumulation(self) -> Literal["float64", "float32", "rounds"]:
+        """``gradient_accumulation`` with ``auto`` resolved by the collective."""
+        if self.gradient_accumulation == "auto":
+            return "rounds" if self.collective == "nccl" else "float64"
+        return self.gradient_accumulation
     # recompute each decoder layer in backward instead of keeping its activations (torch backend; gyre.train.recompute):
     # a micro-step holds one layer's activations at a time, for about a third more compute
     activation_checkpointing: bool = False

@@ -175,7 +175,8 @@ async def train(
         raise ConfigError("a run with controller.carry_over cannot be resumed yet: its steps train executions "
                           "in the order they finished, and resuming picks up by dispatch order")  # fmt: skip
     # the core cell's layout fits the model and the cell's devices, or the run is refused before anything starts
-    log.info(check_run_layout(cfg.trainer, run.model_path, None if ray is None else cfg.ray.cell_gpus))
+    log.info(check_run_layout(cfg.trainer, run.model_path, None if ray is None else cfg.ray.cell_gpus,
+                              cfg.engine.context_length))  # fmt: skip
     picked = pick_up(rd, run.batch_executions) if resume else _PickUp()
     cfg = msgspec.structs.replace(
         cfg,

@@ -10,9 +10,12 @@ optimizer state or the whole sum.
 Rank 0 tells the others what to do over ZeroMQ (``Op``, one PUSH socket per rank, sent in the order rank 0 issues
 the matching collectives, so every rank calls the same collective next); they answer with ``Event``\\ s:
 - ``Round``: the core's own compute, in rounds of up to N micro-steps (one per rank; ``None`` where a rank has
-  none): each rank computes its micro-step on its replica, then one bucketed reduce-scatter puts the round's
-  gradients into their owners' sums (no rank keeps a whole-model sum) and their statistics are all-gathered;
-- ``Apply``: the global norm, clipping, AdamW on every shard, the updated weights all-gathered into every replica;
+  none): each rank computes its micro-step on its replica and adds its gradient to its local sum (float64 unless
+  ``trainer.gradient_accumulation`` says otherwise), and the
+  round's statistics are all-gathered;
+- ``Apply``: the step's one gradient reduction (every rank's local sum into the owners' sums, a ring over gloo:
+  ``gyre.train.sharded``), the global norm, clipping, AdamW on every shard, the updated weights all-gathered into
+  every replica;
 - ``Save``: a checkpoint, each rank writing its range (``torch.distributed.checkpoint``) over a second group, so
   a save does not interleave with a round's collectives;
 - a member's pair groups: a satellite has one pair group with each rank (``OpenPair``), and rank r sends it the
@@ -21,8 +24,18 @@ the matching collectives, so every rank calls the same collective next); they an
   (``Staged``), then added everywhere (``Commit``) or nowhere (``Drop``: the member was lost first and the
   micro-steps go back to the queue), so a sum is counted whole or not at all.
 
+Two threads on every other rank: the op thread takes rank 0's ops as they come, runs a member's pair ops at once
+(``OpenPair``, ``SendWeights``, ``ReceiveSum`` and ``ClosePair`` only hand a transfer to that member's pair thread)
+and says ``Alive`` every ``trainer.heartbeat_s``; the work thread runs the cell's own ops (``Round``, ``Apply``,
+``Save``, ``Commit``, ``Drop``) in the order they came. So a satellite's pair set-up, weights and sum are served
+while a round of minutes runs, and the ops whose order matters keep it: a ``Commit`` lands before the ``Apply``
+rank 0 sent after it, and weights a member is sent are the step's (rank 0 holds the update back until every rank
+has sent them).
+
 A rank that dies or fails takes the cell with it (rank 0 stops: the driver sees the core lost and resumes from the
-last checkpoint), as a one-process core's death does; rank 0's death kills the others (``PR_SET_PDEATHSIG``).
+last checkpoint), as a one-process core's death does; so does one silent for ``trainer.member_timeout_s`` (stopped,
+or its op thread stuck), which rank 0 kills with the others, so that no collective waits for it; rank 0's death
+kills the others (``PR_SET_PDEATHSIG``).
 """
 
 from __future__ import annotations
@@ -30,6 +43,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -45,11 +59,12 @@ import zmq
 
 from gyre.config import TrainerConfig
 from gyre.control.forkserver import Process, spawn
+from gyre.control.silence import credit, silent
 from gyre.engine.launcher import free_port
 from gyre.errors import ConfigError, TrainerError
 from gyre.protocol import MicroStats, MicroStep
 from gyre.train import checkpoint, recompute
-from gyre.train.pairs import Pair, broadcast_range
+from gyre.train.pairs import Pair, broadcast_range, rank_device
 from gyre.train.sharded import ShardedState
 from gyre.train.state import flatten_parameters, load_model, lr_at
 
@@ -142,7 +157,12 @@ class Report(msgspec.Struct, tag="report", kw_only=True):
     statistics: dict[str, int]
 
 
-Event = Ready | WeightsSent | Staged | PairFailed | Report
+class Alive(msgspec.Struct, tag="alive", kw_only=True):
+    rank: int  # every trainer.heartbeat_s from the rank's op thread
+
+
+Event = Ready | WeightsSent | Staged | PairFailed | Report | Alive
+PAIR_OPS = (OpenPair, SendWeights, ReceiveSum, ClosePair)  # run by a rank's op thread as they come
 _encoder = msgspec.msgpack.Encoder()
 _ops = msgspec.msgpack.Decoder(Op)
 events_decoder = msgspec.msgpack.Decoder(Event)
@@ -165,7 +185,10 @@ class CellState:
         if not source:
             raise ConfigError("trainer.model_path is empty: name the Hugging Face model directory to train")
         self.source = Path(source)
-        self.model = load_model(source)
+        # this rank's GPU over nccl (its replica, shard and transfers), the host over gloo; fp32 either way (a bf16
+        # replica beside fp32 masters is not built yet)
+        self.device = rank_device(cfg.collective, dist.get_rank())
+        self.model = load_model(source).to(self.device)  # before ShardedState flattens it
         if cfg.activation_checkpointing:
             recompute.enable(self.model)
         self.sharded = ShardedState(self.model, cfg)
@@ -184,7 +207,7 @@ class CellState:
         elif cfg.optimizer_from:
             self._load(Path(cfg.optimizer_from), weights=False)
         if cfg.loss.kl_coef > 0:
-            self.reference = load_model(cfg.model_path or source).eval()
+            self.reference = load_model(cfg.model_path or source).to(self.device).eval()
             self.reference_flat = flatten_parameters(self.reference)
             self.reference.requires_grad_(False)
 
@@ -213,10 +236,16 @@ class CellState:
         lr = self.lr_at(self.step)
         if self.followers is not None:
             self.followers.broadcast(Apply(lr=lr))
-        norm = self.sharded.apply(lr)
+        norm = self.update(lr)
         self.step += 1
         self.version += 1
         return norm, lr
+
+    def update(self, lr: float) -> float:
+        """(collective) This rank's part of an update: the step's one gradient reduction, then AdamW."""
+        if self.cfg.accumulation != "rounds":
+            self.sharded.reduce()
+        return self.sharded.apply(lr)
 
     def skip(self) -> float:
         """(rank 0) A step that trained nothing: no update anywhere (no rank summed anything), the counts move on."""
@@ -242,20 +271,19 @@ class CellState:
         )  # fmt: skip
 
     def statistics(self) -> dict[str, int]:
-        return dict(msgspec.to_builtins(self.sharded.statistics()))
+        return {**msgspec.to_builtins(self.sharded.statistics()), "pid": os.getpid()}
 
 
 def compute_round(state: CellState, learner: Any, micro: MicroStep | None, cfg: TrainerConfig,
                   version: int, context: bool = False) -> list[MicroStats | None]:  # fmt: skip
-    """(collective) This rank's part of a round: compute ``micro`` (if any), reduce-scatter the round's gradients
-    into their owners' sums, and return every rank's statistics (None where a rank had no micro-step). With
-    ``context`` every rank has the same micro-step and computes its share of its tokens (``gyre.train.context``):
-    the reduce-scatter sums the shares into the micro-step's gradient."""
+    """(collective) This rank's part of a round: compute ``micro`` (if any) into this rank's local sum (with
+    ``trainer.gradient_accumulation = "rounds"``: reduce-scatter the round's gradients into the owners' sums now),
+    and return every rank's statistics (None where a rank had no micro-step). With ``context`` every rank has the
+    same micro-step and computes its share of its tokens (``gyre.train.context``): the reduction sums the shares."""
     from gyre.train import context as cp
     from gyre.train.objective import pace
 
     stats: MicroStats | None = None
-    gradient: torch.Tensor | None = None
     if micro is not None:
         if context:
             stats = cp.compute_gradients(learner.model, micro, cfg.loss, version, dist.group.WORLD,
@@ -263,9 +291,12 @@ def compute_round(state: CellState, learner: Any, micro: MicroStep | None, cfg: 
         else:
             stats = learner.compute(micro, cfg.loss, version)
         pace(stats, cfg.modelled_tokens_per_s)
-        gradient = learner.gradient()
-    state.sharded.reduce_scatter(gradient)
-    del gradient
+        if cfg.accumulation == "rounds":
+            state.sharded.reduce_scatter(learner.gradient())
+        else:
+            state.sharded.accumulate(learner.gradient())
+    elif cfg.accumulation == "rounds":
+        state.sharded.reduce_scatter(None)  # (collective: a rank with nothing this round sends zeros)
     everyone: list[Any] = [None] * state.sharded.world
     dist.all_gather_object(everyone, None if stats is None else msgspec.to_builtins(stats))
     return [None if s is None else msgspec.convert(s, MicroStats) for s in everyone]
@@ -284,6 +315,7 @@ class Followers:
         self.events.bind(f"tcp://{host}:*")
         self.store_port = free_port()
         self.procs: dict[int, Process] = {}
+        self.last_heard: dict[int, float] = {}  # rank -> monotonic time of its last event
         self._ops: dict[int, zmq.Socket[bytes]] = {}
         self._lock = threading.Lock()  # the coordinator and the compute worker both send ops
         self.reports: dict[int, dict[str, int]] = {}
@@ -315,6 +347,11 @@ class Followers:
                 sock.connect(event.ops)
                 self._ops[event.rank] = sock
                 self.reports[event.rank] = event.statistics
+            self.heard(event.rank)
+
+    def heard(self, rank: int) -> None:
+        """Rank ``rank`` said something (any event; ``Alive`` at least every heartbeat)."""
+        self.last_heard[rank] = time.monotonic()
 
     def send(self, rank: int, op: Any) -> None:
         with self._lock:
@@ -333,6 +370,26 @@ class Followers:
             if proc.poll() is not None:
                 return f"rank {rank} of the core cell exited ({proc.returncode})"
         return None
+
+    def lost(self, stalled_s: float, timeout_s: float) -> str | None:
+        """Why the cell is lost, if it is: a rank's process ended, or a rank was silent past ``timeout_s`` (rank 0
+        stood still ``stalled_s`` since its last sweep: not counted against anyone)."""
+        if (dead := self.dead()) is not None:
+            return dead
+        now = time.monotonic()
+        for rank, seen in self.last_heard.items():
+            self.last_heard[rank] = credit(seen, stalled_s, now)
+        quiet = silent(self.last_heard, now, timeout_s)
+        if quiet:
+            rank, seconds = max(quiet.items(), key=lambda kv: kv[1])
+            return f"rank {rank} of the core cell was silent for {seconds:.1f} s (stopped, or stuck)"
+        return None
+
+    def kill(self) -> None:
+        """SIGKILL every other rank (a lost cell: no collective may wait for a silent one)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
 
     def close(self) -> None:
         with self._lock:
@@ -360,9 +417,11 @@ def _init_group(cfg: TrainerConfig, host: str, port: int, rank: int) -> Any:
     store = dist.TCPStore(
         host, port, cfg.shards, is_master=rank == 0, timeout=timeout, wait_for_workers=False
     )
-    # gloo: the torch backend's replicas and shards live in host memory today (a GPU replica per rank, over NCCL, is
-    # what benchmarks/gpu_check.py exercises of gyre.train.sharded; the core does not place one yet)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=cfg.shards, timeout=timeout)
+    # the cell's collectives over trainer.collective: gloo on host tensors, nccl on each rank's GPU (one a rank);
+    # checkpoints' coordination (objects, not tensors) over gloo either way
+    device = rank_device(cfg.collective, rank)
+    dist.init_process_group(cfg.collective, store=store, rank=rank, world_size=cfg.shards, timeout=timeout,
+                            device_id=device if device.type == "cuda" else None)  # fmt: skip
     return dist.new_group(backend="gloo", timeout=timeout)
 
 
@@ -405,50 +464,79 @@ class _Follower:
         self.dropped: set[int] = set()
         self._staged_lock = threading.Lock()
         self.bucket_bytes = int(cfg.bucket_mib * 2**20)
+        self.work: queue.SimpleQueue[Op | None] = queue.SimpleQueue()  # the cell's ops, for the work thread
+        self.failure: BaseException | None = None  # what ended the work thread
 
     def report(self, event: Any) -> None:
         with self._events_lock:
             self._events.send(_encoder.encode(event))
 
     def run(self) -> None:
+        """The op thread (see the module) until ``Stop``, rank 0's end, or the work thread's failure (raised)."""
         parent = os.getppid()
+        worker = threading.Thread(target=self._work, name=f"cell-rank-{self.rank}-work", daemon=True)
+        worker.start()
         self.report(Ready(rank=self.rank, ops=self.ops.getsockopt_string(zmq.LAST_ENDPOINT),
                           statistics=self.state.statistics()))  # fmt: skip
-        while True:
-            if not self.ops.poll(1000):
-                if os.getppid() != parent:  # rank 0 is gone (PDEATHSIG covers a kill; this, anything else)
-                    return
-                continue
-            match _ops.decode(self.ops.recv()):
-                case Round(micro=micro, version=version, context=context):
-                    compute_round(self.state, self.learner, micro, self.cfg, version, context)
-                case Apply(lr=lr):
-                    self.state.sharded.apply(lr)
-                    self.report(Report(rank=self.rank, statistics=self.state.statistics()))
-                case Save(path=path):
-                    self.state.save_rank(path, {}, checkpoint.MAX_SHARD_BYTES)
-                case OpenPair(member=member, name=name, host=host, port=port):
-                    self._open(member, name, host, port)
-                case SendWeights(member=member, name=name):
-                    self._send_weights(member, name)
-                case ReceiveSum(member=member, name=name, key=key):
-                    self._receive_sum(member, name, key)
-                case Commit(key=key):
-                    with self._staged_lock:
-                        piece = self.staged.pop(key)
-                    self.state.add_range(self.state.start, piece)
-                case Drop(key=key):
-                    with self._staged_lock:
-                        if self.staged.pop(key, None) is None:
-                            self.dropped.add(key)  # still on its way: dropped when it lands
-                case ClosePair(member=member, name=name):
-                    pair = self.pairs.get(member)
-                    if pair is not None and pair.name == pair_name(name, self.rank):
-                        del self.pairs[member]
-                        pair.dead = True
-                        pair.close()
-                case Stop():
-                    return
+        beat_ms = max(1, int(self.cfg.heartbeat_s * 1000))
+        next_beat = time.monotonic() + self.cfg.heartbeat_s
+        try:
+            while self.failure is None:
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.cfg.heartbeat_s
+                    self.report(Alive(rank=self.rank))
+                if not self.ops.poll(beat_ms):
+                    # rank 0 is gone (PDEATHSIG covers a kill; this, anything else)
+                    if os.getppid() != parent:
+                        return
+                    continue
+                match op := _ops.decode(self.ops.recv()):
+                    case OpenPair(member=member, name=name, host=host, port=port):
+                        self._open(member, name, host, port)
+                    case SendWeights(member=member, name=name):
+                        self._send_weights(member, name)
+                    case ReceiveSum(member=member, name=name, key=key):
+                        self._receive_sum(member, name, key)
+                    case ClosePair(member=member, name=name):
+                        pair = self.pairs.get(member)
+                        if pair is not None and pair.name == pair_name(name, self.rank):
+                            del self.pairs[member]
+                            pair.dead = True
+                            pair.close()
+                    case Stop():
+                        self.work.put(None)
+                        worker.join()  # what rank 0 sent before its Stop (a save) is done
+                        break
+                    case _:
+                        self.work.put(op)
+        finally:
+            self.work.put(None)
+        if self.failure is not None:
+            raise TrainerError(f"rank {self.rank} of the core cell failed") from self.failure
+
+    def _work(self) -> None:
+        """The work thread: the cell's own ops, in order (see the module)."""
+        try:
+            while (op := self.work.get()) is not None:
+                match op:
+                    case Round(micro=micro, version=version, context=context):
+                        compute_round(self.state, self.learner, micro, self.cfg, version, context)
+                    case Apply(lr=lr):
+                        self.state.update(lr)
+                        self.report(Report(rank=self.rank, statistics=self.state.statistics()))
+                    case Save(path=path):
+                        self.state.save_rank(path, {}, checkpoint.MAX_SHARD_BYTES)
+                    case Commit(key=key):
+                        with self._staged_lock:
+                            piece = self.staged.pop(key)
+                        self.state.add_range(self.state.start, piece)
+                    case Drop(key=key):
+                        with self._staged_lock:
+                            if self.staged.pop(key, None) is None:
+                                self.dropped.add(key)  # still on its way: dropped when it lands
+        except BaseException as exc:  # a collective failed (a rank died) or this rank cannot compute
+            log.exception("rank %d of the core cell failed", self.rank)
+            self.failure = exc
 
     def _open(self, member: str, name: str, host: str, port: int) -> None:
         old = self.pairs.pop(member, None)
@@ -486,7 +574,7 @@ class _Follower:
             return
 
         def op(group: Any) -> None:
-            piece = torch.empty(self.state.end - self.state.start, dtype=torch.float64)
+            piece = torch.empty(self.state.end - self.state.start, dtype=torch.float64, device=self.state.device)
             broadcast_range(group, piece, 1, self.bucket_bytes)
             with self._staged_lock:
                 if key in self.dropped:

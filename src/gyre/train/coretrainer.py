@@ -433,7 +433,7 @@ class CoreTrainer:
             self._reply(identity, Leave())
             return
         if version != self.state.version or member.version != self.state.version:
-            if not self.queue.has_pending():
+            if not self.queue.has_pending_within(self.cfg.max_tokens_per_rank):
                 member.idle = True
                 self._reply(identity, Idle())
                 return
@@ -444,7 +444,8 @@ class CoreTrainer:
             if self.followers is not None:
                 self.followers.broadcast(corecell.SendWeights(member=member.name, name=member.pair.name))
             return
-        claimed = self.queue.claim(name)
+        # a satellite is one rank: a micro-step longer than a rank holds is the core cell's (context parallelism)
+        claimed = self.queue.claim(name, self.cfg.max_tokens_per_rank)
         if claimed is None:
             if self.queue.sealed and self.queue.held_by(name):  # nothing more for it in this step: its sum
                 member.idle = False
@@ -487,7 +488,7 @@ class CoreTrainer:
         start, end = self.ranges[0]
 
         def op(group: weight_sync.WeightGroup) -> None:
-            piece = torch.empty(end - start, dtype=torch.float64)
+            piece = torch.empty(end - start, dtype=torch.float64, device=self.state.flat.device)
             broadcast_range(group, piece, 1, self.bucket_bytes)
             entry = self.sums.get(key)
             if entry is not None:
@@ -624,6 +625,8 @@ class CoreTrainer:
 
     def _cell_event(self, event: corecell.Event) -> None:
         """What another rank of the cell reports."""
+        assert self.followers is not None
+        self.followers.heard(event.rank)
         match event:
             case corecell.WeightsSent(member=name, name=pair):
                 self._event(["weights_sent", name, pair])
@@ -635,11 +638,13 @@ class CoreTrainer:
                 self.shard_reports[rank] = statistics
 
     def _beat(self) -> None:
-        if self.followers is not None and (dead := self.followers.dead()) is not None:
-            log.error("%s: the core cell stops (resume it from its last checkpoint)", dead)
+        stalled = self._stall.stalled()  # this thread stood still that long: nobody could be heard
+        cell = self.followers
+        if cell is not None and (lost := cell.lost(stalled, self.cfg.member_timeout_s)) is not None:
+            log.error("%s: the core cell stops (resume it from its last checkpoint)", lost)
+            cell.kill()  # a collective under way with a silent rank ends now, not in an hour
             self.stopping = True
             return
-        stalled = self._stall.stalled()  # this thread stood still that long: nobody could be heard
         now = time.monotonic()
         # a parked member stopped its heartbeats (it says Hello to rejoin), unless it was told to leave and its sum
         # has not come yet: silent past the timeout, it is gone and its held micro-steps go back

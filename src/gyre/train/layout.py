@@ -19,6 +19,7 @@ collective is nccl or the backend Megatron.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -31,13 +32,24 @@ from gyre.errors import ConfigError
 from gyre.train.memory import GIB, CellLayout, DeviceMemory, ModelShape, Precision, device_memory
 
 # what a rank of the sharded torch core keeps on its GPU (gyre.train.sharded): a bf16 replica and its .grad, the fp32
-# master weights and AdamW moments and the float64 gradient sum of its shard
+# master weights and AdamW moments and the float64 gradient sum of its shard, and (``local_sum``, by
+# trainer.gradient_accumulation) the sum of its own micro-steps' gradients over the whole replica
 SHARDED_TORCH = Precision(
     "bf16 replica, fp32 master, float64 sum", weight=2, gradient=2, master=4, moment=4, gradient_sum=8, wire=8,
-    activation=2,
+    activation=2, local_sum=8,
 )  # fmt: skip
+LOCAL_SUM_BYTES = {
+    "float64": 8,
+    "float32": 4,
+    "rounds": 0,
+}  # trainer.gradient_accumulation -> bytes a parameter
 # gloo rank processes per CPU core past which a cell is refused (each computes on a whole replica)
 RANKS_PER_CPU = 8
+# said of a sharded torch cell over nccl until benchmarks/gpu_check.py's cell phases have passed on a lent device
+NOT_YET_ON_GPUS = (
+    "not yet run on GPUs: the sharded core over nccl (each rank's replica and shard on its GPU) is written on the "
+    "code path the CPU tests run, and benchmarks/gpu_check.py's cell phases have not passed on a device yet"
+)
 MAX_SHARDS_TRIED = 4096  # the largest shards count suggested when the state does not fit
 
 
@@ -99,6 +111,7 @@ def check_layout(
     cpus: int | None = None,
     device_bytes: int | None = None,
     micro_tokens: int = 0,
+    longest_tokens: int = 0,
 ) -> None:
     """Raise ConfigError saying what does not fit and what would, unless ``cfg``'s core cell layout fits the model of
     ``model_config`` (a ``config.json`` dict; None: the shapes are not checked) and the cell's machine.
@@ -106,7 +119,9 @@ def check_layout(
     ``devices``: GPUs the cell has (nccl); ``cpus``: its CPU cores (gloo); ``device_bytes``: memory of one of its
     GPUs. None: this machine's (``torch.cuda``, ``os.cpu_count()``); ``cpus`` or ``device_bytes`` 0: not known (a
     cell placed on another machine), not checked. ``micro_tokens``: a micro-step's tokens, for the activations in the
-    memory check (0: the state alone).
+    memory check (0: the state alone); ``longest_tokens``: the longest micro-step the run can make (its longest
+    context), held by one rank up to ``trainer.max_tokens_per_rank`` and split over every rank of the cell past it
+    (`rank_tokens`), so a cell that cannot hold it is refused before anything starts.
     """
     t, p, s = cfg.tensor_parallel, cfg.pipeline_parallel, cfg.shards
     if cfg.backend == "megatron" and s > 1:
@@ -124,7 +139,7 @@ def check_layout(
     if model_config is not None:
         _check_shapes(cfg, model_config)
     if cfg.collective == "nccl":
-        _check_gpus(cfg, model_config, devices, device_bytes, micro_tokens)
+        _check_gpus(cfg, model_config, devices, device_bytes, micro_tokens, longest_tokens)
     else:
         _check_cpus(cfg, (os.cpu_count() or 1) if cpus is None else cpus)
 
@@ -154,8 +169,10 @@ def _check_gpus(
     devices: int | None,
     device_bytes: int | None,
     micro_tokens: int,
+    longest_tokens: int = 0,
 ) -> None:
-    """nccl: one GPU per rank, and (the sharded core) its state in a GPU's memory."""
+    """nccl: one GPU per rank, and (the sharded core) its state and the longest micro-step's share of activations in
+    a GPU's memory."""
     where = "this machine has" if devices is None else "the cell has"
     if devices is None or device_bytes is None:
         import torch
@@ -181,23 +198,37 @@ def _check_gpus(
     if model_config is None or not device_bytes or cfg.backend != "torch" or cfg.shards == 1:
         return  # the memory check is of the sharded torch core; today's one-process core keeps its state on the host
     shape = model_shape(model_config)
-    held = _projected(cfg, shape, cfg.shards, device_bytes, micro_tokens)
+
+    def tokens(shards: int) -> int:
+        return max(micro_tokens, rank_tokens(cfg.max_tokens_per_rank, longest_tokens, shards))
+
+    held = _projected(cfg, shape, cfg.shards, device_bytes, tokens(cfg.shards))
     if held.fits:
         return
     more = next(
         (n for n in range(cfg.shards + 1, MAX_SHARDS_TRIED + 1)
-         if _projected(cfg, shape, n, device_bytes, micro_tokens).fits),
+         if _projected(cfg, shape, n, device_bytes, tokens(n)).fits),
         None,
     )  # fmt: skip
+    micro_tokens = tokens(cfg.shards)
+    unsplit = longest_tokens > 0 and not cfg.max_tokens_per_rank
     would = (
         f"trainer.shards = {more} would fit ({more} GPUs)"
         if more is not None
+        else f"one rank computes the longest micro-step ({longest_tokens} tokens) whole: set "
+        f"trainer.max_tokens_per_rank to split a longer one over the cell's ranks (context parallelism)"
+        if unsplit
         else f"no number of shards fits: every rank holds a whole bf16 replica and its gradient "
         f"({_gib(2 * held.weights + held.push)} GiB with the push bucket); the model needs tensor/pipeline parallel, "
         f"which the sharded core does not combine with shards yet"
     )
+    longest = (
+        f" (a rank's share of the longest micro-step, {longest_tokens} tokens)"
+        if longest_tokens and micro_tokens < longest_tokens
+        else ""
+    )
     activations = (
-        f", {_gib(held.activations + held.logits)} activations of {micro_tokens} tokens"
+        f", {_gib(held.activations + held.logits)} activations of {micro_tokens} tokens{longest}"
         if micro_tokens
         else "; activations not counted"
     )
@@ -209,14 +240,23 @@ def _check_gpus(
     )
 
 
+def rank_tokens(max_tokens_per_rank: int, longest_tokens: int, shards: int) -> int:
+    """The most tokens one rank of a cell of ``shards`` ranks computes at once for micro-steps of up to
+    ``longest_tokens``: a longer one than ``max_tokens_per_rank`` (0: none is split) is split over all of them."""
+    if max_tokens_per_rank and longest_tokens > max_tokens_per_rank:
+        return max(max_tokens_per_rank, -(-longest_tokens // shards))
+    return longest_tokens
+
+
 def _projected(
     cfg: TrainerConfig, shape: ModelShape, shards: int, device_bytes: int, micro_tokens: int
 ) -> DeviceMemory:
     layout = CellLayout(
         tensor=cfg.tensor_parallel, pipeline=cfg.pipeline_parallel, shards=shards, device_bytes=device_bytes
     )
+    precision = dataclasses.replace(SHARDED_TORCH, local_sum=LOCAL_SUM_BYTES[cfg.accumulation])
     return device_memory(
-        shape, layout, SHARDED_TORCH, micro_tokens, bucket_bytes=int(cfg.bucket_mib * 2**20), engine_bytes=2
+        shape, layout, precision, micro_tokens, bucket_bytes=int(cfg.bucket_mib * 2**20), engine_bytes=2
     )
 
 
@@ -258,15 +298,22 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def check_run_layout(cfg: TrainerConfig, model_dir: str | Path, ray_cell_gpus: float | None = None) -> str:
+def check_run_layout(
+    cfg: TrainerConfig, model_dir: str | Path, ray_cell_gpus: float | None = None, context_tokens: int = 0
+) -> str:
     """`check_layout` for a run's core cell training the model in ``model_dir``; returns `describe_layout`'s line
     (or the layout alone when the directory has no ``config.json``). ``ray_cell_gpus``: the cell runs where Ray
-    places it, with this many GPUs (``[ray] cell_gpus``); None: on this machine."""
+    places it, with this many GPUs (``[ray] cell_gpus``); None: on this machine. ``context_tokens``: the longest
+    context the engines serve (0: the model's ``max_position_embeddings``), which bounds the longest micro-step."""
     model_config = read_model_config(model_dir)
+    longest = context_tokens or int((model_config or {}).get("max_position_embeddings") or 0)
     if ray_cell_gpus is None:
-        check_layout(cfg, model_config)
+        check_layout(cfg, model_config, longest_tokens=longest)
     else:
-        check_layout(cfg, model_config, math.floor(ray_cell_gpus), cpus=0, device_bytes=0)
-    if model_config is None:
-        return f"core cell: {_layout_text(cfg)}"
-    return describe_layout(cfg, model_config)
+        check_layout(
+            cfg, model_config, math.floor(ray_cell_gpus), cpus=0, device_bytes=0, longest_tokens=longest
+        )
+    line = f"core cell: {_layout_text(cfg)}" if model_config is None else describe_layout(cfg, model_config)
+    if cfg.collective == "nccl" and cfg.backend == "torch" and cfg.shards > 1:
+        line += f"; {NOT_YET_ON_GPUS}"
+    return line

@@ -50,11 +50,11 @@ class TorchLearner:
 
     @classmethod
     def from_config(
-        cls, model_config: dict[str, Any], activation_checkpointing: bool = False
+        cls, model_config: dict[str, Any], activation_checkpointing: bool = False, device: str = "cpu"
     ) -> TorchLearner:
-        """A learner of the architecture in ``model_config`` (weights arrive from the core), its decoder layers
-        recomputed in backward with ``activation_checkpointing`` (`gyre.train.recompute`)."""
-        model = model_from_config(model_config)
+        """A learner of the architecture in ``model_config`` (weights arrive from the core) on ``device``, its decoder
+        layers recomputed in backward with ``activation_checkpointing`` (`gyre.train.recompute`)."""
+        model = model_from_config(model_config).to(device)  # before flattening: its parameters view one buffer
         if activation_checkpointing:
             recompute.enable(model)
         return cls(model)
@@ -66,7 +66,7 @@ class TorchLearner:
         self.version = version
 
     def load_reference(self, flat: torch.Tensor) -> None:
-        reference = model_from_config(self.model.config.to_dict()).eval()
+        reference = model_from_config(self.model.config.to_dict()).to(self.flat.device).eval()
         flatten_parameters(reference).copy_(
             flat
         )  # (flattening takes the trained parameters only: before freezing)
@@ -86,13 +86,14 @@ class TorchLearner:
 
 def make_learner(
     backend: str, model_config: dict[str, Any], tensor_parallel: int = 1, pipeline_parallel: int = 1,
-    num_threads: int = 0, activation_checkpointing: bool = False,
+    num_threads: int = 0, activation_checkpointing: bool = False, device: str = "cpu",
 ) -> Learner:  # fmt: skip
-    """A learner of ``backend`` for the architecture in ``model_config`` (weights arrive later)."""
+    """A learner of ``backend`` for the architecture in ``model_config`` (weights arrive later); a torch one on
+    ``device``."""
     if backend == "torch":
         if tensor_parallel != 1 or pipeline_parallel != 1:
             raise ConfigError("tensor_parallel or pipeline_parallel > 1 needs trainer.backend = 'megatron'")
-        return TorchLearner.from_config(model_config, activation_checkpointing)
+        return TorchLearner.from_config(model_config, activation_checkpointing, device)
     if backend == "megatron":
         if activation_checkpointing:
             raise ConfigError(

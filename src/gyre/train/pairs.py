@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 from gyre.engine import weight_sync
+from gyre.errors import ConfigError
 from gyre.engine.launcher import free_port
 
 
@@ -50,6 +51,16 @@ class Pair:
         except Exception as exc:  # a dead or silent peer: the coordinator declares it gone
             self.dead = True
             on_fail(f"{type(exc).__name__}: {exc}")
+
+
+def rank_device(collective: str, local_rank: int = 0) -> torch.device:
+    """Where a trainer rank keeps its replica, its shard and what it sends over a group of ``collective``: its GPU
+    (``cuda:local_rank``, one rank per GPU of the machine) over nccl, the host over gloo."""
+    if collective == "nccl":
+        if not torch.cuda.is_available():
+            raise ConfigError("trainer.collective = 'nccl' needs CUDA GPUs, and torch sees none here; use 'gloo'")
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
 
 
 def broadcast_range(

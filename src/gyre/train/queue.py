@@ -92,17 +92,36 @@ class StepQueue:
             self.sealed = self.sealed or seal
             self.changed.notify_all()
 
-    def claim(self, member: str) -> tuple[int, MicroStep] | None:
-        """The next unclaimed micro-step for ``member``, or None."""
+    def claim(self, member: str, max_tokens: int = 0) -> tuple[int, MicroStep] | None:
+        """The next unclaimed micro-step for ``member`` of at most ``max_tokens`` tokens (0: any), or None; longer
+        ones stay where they are in the queue, for a member that can hold them."""
         with self.lock:
+            passed: list[int] = []
+            found: int | None = None
             while self.pending:
                 index = self.pending.popleft()
-                if not self.done[index]:
-                    self.holders.setdefault(index, set()).add(member)
-                    if self.started_s is None:
-                        self.started_s = time.monotonic()
-                    return index, self.items[index]
-            return None
+                if self.done[index]:
+                    continue
+                if max_tokens and len(self.items[index].input_ids) > max_tokens:
+                    passed.append(index)
+                    continue
+                found = index
+                break
+            self.pending.extendleft(reversed(passed))
+            if found is None:
+                return None
+            self.holders.setdefault(found, set()).add(member)
+            if self.started_s is None:
+                self.started_s = time.monotonic()
+            return found, self.items[found]
+
+    def has_pending_within(self, max_tokens: int) -> bool:
+        """Whether a micro-step of at most ``max_tokens`` tokens (0: any) waits for a member."""
+        with self.lock:
+            return any(
+                not self.done[i] and (not max_tokens or len(self.items[i].input_ids) <= max_tokens)
+                for i in self.pending
+            )
 
     def finish(self, index: int, member: str, stats: MicroStats, add: Callable[[], None]) -> bool:
         """Record ``member``'s gradient of ``index``: call ``add`` (which sums it) unless it is done already or

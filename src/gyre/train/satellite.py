@@ -50,7 +50,7 @@ from gyre.protocol import (
 )
 from gyre.train.learner import Learner, make_learner
 from gyre.train.objective import pace
-from gyre.train.pairs import broadcast_range
+from gyre.train.pairs import broadcast_range, rank_device
 
 log = logging.getLogger(__name__)
 _encoder = msgspec.msgpack.Encoder()
@@ -201,7 +201,7 @@ class Satellite:
             self._drop_sum()
             self._held_step = step
         if self._sum is None:
-            self._sum = torch.zeros(gradient.numel(), dtype=torch.float64)
+            self._sum = torch.zeros(gradient.numel(), dtype=torch.float64, device=gradient.device)
         if not self._held:
             self._sum.zero_()
         self._sum.add_(gradient)  # computed in float64 (the sum's dtype)
@@ -233,10 +233,11 @@ class Satellite:
                 raise CoreUnreachable(f"the core refused {self.name}: {message.reason}")
 
     def _join_group(self, welcome: Welcome) -> None:
-        if self.learner is None:
+        if self.learner is None:  # on this machine's GPU where the pair groups are nccl
+            device = str(rank_device(welcome.backend, int(os.environ.get("LOCAL_RANK", "0"))))
             self.learner = make_learner(self.backend, welcome.model_config, self.tensor_parallel,
                                         self.pipeline_parallel, self.num_threads,
-                                        welcome.activation_checkpointing)  # fmt: skip
+                                        welcome.activation_checkpointing, device)  # fmt: skip
         if self.learner.numel != welcome.numel:
             raise CoreUnreachable(
                 f"{self.name} built a model of {self.learner.numel:,} parameters from the core's config, the core "
@@ -255,7 +256,7 @@ class Satellite:
         self.group_name = welcome.group_name
         self.version = -1
         if welcome.reference:  # whole, from rank 0
-            reference = torch.empty(welcome.numel, dtype=torch.float32)
+            reference = torch.empty(welcome.numel, dtype=torch.float32, device=self.learner.weights().device)
             self.groups[0][0].broadcast(reference, src=0)
             self.learner.load_reference(reference)
 

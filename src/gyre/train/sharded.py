@@ -9,17 +9,31 @@ the update does not depend on which rank computed which micro-step or in what or
 
 A step, on every rank of the group (all collective calls, in the same order):
 - ``accumulate(gradient)`` per micro-step into a local float64 sum of the whole model (no communication), then
-  ``reduce()`` once: the local sums go to the owners bucket by bucket (``reduce_scatter_single``);
-- or ``reduce_scatter(gradient)`` per micro-step round (``None`` where a rank has none): no local sum at all;
+  ``reduce()`` once: the local sums go to the owners bucket by bucket. This is what the core cell does: one
+  reduction a step however many micro-steps each rank computed;
+- or ``reduce_scatter(gradient)`` per micro-step round (``None`` where a rank has none): no local sum at all, a
+  reduction a round (what the cell did before; kept for a replica too large to keep a float64 sum beside);
 - ``add_owned(start, values)`` adds a piece of this rank's range that came from elsewhere (a satellite, rank to rank);
 - ``apply(lr)``: the global gradient norm (one all-reduce of a scalar), the same clipping as ``TrainState.apply``,
   AdamW on the shard, then the updated weights are all-gathered into every replica bucket by bucket.
 
-Buckets: one collective moves ``bucket_mib`` of float64 gradient (``world`` slices of ``bucket_numel`` values, one per
+Buckets: one reduction moves ``bucket_mib`` of float64 gradient (``world`` slices of ``bucket_numel`` values, one per
 owner) through a staging buffer of that size; weights come back in the same slices, in the replica's dtype. Neither
-the gradient sum nor the optimizer state of the whole model is ever held by one rank. Gloo in torch 2.13 has both
-collectives (float64 and bfloat16 too); on CPU its reduce-scatter is slower than an all-reduce of the same tensor
-(64 MiB, 2 ranks: 460 ms against 140 ms), but it is the one that moves 1/N, as NCCL's does on GPUs.
+the gradient sum nor the optimizer state of the whole model is ever held by one rank (the local sum of ``accumulate``
+is this rank's own micro-steps, not the cell's).
+
+The reduction is a ring (``ring_reduce_scatter``) where the group is gloo: N-1 steps, in each every rank sends one
+owner's slice, summed so far, to the next rank and adds the one it receives, so each rank writes (N-1)/N of the
+bucket; gloo's own reduce-scatter writes 2(N-1)/N (measured on the sockets: it moves what an all-reduce does). On
+NCCL the library's reduce-scatter is that ring already. Every owner's sum is added in float64 in a fixed order (ring
+order from the next rank round to itself), so the result does not depend on timing. The invariant kept: the update
+is one process's (``TrainState``) bit for bit where the float64 sums of the same fp32 gradients in another grouping
+round to the same fp32 values (float64 carries 29 more bits than the fp32 it is rounded to once, in ``apply``): every
+test finds it so without clipping (weights and moments compared with ``torch.equal`` after steps of 1 to 8
+micro-steps a rank, 2 and 4 ranks). With clipping the global norm is a float64 sum over ranks where one process
+takes torch's fp32 norms per parameter, so the clip factor may round an ulp apart: every gradient then within
+1e-7 relative, the update within 1e-6. Weights are all-gathered by the library
+(gloo's all-gather already writes (N-1)/N). Both report what crossed this rank's sockets (``gyre.train.wire``).
 
 Why not the libraries (torch 2.13, gloo, measured): ``ZeroRedundancyOptimizer`` runs, but steps on each owned
 parameter's ``.grad`` in the parameter's dtype (no float64 sum to keep), partitions whole parameters (1/N only as well
@@ -40,6 +54,7 @@ import torch.distributed as dist
 
 from gyre.config import TrainerConfig
 from gyre.train.state import flatten_parameters, parameters
+from gyre.train.wire import tcp_bytes_sent
 
 _F64 = torch.float64
 
@@ -64,6 +79,9 @@ class ShardStatistics(msgspec.Struct, frozen=True, kw_only=True):
     reduced_bytes: int  # gradient bytes this rank put into reduce-scatters, all steps
     gathered_bytes: int  # weight bytes this rank received in all-gathers, all steps
     owned_bytes: int = 0  # gradient bytes added to its range from elsewhere (satellites' sums), all steps
+    reductions: int = 0  # gradient reductions over the group, all steps (one a step in the core cell)
+    reduce_wire_bytes: int = 0  # bytes this rank's TCP sockets sent during its reductions, all steps
+    gather_wire_bytes: int = 0  # bytes its TCP sockets sent during its weight gathers, all steps
 
 
 class ShardedState:
@@ -109,14 +127,20 @@ class ShardedState:
         self._owned_bytes = 0
         self._reduced_bytes = 0
         self._gathered_bytes = 0
+        self._reductions = 0
+        self._reduce_wire = 0
+        self._gather_wire = 0
+        self._ring = dist.get_backend(group) == "gloo"
 
     # ---- gradients ------------------------------------------------------------------------------------------
     def accumulate(self, gradient: torch.Tensor) -> None:
-        """Add one micro-step's flat gradient to this rank's local float64 sum (no communication)."""
+        """Add one micro-step's flat gradient to this rank's local sum (no communication), float64 unless
+        ``trainer.gradient_accumulation = "float32"``."""
         self._check(gradient)
         if self._local is None:
-            self._local = torch.zeros(self.numel, dtype=_F64, device=self.flat.device)
-        self._local.add_(gradient)  # computed in float64, no float64 copy of the gradient
+            dtype = torch.float32 if self.cfg.accumulation == "float32" else _F64
+            self._local = torch.zeros(self.numel, dtype=dtype, device=self.flat.device)
+        self._local.add_(gradient)  # computed in the sum's dtype, no copy of the gradient
 
     def reduce(self) -> None:
         """(collective) Every rank's local sum into the owners' shards, bucket by bucket; the local sum is freed."""
@@ -162,6 +186,7 @@ class ShardedState:
         device = self.flat.device
         stage = torch.empty(self.world * self.bucket_numel, dtype=_F64, device=device)  # bucket_mib
         received = torch.empty(self.bucket_numel, dtype=_F64, device=device)
+        wire = tcp_bytes_sent()
         for lo, hi in self._buckets():
             n = hi - lo
             rows = stage[: self.world * n].view(self.world, n)
@@ -171,10 +196,15 @@ class ShardedState:
                 for r, at, k in self._pieces(lo, hi):
                     rows[r, :k].copy_(source[at : at + k])
                     rows[r, k:].zero_()
-            dist.reduce_scatter_single(received[:n], rows.reshape(-1), group=self.group)
+            if self._ring:
+                ring_reduce_scatter(rows, received[:n], self.group)
+            else:
+                dist.reduce_scatter_single(received[:n], rows.reshape(-1), group=self.group)
             with self.sum_lock:
                 self.gradient_sum[lo:hi].add_(received[:n])
             self._reduced_bytes += rows.numel() * rows.element_size()
+        self._reductions += 1
+        self._reduce_wire += tcp_bytes_sent() - wire
 
     # ---- the update -------------------------------------------------------------------------------------------
     def apply(self, lr: float) -> float:
@@ -201,6 +231,7 @@ class ShardedState:
         dtype, device = self.flat.dtype, self.flat.device
         mine = torch.empty(self.bucket_numel, dtype=dtype, device=device)
         stage = torch.empty(self.world * self.bucket_numel, dtype=dtype, device=device)
+        wire = tcp_bytes_sent()
         with torch.no_grad():
             for lo, hi in self._buckets():
                 n = hi - lo
@@ -210,6 +241,7 @@ class ShardedState:
                 for r, at, k in self._pieces(lo, hi):
                     self.flat[at : at + k].copy_(rows[r * n : r * n + k])
                 self._gathered_bytes += rows.numel() * rows.element_size()
+        self._gather_wire += tcp_bytes_sent() - wire
 
     # ---- checkpoints ------------------------------------------------------------------------------------------
     def flat_state(self) -> dict[str, torch.Tensor]:
@@ -252,4 +284,30 @@ class ShardedState:
             optimizer_bytes=sum(size(v) for v in moments.values() if isinstance(v, torch.Tensor)),
             local_bytes=0 if self._local is None else size(self._local),
             reduced_bytes=self._reduced_bytes, gathered_bytes=self._gathered_bytes, owned_bytes=self._owned_bytes,
+            reductions=self._reductions, reduce_wire_bytes=self._reduce_wire, gather_wire_bytes=self._gather_wire,
         )  # fmt: skip
+
+
+def ring_reduce_scatter(
+    rows: torch.Tensor, out: torch.Tensor, group: dist.ProcessGroup | None = None
+) -> None:
+    """(collective) ``out`` = the sum over the group's ranks of their ``rows[rank]`` (``rows``: ``[world, n]``, row r
+    for rank r; it is overwritten), as a ring: in step s = 0..N-2 rank r sends row ``(r - s - 1) mod N``, summed so
+    far, to rank r+1 and adds row ``(r - s - 2) mod N`` from rank r-1 into its own, so each rank sends (N-1) rows.
+    Row r is summed in the order r+1, r+2, ..., r (float64 in, the same order every time)."""
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    if world == 1:
+        out.copy_(rows[0])
+        return
+    after, before = (rank + 1) % world, (rank - 1) % world
+    if group is not None:
+        after, before = dist.get_global_rank(group, after), dist.get_global_rank(group, before)
+    incoming = torch.empty_like(rows[0])
+    for s in range(world - 1):
+        send, receive = (rank - s - 1) % world, (rank - s - 2) % world
+        sent = dist.isend(rows[send], dst=after, group=group)
+        dist.recv(incoming, src=before, group=group)
+        if sent is not None:  # (None only on a rank outside the group)
+            sent.wait()
+        rows[receive].add_(incoming)
+    out.copy_(rows[rank])

@@ -107,12 +107,16 @@ def cluster(model: Path, tmp: Path, core_computes: bool = True, timeout_s: float
         c.close()
 
 
-def reference(model: Path, items: list[MicroStep], kl_coef: float = 0.0) -> TrainState:
-    """One process computing the whole batch."""
+def reference(
+    model: Path, items: list[MicroStep], kl_coef: float = 0.0, clip: float | None = None
+) -> TrainState:
+    """One process computing the whole batch (``clip``: its ``grad_clip_norm``, else the default)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         cfg = TrainerConfig(model_path=str(model), learning_rate=LR, loss=LossConfig(kl_coef=kl_coef))
+        if clip is not None:
+            cfg = msgspec.structs.replace(cfg, grad_clip_norm=clip)
         state = TrainState(cfg)
         train_step(state, items)
         return state

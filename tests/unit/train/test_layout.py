@@ -90,6 +90,26 @@ def test_a_sharded_core_whose_state_does_not_fit_a_gpu_is_refused_with_the_shard
     assert "no number of shards fits: every rank holds a whole bf16 replica" in why
 
 
+def test_a_cell_that_cannot_hold_the_longest_micro_step_is_refused_before_anything_starts() -> None:
+    """The longest micro-step is the longest context: one rank computes it whole up to max_tokens_per_rank, and past
+    it the cell's ranks split it (a rank holds 1/shards); its activations must fit beside the state."""
+    nccl = {"collective": "nccl", "shards": 8}
+    why = refusal(trainer(**nccl), QWEN3_8B, 8, device_bytes=80 * GIB, longest_tokens=131072)
+    assert "64.7 activations of 131072 tokens" in why
+    assert (
+        "one rank computes the longest micro-step (131072 tokens) whole: set trainer.max_tokens_per_rank"
+        in why
+    )
+    check_layout(
+        trainer(**nccl, max_tokens_per_rank=32768), QWEN3_8B, 8, device_bytes=80 * GIB, longest_tokens=131072
+    )
+    why = refusal(
+        trainer(**nccl, max_tokens_per_rank=32768), QWEN3_8B, 8, device_bytes=80 * GIB, longest_tokens=700_000
+    )
+    assert "activations of 87500 tokens (a rank's share of the longest micro-step, 700000 tokens)" in why
+    assert "trainer.shards = 14 would fit" in why
+
+
 def _children() -> set[int]:
     """This process's child processes (Linux)."""
     pids: set[int] = set()

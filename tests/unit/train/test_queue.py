@@ -34,3 +34,17 @@ def test_bad_micro_steps_are_named() -> None:
     bad = MicroStep(input_ids=[1, 2], position_ids=[0, 1], parents=[-1, 0], weights=[0.0], advantages=[0.0, 0.0],
                     behaviour_logprobs=[0.0, 0.0], versions=[0, 0], sequences=1)  # fmt: skip
     assert "lengths" in (check_micro_step(bad, 10) or "")
+
+
+def test_a_member_that_holds_fewer_tokens_never_claims_a_longer_micro_step() -> None:
+    """A one-rank satellite (``trainer.max_tokens_per_rank = 8192``) passes a 64K-token micro-step by, in queue order,
+    and takes the short ones behind it; the core cell (no bound: its ranks split it) claims it next."""
+    q = StepQueue()
+    q.add([micro(), micro(65_536), micro(), micro(9_000)], seal=True)
+    assert q.claim("sat", 8192) == (0, q.items[0])
+    assert q.has_pending_within(8192)
+    assert q.claim("sat", 8192) == (2, q.items[2])
+    assert q.claim("sat", 8192) is None and not q.has_pending_within(8192)
+    assert q.claim("core") == (1, q.items[1])  # the long ones kept their place
+    assert q.claim("core") == (3, q.items[3])
+    assert q.claim("core") is None
