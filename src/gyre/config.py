@@ -214,6 +214,7 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
         if self.gradient_accumulation == "auto":
             return "rounds" if self.collective == "nccl" else "float64"
         return self.gradient_accumulation
+
     # recompute each decoder layer in backward instead of keeping its activations (torch backend; gyre.train.recompute):
     # a micro-step holds one layer's activations at a time, for about a third more compute
     activation_checkpointing: bool = False

@@ -574,7 +574,9 @@ class _Follower:
             return
 
         def op(group: Any) -> None:
-            piece = torch.empty(self.state.end - self.state.start, dtype=torch.float64, device=self.state.device)
+            piece = torch.empty(
+                self.state.end - self.state.start, dtype=torch.float64, device=self.state.device
+            )
             broadcast_range(group, piece, 1, self.bucket_bytes)
             with self._staged_lock:
                 if key in self.dropped:

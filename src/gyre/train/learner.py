@@ -54,7 +54,9 @@ class TorchLearner:
     ) -> TorchLearner:
         """A learner of the architecture in ``model_config`` (weights arrive from the core) on ``device``, its decoder
         layers recomputed in backward with ``activation_checkpointing`` (`gyre.train.recompute`)."""
-        model = model_from_config(model_config).to(device)  # before flattening: its parameters view one buffer
+        model = model_from_config(model_config).to(
+            device
+        )  # before flattening: its parameters view one buffer
         if activation_checkpointing:
             recompute.enable(model)
         return cls(model)

@@ -11,8 +11,8 @@ from collections.abc import Callable
 import torch
 
 from gyre.engine import weight_sync
-from gyre.errors import ConfigError
 from gyre.engine.launcher import free_port
+from gyre.errors import ConfigError
 
 
 class Pair:
@@ -58,7 +58,9 @@ def rank_device(collective: str, local_rank: int = 0) -> torch.device:
     (``cuda:local_rank``, one rank per GPU of the machine) over nccl, the host over gloo."""
     if collective == "nccl":
         if not torch.cuda.is_available():
-            raise ConfigError("trainer.collective = 'nccl' needs CUDA GPUs, and torch sees none here; use 'gloo'")
+            raise ConfigError(
+                "trainer.collective = 'nccl' needs CUDA GPUs, and torch sees none here; use 'gloo'"
+            )
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
 
