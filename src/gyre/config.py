@@ -197,8 +197,8 @@ class TrainerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pipeline_parallel: Positive = 1
     # the core cell's data-parallel ranks (torch backend): each holds a model replica and computes; its fp32 master
     # weights, gradient sum and AdamW state are split over them (ZeRO-1); gyre.train.layout checks the layout fits
-    shards: Positive = 1
-    # a micro-step longer than this is computed by all the core cell's ranks together, each holding 1/shards of its
+    ranks: Positive = 1
+    # a micro-step longer than this is computed by all the core cell's ranks together, each holding 1/ranks of its
     # tokens (context parallelism, gyre.train.context); 0: never split
     max_tokens_per_rank: NonNegative = 0
     # where each rank of the core cell keeps its micro-steps' gradients until the step's one reduction
@@ -464,8 +464,22 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     return data
 
 
+# keys that were renamed: refused, naming the new one (section, old key) -> new dotted key and why
+RENAMED = {
+    ("trainer", "shards"): (
+        "trainer.ranks",
+        "the core cell's data-parallel ranks; 'shards' now names the runtime's shards only ([shards])",
+    ),
+}
+
+
 def convert(data: dict[str, Any], type_: type[T], source: str = "config") -> T:
-    """Validate a TOML-shaped dict into a config Struct; the error names the offending field."""
+    """Validate a TOML-shaped dict into a config Struct; the error names the offending field (and a renamed key's
+    new name)."""
+    for (section, key), (new, why) in RENAMED.items():
+        table = data.get(section)
+        if isinstance(table, dict) and key in table:
+            raise ConfigError(f"{source}: {section}.{key} is now {new} ({why}): rename it")
     try:
         return msgspec.convert(data, type_)
     except msgspec.ValidationError as exc:

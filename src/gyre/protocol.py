@@ -544,8 +544,8 @@ class TrainerStatistics(msgspec.Struct, tag="statistics", kw_only=True, frozen=T
     detached: dict[str, str] = {}  # engine url -> why the core stopped pushing to it (until it answers again)
     held: dict[str, list[int]] = {}  # member -> micro-steps it computed whose gradient it has not sent yet
     gradient_bytes_in: int = 0  # gradient bytes members sent the core, all steps (the core's own: none)
-    # each rank of the core cell (trainer.shards > 1): its range and bytes of state (gyre.train.sharded.ShardStatistics)
-    shards: list[dict[str, int]] = []
+    # each rank of the core cell (trainer.ranks > 1): its range and bytes of state (gyre.train.sharded.ShardStatistics)
+    ranks: list[dict[str, int]] = []
     context_micro_steps: int = 0  # micro-steps the cell's ranks computed together (max_tokens_per_rank)
 
 
@@ -654,26 +654,26 @@ class SwitchRecord(msgspec.Struct, frozen=True, kw_only=True):
 # ---- a tensor-parallel member's group: rank 0 -> its other ranks (over each rank's stdin) ---------------------------
 
 
-class ShardLoad(msgspec.Struct, tag="shard_load", kw_only=True):
-    """Take the weights rank 0 broadcasts next (Hugging Face layout, flat) into your shard."""
+class MegatronLoad(msgspec.Struct, tag="megatron_load", kw_only=True):
+    """Take the weights rank 0 broadcasts next (Hugging Face layout, flat) into your part of the model."""
 
     reference: bool = False  # into the frozen reference model rather than the trained one
 
 
-class ShardCompute(msgspec.Struct, tag="shard_compute", kw_only=True):
-    """Forward and backward of one micro-step on your shard (gradients accumulate)."""
+class MegatronCompute(msgspec.Struct, tag="megatron_compute", kw_only=True):
+    """Forward and backward of one micro-step on your part of the model (gradients accumulate)."""
 
     micro: MicroStep
     loss: dict[str, Any]  # a LossConfig as builtins
     version: int
 
 
-class ShardGather(msgspec.Struct, tag="shard_gather", kw_only=True):
-    """Send your shard's gradients to rank 0 (a gather over the group) and clear them."""
+class MegatronGather(msgspec.Struct, tag="megatron_gather", kw_only=True):
+    """Send your part's gradients to rank 0 (a gather over the group) and clear them."""
 
 
-class ShardStop(msgspec.Struct, tag="shard_stop", kw_only=True):
+class MegatronStop(msgspec.Struct, tag="megatron_stop", kw_only=True):
     """Leave the group and exit."""
 
 
-ShardCommand = ShardLoad | ShardCompute | ShardGather | ShardStop
+MegatronCommand = MegatronLoad | MegatronCompute | MegatronGather | MegatronStop

@@ -38,11 +38,11 @@ def test_every_config_key_is_in_the_reference_with_its_default_and_comment() -> 
     reference = _hooks().config_reference()
     rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([a-z0-9_.]+)` \|.*$", reference, re.M)}
     keys = _keys(GyreConfig)
-    assert len(keys) > 150 and "trainer.loss.clip_low" in keys and "trainer.shards" in keys
+    assert len(keys) > 150 and "trainer.loss.clip_low" in keys and "trainer.ranks" in keys
     missing = [key for key in keys if key not in rows]
     assert not missing, f"config keys missing from the generated reference: {missing}"
     # each row carries the type, the default and the comment beside the field in src/gyre/config.py
-    assert "| int > 0 | `1` | the core cell's data-parallel ranks" in rows["trainer.shards"]
+    assert "| int > 0 | `1` | the core cell's data-parallel ranks" in rows["trainer.ranks"]
     assert '| "tree" \\| "path" | `"tree"` |' in rows["trajectory.packing"]
     assert "fsync every record" in rows["router.journal_fsync"]
     # a comment block above two fields documents both

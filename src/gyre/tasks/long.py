@@ -19,7 +19,7 @@ Suite names: ``long`` (8 tasks), ``long:N``, ``long:N:SEED``, and ``long:N:SEED:
     gyre train long.toml --model models/micro
 
 with ``long.toml`` (every call adds ~800 tokens: ``agent_max_calls`` x 800 tokens of context; a path longer than
-``trainer.max_tokens_per_rank`` is computed by all of the core cell's ``trainer.shards`` ranks together)::
+``trainer.max_tokens_per_rank`` is computed by all of the core cell's ``trainer.ranks`` ranks together)::
 
     [run]
     suite = "long:1"
@@ -35,7 +35,7 @@ with ``long.toml`` (every call adds ~800 tokens: ``agent_max_calls`` x 800 token
     micro_step_tokens = 8192
 
     [trainer]
-    shards = 2
+    ranks = 2
     max_tokens_per_rank = 8192
 
     [cells]

@@ -1,4 +1,4 @@
-"""The core cell over several ranks (``trainer.shards = N``): ZeRO-1 state, every rank computing, one coordinator.
+"""The core cell over several ranks (``trainer.ranks = N``): ZeRO-1 state, every rank computing, one coordinator.
 
 Rank 0 is the core trainer process (``gyre.train.coretrainer``: the members' and the driver's ZeroMQ endpoint, the queue,
 every decision); it starts ranks 1..N-1 as processes of its own (``start_cell``; they die with it) on the same
@@ -218,7 +218,7 @@ class CellState:
         if not (path / checkpoint.OPTIMIZER_DIR).is_dir():
             raise ConfigError(
                 f"{path} keeps its optimizer state in one file (an earlier Gyre): resume it once with "
-                "trainer.shards = 1 and save a checkpoint, which a cell of any size loads"
+                "trainer.ranks = 1 and save a checkpoint, which a cell of any size loads"
             )
         flat = checkpoint.load_flat_state(path / checkpoint.OPTIMIZER_DIR, self.numel, group=dist.group.WORLD)
         self.sharded.load_flat_state(flat, weights)
@@ -308,7 +308,7 @@ class Followers:
     come in on (``events``, polled by the core's coordinator), and their latest statistics."""
 
     def __init__(self, cfg: TrainerConfig, host: str) -> None:
-        self.cfg, self.host, self.world = cfg, host, cfg.shards
+        self.cfg, self.host, self.world = cfg, host, cfg.ranks
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
         self.events = self.ctx.socket(zmq.PULL)
         self.events.setsockopt(zmq.LINGER, 0)
@@ -414,13 +414,11 @@ def _init_group(cfg: TrainerConfig, host: str, port: int, rank: int) -> Any:
     # a round waits in its reduce-scatter for the slowest rank's micro-step (minutes for a long one on a CPU); a rank
     # that dies breaks the collective at once, this bounds only a rank that hangs
     timeout = timedelta(seconds=max(COLLECTIVE_TIMEOUT_S, cfg.transfer_timeout_s))
-    store = dist.TCPStore(
-        host, port, cfg.shards, is_master=rank == 0, timeout=timeout, wait_for_workers=False
-    )
+    store = dist.TCPStore(host, port, cfg.ranks, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
     # the cell's collectives over trainer.collective: gloo on host tensors, nccl on each rank's GPU (one a rank);
     # checkpoints' coordination (objects, not tensors) over gloo either way
     device = rank_device(cfg.collective, rank)
-    dist.init_process_group(cfg.collective, store=store, rank=rank, world_size=cfg.shards, timeout=timeout,
+    dist.init_process_group(cfg.collective, store=store, rank=rank, world_size=cfg.ranks, timeout=timeout,
                             device_id=device if device.type == "cuda" else None)  # fmt: skip
     return dist.new_group(backend="gloo", timeout=timeout)
 
@@ -436,7 +434,7 @@ def start_cell(cfg: TrainerConfig, host: str) -> tuple[CellState, Followers]:
         followers.close()
         raise
     log.info(
-        "core cell of %d ranks: rank 0 holds [%d, %d) of %d", cfg.shards, state.start, state.end, state.numel
+        "core cell of %d ranks: rank 0 holds [%d, %d) of %d", cfg.ranks, state.start, state.end, state.numel
     )
     return state, followers
 

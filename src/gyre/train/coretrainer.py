@@ -15,7 +15,7 @@ gradient bytes into the core per step are one sum per satellite however many mic
 its own thread and adding each gradient as it is computed; in a cell the computing is switched on and off with the
 cell's role (``set_computing``).
 
-With ``trainer.shards = N`` the core is a cell of N ranks (``gyre.train.corecell``): this process is rank 0 and
+With ``trainer.ranks = N`` the core is a cell of N ranks (``gyre.train.corecell``): this process is rank 0 and
 coordinates; each rank holds 1/N of the optimizer state and computes in rounds, and each has its own pair group with
 every member, over which the member's weights and sum travel in that rank's range only; a sum is added once every
 rank holds its slice (``_staged``), on every rank or on none.
@@ -157,14 +157,14 @@ class CoreTrainer:
         self.followers: corecell.Followers | None = None
         self.state: TrainState | corecell.CellState
         if (
-            cfg.shards > 1
+            cfg.ranks > 1
         ):  # the cell's other ranks, each with 1/N of the optimizer state (gyre.train.corecell)
             # refused before any rank starts when it does not fit the model or the machine
             log.info(check_run_layout(cfg, cfg.resume_from or cfg.model_path))
             self.state, self.followers = corecell.start_cell(cfg, self._cell_host(cfg))
         else:
             self.state = TrainState(cfg)
-        self.ranges = shard_bounds(self.state.numel, cfg.shards)  # each rank's range of the flat weights
+        self.ranges = shard_bounds(self.state.numel, cfg.ranks)  # each rank's range of the flat weights
         self.bucket_bytes = int(cfg.bucket_mib * 2**20)
         self.sums: dict[int, _Sum] = {}  # members' gradient sums on their way, by key
         self._sum_keys = itertools.count()
@@ -187,7 +187,7 @@ class CoreTrainer:
         self.events = self.ctx.socket(zmq.PULL)
         self.events.bind(self._events_at)
         # each other rank's statistics, as it last reported them (at start, then after every update)
-        self.shard_reports: dict[int, dict[str, int]] = dict(self.followers.reports) if self.followers else {}
+        self.rank_reports: dict[int, dict[str, int]] = dict(self.followers.reports) if self.followers else {}
         self._local = threading.local()
         self._pushers: list[zmq.Socket[bytes]] = []  # each thread's socket to the coordinator
         self._notify_lock = threading.Lock()
@@ -635,7 +635,7 @@ class CoreTrainer:
             case corecell.PairFailed(member=name, name=pair, rank=rank, reason=reason):
                 self._event(["pair_failed", name, pair, f"(rank {rank} of the cell) {reason}"])
             case corecell.Report(rank=rank, statistics=statistics):
-                self.shard_reports[rank] = statistics
+                self.rank_reports[rank] = statistics
 
     def _beat(self) -> None:
         stalled = self._stall.stalled()  # this thread stood still that long: nobody could be heard
@@ -998,13 +998,13 @@ class CoreTrainer:
                 weight_bytes=sum(p.numel() * p.element_size() for _, p in self.state.named),
                 push_s=dict(self.push_s), push_total_s=self.push_total_s, detached=dict(self.detached),
                 held={m: sorted(h) for m, h in q.held.items() if h}, gradient_bytes_in=self.gradient_bytes_in,
-                shards=self._shard_statistics(), context_micro_steps=self.context_micro_steps,
+                ranks=self._rank_statistics(), context_micro_steps=self.context_micro_steps,
             )  # fmt: skip
 
-    def _shard_statistics(self) -> list[dict[str, int]]:
+    def _rank_statistics(self) -> list[dict[str, int]]:
         if not isinstance(self.state, corecell.CellState):
             return []
-        return [self.state.statistics()] + [self.shard_reports[r] for r in sorted(self.shard_reports)]
+        return [self.state.statistics()] + [self.rank_reports[r] for r in sorted(self.rank_reports)]
 
 
 def _metrics(

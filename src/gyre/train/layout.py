@@ -1,12 +1,12 @@
 """A training cell's layout from ``[trainer]``, checked against the model's shapes and the cell's machine before
 anything starts.
 
-The core cell runs ``tensor_parallel x pipeline_parallel x shards`` rank processes: tensor/pipeline model parallel
-(the Megatron backend) times ``shards`` data-parallel ranks over which the fp32 master weights, the gradient sum and
+The core cell runs ``tensor_parallel x pipeline_parallel x ranks`` rank processes: tensor/pipeline model parallel
+(the Megatron backend) times ``ranks`` data-parallel ranks over which the fp32 master weights, the gradient sum and
 AdamW's moments are split (the torch backend's sharded core, `gyre.train.sharded`). `check_layout` refuses, with a
 `ConfigError` that says what does not fit and what would, a layout that:
 
-- combines what is not built: shards on the Megatron backend, tensor/pipeline parallel on the torch backend;
+- combines what is not built: several data-parallel ranks on the Megatron backend, tensor/pipeline parallel on the torch backend;
 - the model's shapes do not split into (heads, key/value heads, layers; on Megatron also the MLP width and the
   vocabulary, as `gyre.train.megatron.convert` splits them);
 - needs more GPUs than the cell has (nccl: one GPU per rank), or more than 8 rank processes per CPU core (gloo);
@@ -50,7 +50,7 @@ NOT_YET_ON_GPUS = (
     "not yet run on GPUs: the sharded core over nccl (each rank's replica and shard on its GPU) is written on the "
     "code path the CPU tests run, and benchmarks/gpu_check.py's cell phases have not passed on a device yet"
 )
-MAX_SHARDS_TRIED = 4096  # the largest shards count suggested when the state does not fit
+MAX_RANKS_TRIED = 4096  # the largest ranks count suggested when the state does not fit
 
 
 def read_model_config(model_dir: str | Path) -> dict[str, Any] | None:
@@ -80,8 +80,8 @@ def model_shape(model_config: Mapping[str, Any]) -> ModelShape:
 
 
 def _layout_text(cfg: TrainerConfig) -> str:
-    t, p, s = cfg.tensor_parallel, cfg.pipeline_parallel, cfg.shards
-    return f"tensor_parallel {t} x pipeline_parallel {p} x shards {s} = {t * p * s} ranks"
+    t, p, s = cfg.tensor_parallel, cfg.pipeline_parallel, cfg.ranks
+    return f"tensor_parallel {t} x pipeline_parallel {p} x ranks {s} = {t * p * s} rank processes"
 
 
 def _shape_error(
@@ -123,18 +123,18 @@ def check_layout(
     context), held by one rank up to ``trainer.max_tokens_per_rank`` and split over every rank of the cell past it
     (`rank_tokens`), so a cell that cannot hold it is refused before anything starts.
     """
-    t, p, s = cfg.tensor_parallel, cfg.pipeline_parallel, cfg.shards
+    t, p, s = cfg.tensor_parallel, cfg.pipeline_parallel, cfg.ranks
     if cfg.backend == "megatron" and s > 1:
         raise ConfigError(
-            f"trainer.shards = {s} with trainer.backend = 'megatron': the sharded core cell is built for the torch "
+            f"trainer.ranks = {s} with trainer.backend = 'megatron': the sharded core cell is built for the torch "
             f"backend only (Megatron's distributed optimizer is not wired in yet); set trainer.backend = 'torch' "
-            f"(with tensor_parallel = pipeline_parallel = 1), or trainer.shards = 1"
+            f"(with tensor_parallel = pipeline_parallel = 1), or trainer.ranks = 1"
         )
     if cfg.backend == "torch" and (t > 1 or p > 1):
         raise ConfigError(
             f"trainer.tensor_parallel = {t}, trainer.pipeline_parallel = {p} with trainer.backend = 'torch': "
             f"tensor and pipeline parallel apply to the Megatron backend only (a torch rank computes a whole model "
-            f"replica); set trainer.backend = 'megatron', or split the optimizer state with trainer.shards instead"
+            f"replica); set trainer.backend = 'megatron', or split the optimizer state with trainer.ranks instead"
         )
     if model_config is not None:
         _check_shapes(cfg, model_config)
@@ -183,11 +183,11 @@ def _check_gpus(
             device_bytes = min(
                 torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())
             )
-    ranks = cfg.tensor_parallel * cfg.pipeline_parallel * cfg.shards
+    ranks = cfg.tensor_parallel * cfg.pipeline_parallel * cfg.ranks
     if ranks > devices:
         per_shard = cfg.tensor_parallel * cfg.pipeline_parallel
         would = (
-            f"trainer.shards = {devices // per_shard} fits"
+            f"trainer.ranks = {devices // per_shard} fits"
             if devices >= per_shard
             else "no layout of these tensor_parallel x pipeline_parallel fits"
         )
@@ -195,32 +195,32 @@ def _check_gpus(
             f"the core cell's layout ({_layout_text(cfg)}) needs {ranks} GPUs over trainer.collective = 'nccl' (one "
             f"per rank), and {where} {devices}; {would}, or use trainer.collective = 'gloo' on CPU"
         )
-    if model_config is None or not device_bytes or cfg.backend != "torch" or cfg.shards == 1:
+    if model_config is None or not device_bytes or cfg.backend != "torch" or cfg.ranks == 1:
         return  # the memory check is of the sharded torch core; today's one-process core keeps its state on the host
     shape = model_shape(model_config)
 
     def tokens(shards: int) -> int:
         return max(micro_tokens, rank_tokens(cfg.max_tokens_per_rank, longest_tokens, shards))
 
-    held = _projected(cfg, shape, cfg.shards, device_bytes, tokens(cfg.shards))
+    held = _projected(cfg, shape, cfg.ranks, device_bytes, tokens(cfg.ranks))
     if held.fits:
         return
     more = next(
-        (n for n in range(cfg.shards + 1, MAX_SHARDS_TRIED + 1)
+        (n for n in range(cfg.ranks + 1, MAX_RANKS_TRIED + 1)
          if _projected(cfg, shape, n, device_bytes, tokens(n)).fits),
         None,
     )  # fmt: skip
-    micro_tokens = tokens(cfg.shards)
+    micro_tokens = tokens(cfg.ranks)
     unsplit = longest_tokens > 0 and not cfg.max_tokens_per_rank
     would = (
-        f"trainer.shards = {more} would fit ({more} GPUs)"
+        f"trainer.ranks = {more} would fit ({more} GPUs)"
         if more is not None
         else f"one rank computes the longest micro-step ({longest_tokens} tokens) whole: set "
         f"trainer.max_tokens_per_rank to split a longer one over the cell's ranks (context parallelism)"
         if unsplit
-        else f"no number of shards fits: every rank holds a whole bf16 replica and its gradient "
+        else f"no number of ranks fits: every rank holds a whole bf16 replica and its gradient "
         f"({_gib(2 * held.weights + held.push)} GiB with the push bucket); the model needs tensor/pipeline parallel, "
-        f"which the sharded core does not combine with shards yet"
+        f"which the sharded core does not combine with several ranks yet"
     )
     longest = (
         f" (a rank's share of the longest micro-step, {longest_tokens} tokens)"
@@ -265,7 +265,7 @@ def _gib(n: int) -> str:
 
 
 def _check_cpus(cfg: TrainerConfig, cpus: int) -> None:
-    ranks = cfg.tensor_parallel * cfg.pipeline_parallel * cfg.shards
+    ranks = cfg.tensor_parallel * cfg.pipeline_parallel * cfg.ranks
     if cpus and ranks > RANKS_PER_CPU * cpus:
         raise ConfigError(
             f"the core cell's layout ({_layout_text(cfg)}) would run {ranks} rank processes over gloo on "
@@ -277,7 +277,7 @@ def _check_cpus(cfg: TrainerConfig, cpus: int) -> None:
 
 def describe_layout(cfg: TrainerConfig, model_config: Mapping[str, Any]) -> str:
     """One line for logs: the core cell's ranks and what each holds of the model's optimizer state."""
-    t, p, s = cfg.tensor_parallel, cfg.pipeline_parallel, cfg.shards
+    t, p, s = cfg.tensor_parallel, cfg.pipeline_parallel, cfg.ranks
     count = _count(model_shape(model_config).parameters())
     ranks = t * p * s
     if s == 1:
@@ -285,8 +285,8 @@ def describe_layout(cfg: TrainerConfig, model_config: Mapping[str, Any]) -> str:
     else:
         held = f"each holds 1/{s} of {count}"
     return (
-        f"core cell: {s} shard{'s' if s > 1 else ''} x tensor {t} x pipeline {p} = {ranks} "
-        f"rank{'s' if ranks > 1 else ''}; "
+        f"core cell: {s} rank{'s' if s > 1 else ''} x tensor {t} x pipeline {p} = {ranks} "
+        f"rank process{'es' if ranks > 1 else ''}; "
         f"{held} fp32 master weights, gradient sum and AdamW moments"
     )
 
@@ -314,6 +314,6 @@ def check_run_layout(
             cfg, model_config, math.floor(ray_cell_gpus), cpus=0, device_bytes=0, longest_tokens=longest
         )
     line = f"core cell: {_layout_text(cfg)}" if model_config is None else describe_layout(cfg, model_config)
-    if cfg.collective == "nccl" and cfg.backend == "torch" and cfg.shards > 1:
+    if cfg.collective == "nccl" and cfg.backend == "torch" and cfg.ranks > 1:
         line += f"; {NOT_YET_ON_GPUS}"
     return line

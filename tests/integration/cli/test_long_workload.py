@@ -36,7 +36,7 @@ skip_zero_advantage = false
 micro_step_tokens = 8192
 
 [trainer]
-shards = 2
+ranks = 2
 max_tokens_per_rank = 8192
 learning_rate = 1e-4
 heartbeat_s = 0.25

@@ -190,12 +190,12 @@ def test_gyre_train_with_megatron_cells_of_two_tensor_parallel_ranks(
     assert all(s.version >= 1 for s in back)  # a cell that trained serves the new weights
 
 
-@pytest.mark.slow(reason="gyre train with a core cell of two ranks (trainer.shards = 2)")
+@pytest.mark.slow(reason="gyre train with a core cell of two ranks (trainer.ranks = 2)")
 def test_gyre_train_with_a_core_cell_of_two_ranks(tiny_model: Path, tmp_path: Path) -> None:
     """The core cell's optimizer state is split over two ranks; the elastic steps apply, every rank holds its half of
     the checkpoint's optimizer state, and the trained cell serves the new weights."""
     config = tmp_path / "run.toml"
-    config.write_text(CONFIG.replace("[trainer]\n", "[trainer]\nshards = 2\n"))
+    config.write_text(CONFIG.replace("[trainer]\n", "[trainer]\nranks = 2\n"))
     run_dir = tmp_path / "run"
     assert main(["train", str(config), "--model", str(tiny_model), "--run-dir", str(run_dir)]) == 0
     steps = list(read_journal(run_dir / "metrics.jsonl", StepRecord))

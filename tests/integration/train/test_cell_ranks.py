@@ -59,7 +59,7 @@ def test_a_stopped_rank_makes_the_cell_lost_within_the_member_timeout(
     timeout_s = 4.0  # the victim is the only peer this timeout judges (no satellite)
     paced = ("trainer.modelled_tokens_per_s=8",)
     with sharded(tiny_model, tmp_path, 2, timeout_s=timeout_s, extra=paced) as c:
-        pids = {s["rank"]: s["pid"] for s in c.stats().shards}
+        pids = {s["rank"]: s["pid"] for s in c.stats().ranks}
         c.client.submit(0, random_micro_steps(251, 4, tokens=60), seal=True)
         wait_for("a round under way", lambda: len(c.stats().claims.get("core", [])) == 2)
         os.kill(pids[1], signal.SIGSTOP)  # its collective holds rank 0's round; rank 0 answers as before
@@ -133,7 +133,7 @@ def _reports(c: Any, world: int, reductions: int) -> list[dict[str, int]]:
 
     def ready() -> bool:
         nonlocal got
-        got = c.stats().shards
+        got = c.stats().ranks
         return len(got) == world and all(s["reductions"] == reductions for s in got)
 
     wait_for(f"{reductions} reductions on every rank", ready)

@@ -1,4 +1,4 @@
-"""A core cell of 2 and 4 ranks (``trainer.shards``, ZeRO-1 over gloo) with satellites joining late, one killed before
+"""A core cell of 2 and 4 ranks (``trainer.ranks``, ZeRO-1 over gloo) with satellites joining late, one killed before
 it sends its sum: every update equals one process computing the whole batch, each rank holds 1/N of the optimizer
 state and gradient sum, and a checkpoint saved by 4 ranks resumes on 2 with the same next update."""
 
@@ -20,7 +20,7 @@ def sharded(model: Path, tmp: Path, shards: int, core_computes: bool = True, tim
             resume: Path | None = None, extra: tuple[str, ...] = ()) -> Cluster:  # fmt: skip
     # small buckets: a 1.7 M model crosses several on every transfer, as a big model crosses 512 MiB ones
     return Cluster(model, tmp, core_computes, timeout_s, resume,
-                   extra=(f"trainer.shards={shards}", "trainer.bucket_mib=0.5", *extra))  # fmt: skip
+                   extra=(f"trainer.ranks={shards}", "trainer.bucket_mib=0.5", *extra))  # fmt: skip
 
 
 def assert_state_split(shards: list[dict[str, int]], world: int, numel: int) -> None:
@@ -53,7 +53,7 @@ def test_a_sharded_core_with_late_satellites_gives_the_update_of_one_process(
     want = reference(tiny_model, first)
     train_step(want, second)
     assert_same_update(got, want)
-    assert_state_split(stats.shards, shards, want.numel)
+    assert_state_split(stats.ranks, shards, want.numel)
 
 
 @SLOW

@@ -47,53 +47,53 @@ def test_tensor_parallel_that_does_not_divide_the_heads_is_refused_naming_them()
 
 
 def test_shards_on_the_megatron_backend_are_refused_as_not_built() -> None:
-    why = refusal(trainer(backend="megatron", shards=2), QWEN3_8B, cpus=16)
-    assert "trainer.shards = 2 with trainer.backend = 'megatron'" in why
+    why = refusal(trainer(backend="megatron", ranks=2), QWEN3_8B, cpus=16)
+    assert "trainer.ranks = 2 with trainer.backend = 'megatron'" in why
     assert "set trainer.backend = 'torch'" in why
 
 
 def test_tensor_parallel_on_the_torch_backend_is_refused() -> None:
     why = refusal(trainer(backend="torch", tensor_parallel=2), QWEN3_8B, cpus=16)
-    assert "apply to the Megatron backend only" in why and "trainer.shards instead" in why
+    assert "apply to the Megatron backend only" in why and "trainer.ranks instead" in why
 
 
 def test_a_layout_that_fits_passes_and_is_described() -> None:
-    check_layout(trainer(shards=4), QWEN3_8B, cpus=1)  # gloo: 4 ranks on one core
+    check_layout(trainer(ranks=4), QWEN3_8B, cpus=1)  # gloo: 4 ranks on one core
     check_layout(trainer(backend="megatron", tensor_parallel=8, pipeline_parallel=2), QWEN3_8B, cpus=2)
-    check_layout(trainer(shards=8, collective="nccl"), QWEN3_8B, 8, device_bytes=80 * GIB)
-    assert describe_layout(trainer(shards=4), QWEN3_8B) == (
-        "core cell: 4 shards x tensor 1 x pipeline 1 = 4 ranks; each holds 1/4 of 8.2 B fp32 master weights, "
+    check_layout(trainer(ranks=8, collective="nccl"), QWEN3_8B, 8, device_bytes=80 * GIB)
+    assert describe_layout(trainer(ranks=4), QWEN3_8B) == (
+        "core cell: 4 ranks x tensor 1 x pipeline 1 = 4 rank processes; each holds 1/4 of 8.2 B fp32 master weights, "
         "gradient sum and AdamW moments"
     )
 
 
 def test_more_ranks_than_the_cells_gpus_or_cpus_is_refused_with_what_fits() -> None:
-    why = refusal(trainer(shards=4, collective="nccl"), QWEN3_8B, 2, device_bytes=80 * GIB)
+    why = refusal(trainer(ranks=4, collective="nccl"), QWEN3_8B, 2, device_bytes=80 * GIB)
     assert (
         "needs 4 GPUs over trainer.collective = 'nccl'" in why
-        and "the cell has 2; trainer.shards = 2 fits" in why
+        and "the cell has 2; trainer.ranks = 2 fits" in why
     )
-    why = refusal(trainer(shards=17), QWEN3_8B, cpus=2)
+    why = refusal(trainer(ranks=17), QWEN3_8B, cpus=2)
     assert "17 rank processes over gloo on 2 CPU cores" in why and "at most 16 ranks" in why
 
 
 def test_a_sharded_core_whose_state_does_not_fit_a_gpu_is_refused_with_the_shards_that_would() -> None:
     # per rank: a bf16 replica and its gradient (2 x 15.3 GiB), the push bucket (the 1.2 GiB embedding), then 20 B a
     # parameter (fp32 master, fp32 moments, float64 sum) over the shards: 8.19 B x 20 B / 2 = 76.3 GiB
-    why = refusal(trainer(shards=2, collective="nccl"), QWEN3_8B, 8, device_bytes=80 * GIB)
+    why = refusal(trainer(ranks=2, collective="nccl"), QWEN3_8B, 8, device_bytes=80 * GIB)
     assert (
         "does not fit a GPU's memory: each rank needs at least 108.0 GiB (15.3 replica, 45.8 gradients" in why
     )
-    assert "of 72.0 GiB usable (90% of 80.0 GiB); trainer.shards = 4 would fit" in why
-    check_layout(trainer(shards=4, collective="nccl"), QWEN3_8B, 8, device_bytes=80 * GIB)
-    why = refusal(trainer(shards=8, collective="nccl"), QWEN3_8B, 8, device_bytes=24 * GIB)
-    assert "no number of shards fits: every rank holds a whole bf16 replica" in why
+    assert "of 72.0 GiB usable (90% of 80.0 GiB); trainer.ranks = 4 would fit" in why
+    check_layout(trainer(ranks=4, collective="nccl"), QWEN3_8B, 8, device_bytes=80 * GIB)
+    why = refusal(trainer(ranks=8, collective="nccl"), QWEN3_8B, 8, device_bytes=24 * GIB)
+    assert "no number of ranks fits: every rank holds a whole bf16 replica" in why
 
 
 def test_a_cell_that_cannot_hold_the_longest_micro_step_is_refused_before_anything_starts() -> None:
     """The longest micro-step is the longest context: one rank computes it whole up to max_tokens_per_rank, and past
     it the cell's ranks split it (a rank holds 1/shards); its activations must fit beside the state."""
-    nccl = {"collective": "nccl", "shards": 8}
+    nccl = {"collective": "nccl", "ranks": 8}
     why = refusal(trainer(**nccl), QWEN3_8B, 8, device_bytes=80 * GIB, longest_tokens=131072)
     assert "64.7 activations of 131072 tokens" in why
     assert (
@@ -107,7 +107,7 @@ def test_a_cell_that_cannot_hold_the_longest_micro_step_is_refused_before_anythi
         trainer(**nccl, max_tokens_per_rank=32768), QWEN3_8B, 8, device_bytes=80 * GIB, longest_tokens=700_000
     )
     assert "activations of 87500 tokens (a rank's share of the longest micro-step, 700000 tokens)" in why
-    assert "trainer.shards = 14 would fit" in why
+    assert "trainer.ranks = 14 would fit" in why
 
 
 def _children() -> set[int]:
@@ -131,7 +131,7 @@ def model_dir(tmp_path: Path) -> Path:
     ("trainer_toml", "reason"),
     [
         ('backend = "megatron"\ntensor_parallel = 3', "tensor = 3 does not divide the 32 attention heads"),
-        ('backend = "megatron"\nshards = 2', "trainer.shards = 2 with trainer.backend = 'megatron'"),
+        ('backend = "megatron"\nranks = 2', "trainer.ranks = 2 with trainer.backend = 'megatron'"),
     ],
 )
 def test_gyre_train_refuses_a_bad_layout_and_starts_nothing(
@@ -162,15 +162,15 @@ def test_gyre_trainer_core_refuses_a_bad_layout(model_dir: Path, capsys: pytest.
 
 def test_cpu_count_is_this_machines_when_not_given() -> None:
     cores = os.cpu_count() or 1
-    check_layout(trainer(shards=8 * cores), QWEN3_8B)
-    assert f"on {cores} CPU cores" in refusal(trainer(shards=8 * cores + 1), QWEN3_8B)
+    check_layout(trainer(ranks=8 * cores), QWEN3_8B)
+    assert f"on {cores} CPU cores" in refusal(trainer(ranks=8 * cores + 1), QWEN3_8B)
 
 
 def test_gpu_count_is_this_machines_when_not_given() -> None:
     import torch
 
     gpus = torch.cuda.device_count()
-    why = refusal(trainer(shards=gpus + 1, collective="nccl"), QWEN3_8B, device_bytes=80 * GIB)
+    why = refusal(trainer(ranks=gpus + 1, collective="nccl"), QWEN3_8B, device_bytes=80 * GIB)
     assert (
         f"needs {gpus + 1} GPUs over trainer.collective = 'nccl' (one per rank), and this machine has {gpus}"
         in why

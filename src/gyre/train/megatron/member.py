@@ -3,7 +3,7 @@ by rank 0.
 
 Rank 0 lives in the member's own process (the core's, or a satellite's) and is the only rank that talks to the core.
 It starts the other ranks as child processes (``python -m gyre.train.megatron.member``) and tells them what to do
-next over their stdin, one `gyre.protocol.ShardCommand` at a time (length-prefixed msgpack); the data moves over the
+next over their stdin, one `gyre.protocol.MegatronCommand` at a time (length-prefixed msgpack); the data moves over the
 member's own process group (gloo on CPU, NCCL on GPUs): the step's weights as one broadcast of the Hugging Face flat
 buffer, each rank taking its shard (`gyre.train.megatron.convert`); hidden states between pipeline stages point to
 point; gradients from every rank to rank 0, which converts them back to the exchange layout. A rank whose stdin
@@ -32,13 +32,21 @@ from gyre.config import LossConfig
 from gyre.control.forkserver import Process, spawn
 from gyre.engine.launcher import free_port
 from gyre.errors import ConfigError
-from gyre.protocol import MicroStats, MicroStep, ShardCommand, ShardCompute, ShardGather, ShardLoad, ShardStop
+from gyre.protocol import (
+    MegatronCommand,
+    MegatronCompute,
+    MegatronGather,
+    MegatronLoad,
+    MegatronStop,
+    MicroStats,
+    MicroStep,
+)
 from gyre.train.megatron import compat, convert
 from gyre.train.megatron.gpt import build_model, decode, head, sequences, token_logprobs_and_entropy
 from gyre.train.objective import compute_gradients
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(ShardCommand)
+_decoder = msgspec.msgpack.Decoder(MegatronCommand)
 _stats_encoder = msgspec.msgpack.Encoder()
 _stats_decoder = msgspec.msgpack.Decoder(MicroStats)
 
@@ -216,7 +224,7 @@ class MegatronLearner:
         self.shard = Shard(model_config, 0, tensor, pipeline)
         self.numel = self.shard.numel
 
-    def _tell(self, command: ShardCommand) -> None:
+    def _tell(self, command: MegatronCommand) -> None:
         payload = _encoder.encode(command)
         for follower in self.followers:
             assert follower.stdin is not None
@@ -227,23 +235,23 @@ class MegatronLearner:
         return self.shard.staging
 
     def loaded(self, version: int) -> None:
-        self._tell(ShardLoad())
+        self._tell(MegatronLoad())
         self.shard.load()
         self.version = version
 
     def load_reference(self, flat: torch.Tensor) -> None:
         self.shard.staging.copy_(flat)
-        self._tell(ShardLoad(reference=True))
+        self._tell(MegatronLoad(reference=True))
         self.shard.load(reference=True)
 
     def compute(self, micro: MicroStep, loss: LossConfig, version: int) -> MicroStats:
-        self._tell(ShardCompute(micro=micro, loss=msgspec.to_builtins(loss), version=version))
+        self._tell(MegatronCompute(micro=micro, loss=msgspec.to_builtins(loss), version=version))
         stats = self.shard.compute(micro, loss, version)
         assert stats is not None  # rank 0 always has the figures
         return stats
 
     def gradient(self) -> torch.Tensor:
-        self._tell(ShardGather())
+        self._tell(MegatronGather())
         flat = self.shard.gather()
         assert flat is not None
         return flat
@@ -251,7 +259,7 @@ class MegatronLearner:
     def close(self) -> None:
         """Stop the other ranks (they exit after the command they run)."""
         with contextlib.suppress(BrokenPipeError, OSError):  # a rank that died already
-            self._tell(ShardStop())
+            self._tell(MegatronStop())
         for follower in self.followers:
             if follower.stdin is not None:
                 with contextlib.suppress(OSError):
@@ -264,7 +272,7 @@ class MegatronLearner:
         self.followers = []
 
 
-def _read(stream: IO[bytes]) -> ShardCommand | None:
+def _read(stream: IO[bytes]) -> MegatronCommand | None:
     header = stream.read(4)
     if len(header) < 4:
         return None  # rank 0 is gone
@@ -281,13 +289,13 @@ def follow(rank: int) -> None:
     shard = Shard(setup["config"], rank, setup["tensor"], setup["pipeline"])
     while True:
         match _read(sys.stdin.buffer):
-            case ShardLoad(reference=reference):
+            case MegatronLoad(reference=reference):
                 shard.load(reference)
-            case ShardCompute(micro=micro, loss=loss, version=version):
+            case MegatronCompute(micro=micro, loss=loss, version=version):
                 shard.compute(micro, msgspec.convert(loss, LossConfig), version)
-            case ShardGather():
+            case MegatronGather():
                 shard.gather()
-            case ShardStop() | None:
+            case MegatronStop() | None:
                 return
 
 
