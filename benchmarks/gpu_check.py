@@ -19,6 +19,12 @@ is then 1); one that cannot run here is skipped, saying why.
   sharded     the sharded core's state (``ShardedState``) on a 1-rank NCCL group against the one-process
               ``TrainState`` on the same micro-steps: updates equal within 1e-6, gradients reduce-scattered and
               weights all-gathered in buckets of CUDA tensors; the rank's bytes (``benchmarks/sharded_check.py``)
+  attention   `segment_attention`'s CUDA branch (FlexAttention, a block mask from the segments, grouped K/V) and the
+              ring's block primitives against the CPU path, and a context-parallel micro-step on min(2, GPUs) NCCL
+              ranks against one CPU process (``benchmarks/gpu_attention_check.py``)
+  cell        the core cell of 2 ranks over NCCL (each rank's replica and shard on its GPU), a satellite joining the
+              step, long micro-steps computed by both ranks together: the update against one CPU process
+              (``benchmarks/gpu_cell_check.py``; skipped with fewer than 2 GPUs: NCCL takes one a rank)
   xlong       the tiny model's training step on one chain of 700,000 tokens (``--xlong-tokens``) on one GPU (CP=1):
               seconds and ``torch.cuda.max_memory_allocated``, beside `gyre.train.budget`'s projection (printed
               first); issue 47's check of what the CPU only fits and projects (``benchmarks/xlong.py --parts c``)
@@ -426,6 +432,33 @@ def sharded(ctx: Context, figures: dict[str, Any]) -> None:
     require(proc.returncode == 0, f"sharded_check exited {proc.returncode}")
 
 
+def attention(ctx: Context, figures: dict[str, Any]) -> None:
+    if not torch.cuda.is_available():
+        raise Skip("segment_attention's CUDA branch needs a CUDA device (its numerics are pinned on the CPU by "
+                   "tests/unit/train/test_attention.py where torch runs FlexAttention there)")  # fmt: skip
+    import gpu_attention_check  # benchmarks/, beside this script
+
+    figures.update(gpu_attention_check.run())
+
+
+def cell(ctx: Context, figures: dict[str, Any]) -> None:
+    import gpu_cell_check  # benchmarks/, beside this script
+
+    cuda = torch.cuda.is_available()
+    if not cuda and ctx.args.engine == "sglang":
+        raise Skip("NCCL needs CUDA devices; --engine embedded runs this check over gloo on the CPU")
+    out = ctx.work / "cell.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "gpu_cell_check.py"), "--collective",
+               "nccl" if cuda else "gloo", "--ranks", "2", "--json", str(out)]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=500)
+    print("   " + (proc.stdout + proc.stderr).strip()[-2000:].replace("\n", "\n   "), flush=True)
+    if proc.returncode == gpu_cell_check.NOT_ENOUGH_GPUS:
+        raise Skip(f"a cell of 2 ranks over NCCL needs 2 GPUs; this machine has {torch.cuda.device_count()}")
+    if out.exists():
+        figures.update(json.loads(out.read_text()))
+    require(proc.returncode == 0, f"gpu_cell_check exited {proc.returncode}")
+
+
 def xlong(ctx: Context, figures: dict[str, Any]) -> None:
     if not torch.cuda.is_available():
         raise Skip("the tiny model's 700K-token step needs a CUDA device (the CPU fits and projects it: "
@@ -476,6 +509,8 @@ PHASES: list[tuple[str, PhaseFn, float]] = [  # name, phase, time limit (s)
     ("memory", memory, 120.0),
     ("train", train, 300.0),
     ("sharded", sharded, 240.0),
+    ("attention", attention, 300.0),
+    ("cell", cell, 540.0),
     ("xlong", xlong, 600.0),
 ]
 
