@@ -149,7 +149,9 @@ def _saved_bytes_per_token_layer(tiny: Path, kv_heads: int, tokens: int = 512) -
         params = {p.untyped_storage().data_ptr() for p in model.parameters()}
         storages: dict[int, int] = {}
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
+        def pack(
+            t: torch.Tensor, params: set[int] = params, storages: dict[int, int] = storages
+        ) -> torch.Tensor:
             if t.untyped_storage().data_ptr() not in params:
                 storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
             return t
