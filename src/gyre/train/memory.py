@@ -212,7 +212,9 @@ class Precision:
     gradient_sum: int  # the step's gradient sum in the core
     wire: int  # a gradient value on the wire
     activation: int  # activations kept for backward
-    local_sum: int = 0  # a rank's sum of its own micro-steps' gradients, whole replica, until the step's reduction
+    local_sum: int = (
+        0  # a rank's sum of its own micro-steps' gradients, whole replica, until the step's reduction
+    )
 
 
 BF16 = Precision("bf16", weight=2, gradient=2, master=4, moment=4, gradient_sum=4, wire=4, activation=2)
@@ -328,7 +330,9 @@ def device_memory(
         logits = chunk * vocab_part * 8 + micro_tokens * shape.hidden_size * precision.activation // t
     return DeviceMemory(
         weights=held * precision.weight,
-        gradients=held * (precision.gradient + precision.local_sum) + sharded * precision.gradient_sum + receive,
+        gradients=held * (precision.gradient + precision.local_sum)
+        + sharded * precision.gradient_sum
+        + receive,
         master=sharded * precision.master,
         moments=sharded * 2 * precision.moment,
         activations=act,
