@@ -11,8 +11,7 @@ Rank 0 tells the others what to do over ZeroMQ (``Op``, one PUSH socket per rank
 the matching collectives, so every rank calls the same collective next); they answer with ``Event``\\ s:
 - ``Round``: the core's own compute, in rounds of up to N micro-steps (one per rank; ``None`` where a rank has
   none): each rank computes its micro-step on its replica and adds its gradient to its local sum (float64 unless
-  ``trainer.gradient_accumulation`` says otherwise), and the
-  round's statistics are all-gathered;
+  ``trainer.gradient_accumulation`` says otherwise), and the round's statistics are all-gathered;
 - ``Apply``: the step's one gradient reduction (every rank's local sum into the owners' sums, a ring over gloo:
   ``gyre.train.sharded``), the global norm, clipping, AdamW on every shard, the updated weights all-gathered into
   every replica;
@@ -29,8 +28,8 @@ Two threads on every other rank: the op thread takes rank 0's ops as they come, 
 and says ``Alive`` every ``trainer.heartbeat_s``; the work thread runs the cell's own ops (``Round``, ``Apply``,
 ``Save``, ``Commit``, ``Drop``) in the order they came. So a satellite's pair set-up, weights and sum are served
 while a round of minutes runs, and the ops whose order matters keep it: a ``Commit`` lands before the ``Apply``
-rank 0 sent after it, and weights a member is sent are the step's (rank 0 holds the update back until every rank
-has sent them).
+rank 0 sent after it, and a weight send waits for every ``Apply`` that came before it (so a member gets the step's
+weights, not a range half gathered; rank 0 holds the next update back until every rank has sent them).
 
 A rank that dies or fails takes the cell with it (rank 0 stops: the driver sees the core lost and resumes from the
 last checkpoint), as a one-process core's death does; so does one silent for ``trainer.member_timeout_s`` (stopped,
@@ -162,7 +161,6 @@ class Alive(msgspec.Struct, tag="alive", kw_only=True):
 
 
 Event = Ready | WeightsSent | Staged | PairFailed | Report | Alive
-PAIR_OPS = (OpenPair, SendWeights, ReceiveSum, ClosePair)  # run by a rank's op thread as they come
 _encoder = msgspec.msgpack.Encoder()
 _ops = msgspec.msgpack.Decoder(Op)
 events_decoder = msgspec.msgpack.Decoder(Event)
@@ -464,6 +462,9 @@ class _Follower:
         self.bucket_bytes = int(cfg.bucket_mib * 2**20)
         self.work: queue.SimpleQueue[Op | None] = queue.SimpleQueue()  # the cell's ops, for the work thread
         self.failure: BaseException | None = None  # what ended the work thread
+        self._applies_queued = 0  # Apply ops handed to the work thread (op thread only)
+        self._applies_done = 0  # ... and done (under _applied)
+        self._applied = threading.Condition()
 
     def report(self, event: Any) -> None:
         with self._events_lock:
@@ -506,6 +507,8 @@ class _Follower:
                         worker.join()  # what rank 0 sent before its Stop (a save) is done
                         break
                     case _:
+                        if isinstance(op, Apply):
+                            self._applies_queued += 1
                         self.work.put(op)
         finally:
             self.work.put(None)
@@ -521,6 +524,9 @@ class _Follower:
                         compute_round(self.state, self.learner, micro, self.cfg, version, context)
                     case Apply(lr=lr):
                         self.state.update(lr)
+                        with self._applied:
+                            self._applies_done += 1
+                            self._applied.notify_all()
                         self.report(Report(rank=self.rank, statistics=self.state.statistics()))
                     case Save(path=path):
                         self.state.save_rank(path, {}, checkpoint.MAX_SHARD_BYTES)
@@ -534,7 +540,9 @@ class _Follower:
                                 self.dropped.add(key)  # still on its way: dropped when it lands
         except BaseException as exc:  # a collective failed (a rank died) or this rank cannot compute
             log.exception("rank %d of the core cell failed", self.rank)
-            self.failure = exc
+            with self._applied:
+                self.failure = exc
+                self._applied.notify_all()
 
     def _open(self, member: str, name: str, host: str, port: int) -> None:
         old = self.pairs.pop(member, None)
@@ -559,8 +567,13 @@ class _Follower:
         if pair is None:
             return
         weights = self.state.flat[self.state.start : self.state.end]
+        updates = self._applies_queued  # the weights of the step after these updates
 
         def op(group: Any) -> None:
+            with self._applied:
+                self._applied.wait_for(lambda: self._applies_done >= updates or self.failure is not None)
+            if self.failure is not None:
+                raise TrainerError(f"rank {self.rank} failed before the step's weights were ready")
             broadcast_range(group, weights, 0, self.bucket_bytes)
             self.report(WeightsSent(rank=self.rank, member=member, name=name))
 
