@@ -31,12 +31,13 @@ from gyre.config import TrainerConfig
 from gyre.errors import ConfigError
 from gyre.train.memory import GIB, CellLayout, DeviceMemory, ModelShape, Precision, device_memory
 
-# what a rank of the sharded torch core keeps on its GPU (gyre.train.sharded): a bf16 replica and its .grad, the fp32
-# master weights and AdamW moments and the float64 gradient sum of its shard, and (``local_sum``, by
+# what a rank of the sharded torch core keeps on its GPU (gyre.train.sharded, gyre.train.corecell): an fp32 replica
+# and its .grad (as placed today; a bf16 replica beside the fp32 master, weight = gradient = activation = 2, is not
+# built), the fp32 master weights and AdamW moments and the float64 gradient sum of its shard, and (``local_sum``, by
 # trainer.gradient_accumulation) the sum of its own micro-steps' gradients over the whole replica
 SHARDED_TORCH = Precision(
-    "bf16 replica, fp32 master, float64 sum", weight=2, gradient=2, master=4, moment=4, gradient_sum=8, wire=8,
-    activation=2, local_sum=8,
+    "fp32 replica, fp32 master, float64 sum", weight=4, gradient=4, master=4, moment=4, gradient_sum=8, wire=8,
+    activation=4, local_sum=8,
 )  # fmt: skip
 LOCAL_SUM_BYTES = {
     "float64": 8,
@@ -50,7 +51,6 @@ NOT_YET_ON_GPUS = (
     "not yet run on GPUs: the sharded core over nccl (each rank's replica and shard on its GPU) is written on the "
     "code path the CPU tests run, and benchmarks/gpu_check.py's cell phases have not passed on a device yet"
 )
-MAX_RANKS_TRIED = 4096  # the largest ranks count suggested when the state does not fit
 
 
 def read_model_config(model_dir: str | Path) -> dict[str, Any] | None:
@@ -205,22 +205,29 @@ def _check_gpus(
     held = _projected(cfg, shape, cfg.ranks, device_bytes, tokens(cfg.ranks))
     if held.fits:
         return
+    # a cell is one machine: more ranks than its GPUs are no answer
     more = next(
-        (n for n in range(cfg.ranks + 1, MAX_RANKS_TRIED + 1)
-         if _projected(cfg, shape, n, device_bytes, tokens(n)).fits),
+        (
+            n
+            for n in range(cfg.ranks + 1, devices + 1)
+            if _projected(cfg, shape, n, device_bytes, tokens(n)).fits
+        ),
         None,
-    )  # fmt: skip
+    )
     micro_tokens = tokens(cfg.ranks)
     unsplit = longest_tokens > 0 and not cfg.max_tokens_per_rank
     would = (
-        f"trainer.ranks = {more} would fit ({more} GPUs)"
+        f"trainer.ranks = {more} would fit ({more} of the cell's {devices} GPUs)"
         if more is not None
         else f"one rank computes the longest micro-step ({longest_tokens} tokens) whole: set "
         f"trainer.max_tokens_per_rank to split a longer one over the cell's ranks (context parallelism)"
         if unsplit
-        else f"no number of ranks fits: every rank holds a whole bf16 replica and its gradient "
-        f"({_gib(2 * held.weights + held.push)} GiB with the push bucket); the model needs tensor/pipeline parallel, "
-        f"which the sharded core does not combine with several ranks yet"
+        else f"with up to the cell's {devices} GPUs a rank's share of the longest micro-step ({longest_tokens} tokens) "
+        f"does not fit beside the state: a shorter engine.context_length, or more GPUs' memory"
+        if longest_tokens and _projected(cfg, shape, devices, device_bytes, 0).fits
+        else f"no number of ranks up to the cell's {devices} GPUs fits: every rank holds a whole fp32 replica and its "
+        f"gradient ({_gib(2 * held.weights + held.push)} GiB with the push bucket); the model needs GPUs with more "
+        f"memory, or tensor/pipeline parallel or a bf16 replica, which the sharded core does not have yet"
     )
     longest = (
         f" (a rank's share of the longest micro-step, {longest_tokens} tokens)"

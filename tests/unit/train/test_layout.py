@@ -60,7 +60,7 @@ def test_tensor_parallel_on_the_torch_backend_is_refused() -> None:
 def test_a_layout_that_fits_passes_and_is_described() -> None:
     check_layout(trainer(ranks=4), QWEN3_8B, cpus=1)  # gloo: 4 ranks on one core
     check_layout(trainer(backend="megatron", tensor_parallel=8, pipeline_parallel=2), QWEN3_8B, cpus=2)
-    check_layout(trainer(ranks=8, collective="nccl"), QWEN3_8B, 8, device_bytes=80 * GIB)
+    check_layout(trainer(ranks=8, collective="nccl"), QWEN3_8B, 8, device_bytes=141 * GIB)  # H200s
     assert describe_layout(trainer(ranks=4), QWEN3_8B) == (
         "core cell: 4 ranks x tensor 1 x pipeline 1 = 4 rank processes; each holds 1/4 of 8.2 B fp32 master weights, "
         "gradient sum and AdamW moments"
@@ -77,37 +77,41 @@ def test_more_ranks_than_the_cells_gpus_or_cpus_is_refused_with_what_fits() -> N
     assert "17 rank processes over gloo on 2 CPU cores" in why and "at most 16 ranks" in why
 
 
-def test_a_sharded_core_whose_state_does_not_fit_a_gpu_is_refused_with_the_shards_that_would() -> None:
-    # per rank: a bf16 replica and its gradient (2 x 15.3 GiB), the push bucket (the 1.2 GiB embedding), then 20 B a
-    # parameter (fp32 master, fp32 moments, float64 sum) over the shards: 8.19 B x 20 B / 2 = 76.3 GiB
-    why = refusal(trainer(ranks=2, collective="nccl"), QWEN3_8B, 8, device_bytes=80 * GIB)
+def test_a_sharded_core_whose_state_does_not_fit_a_gpu_is_refused_with_the_ranks_that_would() -> None:
+    # per rank, as the cell places it today: an fp32 replica and its gradient (2 x 30.5 GiB), the push bucket (the
+    # 1.2 GiB embedding), then 20 B a parameter (fp32 master, fp32 moments, float64 sum) over the ranks
+    why = refusal(trainer(ranks=2, collective="nccl"), QWEN3_8B, 8, device_bytes=141 * GIB)
     assert (
-        "does not fit a GPU's memory: each rank needs at least 108.0 GiB (15.3 replica, 45.8 gradients" in why
+        "does not fit a GPU's memory: each rank needs at least 138.5 GiB (30.5 replica, 61.0 gradients" in why
     )
-    assert "of 72.0 GiB usable (90% of 80.0 GiB); trainer.ranks = 4 would fit" in why
-    check_layout(trainer(ranks=4, collective="nccl"), QWEN3_8B, 8, device_bytes=80 * GIB)
-    why = refusal(trainer(ranks=8, collective="nccl"), QWEN3_8B, 8, device_bytes=24 * GIB)
-    assert "no number of ranks fits: every rank holds a whole bf16 replica" in why
+    assert (
+        "of 126.9 GiB usable (90% of 141.0 GiB); trainer.ranks = 3 would fit (3 of the cell's 8 GPUs)" in why
+    )
+    check_layout(trainer(ranks=4, collective="nccl"), QWEN3_8B, 8, device_bytes=141 * GIB)
+    # on 80 GB GPUs no cell of one machine holds Qwen3-8B with fp32 replicas: it says so, not "16 ranks would"
+    why = refusal(trainer(ranks=8, collective="nccl"), QWEN3_8B, 8, device_bytes=80 * GIB)
+    assert "no number of ranks up to the cell's 8 GPUs fits: every rank holds a whole fp32 replica" in why
 
 
 def test_a_cell_that_cannot_hold_the_longest_micro_step_is_refused_before_anything_starts() -> None:
     """The longest micro-step is the longest context: one rank computes it whole up to max_tokens_per_rank, and past
-    it the cell's ranks split it (a rank holds 1/shards); its activations must fit beside the state."""
+    it the cell's ranks split it (a rank holds 1/ranks); its activations must fit beside the state."""
     nccl = {"collective": "nccl", "ranks": 8}
-    why = refusal(trainer(**nccl), QWEN3_8B, 8, device_bytes=80 * GIB, longest_tokens=131072)
-    assert "64.7 activations of 131072 tokens" in why
+    h200 = 141 * GIB
+    why = refusal(trainer(**nccl), QWEN3_8B, 8, device_bytes=h200, longest_tokens=131072)
+    assert "124.7 activations of 131072 tokens" in why
     assert (
         "one rank computes the longest micro-step (131072 tokens) whole: set trainer.max_tokens_per_rank"
         in why
     )
     check_layout(
-        trainer(**nccl, max_tokens_per_rank=32768), QWEN3_8B, 8, device_bytes=80 * GIB, longest_tokens=131072
+        trainer(**nccl, max_tokens_per_rank=32768), QWEN3_8B, 8, device_bytes=h200, longest_tokens=131072
     )
     why = refusal(
-        trainer(**nccl, max_tokens_per_rank=32768), QWEN3_8B, 8, device_bytes=80 * GIB, longest_tokens=700_000
+        trainer(**nccl, max_tokens_per_rank=32768), QWEN3_8B, 8, device_bytes=h200, longest_tokens=700_000
     )
     assert "activations of 87500 tokens (a rank's share of the longest micro-step, 700000 tokens)" in why
-    assert "trainer.ranks = 14 would fit" in why
+    assert "a rank's share of the longest micro-step (700000 tokens) does not fit beside the state" in why
 
 
 def _children() -> set[int]:
