@@ -414,11 +414,11 @@ def _init_group(cfg: TrainerConfig, host: str, port: int, rank: int) -> Any:
     timeout = timedelta(seconds=max(COLLECTIVE_TIMEOUT_S, cfg.transfer_timeout_s))
     store = dist.TCPStore(host, port, cfg.ranks, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
     # the cell's collectives over trainer.collective: gloo on host tensors, nccl on each rank's GPU (one a rank);
-    # checkpoints' coordination (objects, not tensors) over gloo either way
+    # checkpoints over a second group of the same backend (DCP's DTensors live on the ranks' devices)
     device = rank_device(cfg.collective, rank)
     dist.init_process_group(cfg.collective, store=store, rank=rank, world_size=cfg.ranks, timeout=timeout,
                             device_id=device if device.type == "cuda" else None)  # fmt: skip
-    return dist.new_group(backend="gloo", timeout=timeout)
+    return dist.new_group(backend=cfg.collective, timeout=timeout)
 
 
 def start_cell(cfg: TrainerConfig, host: str) -> tuple[CellState, Followers]:
