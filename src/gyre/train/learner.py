@@ -54,9 +54,8 @@ class TorchLearner:
     ) -> TorchLearner:
         """A learner of the architecture in ``model_config`` (weights arrive from the core) on ``device``, its decoder
         layers recomputed in backward with ``activation_checkpointing`` (`gyre.train.recompute`)."""
-        model = model_from_config(model_config).to(
-            device
-        )  # before flattening: its parameters view one buffer
+        # moved before flattening: its parameters become views of one buffer on the device
+        model = model_from_config(model_config).to(device)
         if activation_checkpointing:
             recompute.enable(model)
         return cls(model)
